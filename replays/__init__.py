@@ -1,0 +1,1 @@
+"""Engine simulator, workload replay and scenario files; installed as ``sre_agent.replays``."""

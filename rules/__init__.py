@@ -1,0 +1,1 @@
+"""Diagnosis rules, one module each; installed as ``sre_agent.rules``."""

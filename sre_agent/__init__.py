@@ -1,0 +1,71 @@
+"""sre-agent: incident diagnosis, canary gating and bounded retries for LLM serving.
+
+The public API is the sorted ``__all__`` below. Names resolve lazily so that
+``import sre_agent`` stays fast and pulls in neither DuckDB, polars nor
+Textual until a name that needs them is used (``sre_agent.policy`` in a
+gateway must not pay for the store).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "BadPayloadError": "sre_agent.errors",
+    "Config": "sre_agent.config",
+    "ConfigError": "sre_agent.errors",
+    "IngestError": "sre_agent.errors",
+    "InsufficientDataError": "sre_agent.errors",
+    "OverloadedError": "sre_agent.errors",
+    "PayloadTooLargeError": "sre_agent.errors",
+    "PolicyError": "sre_agent.errors",
+    "RemoteError": "sre_agent.errors",
+    "ScenarioError": "sre_agent.errors",
+    "Selection": "sre_agent.selection",
+    "SelectionError": "sre_agent.errors",
+    "SreAgentError": "sre_agent.errors",
+    "StoreError": "sre_agent.errors",
+    "StoreLockedError": "sre_agent.errors",
+    "UsageError": "sre_agent.errors",
+    "Window": "sre_agent.selection",
+    "load_config": "sre_agent.config",
+}
+
+__all__ = sorted([*_LAZY, "__version__"])
+
+if TYPE_CHECKING:
+    from sre_agent.config import Config, load_config
+    from sre_agent.errors import (
+        BadPayloadError,
+        ConfigError,
+        IngestError,
+        InsufficientDataError,
+        OverloadedError,
+        PayloadTooLargeError,
+        PolicyError,
+        RemoteError,
+        ScenarioError,
+        SelectionError,
+        SreAgentError,
+        StoreError,
+        StoreLockedError,
+        UsageError,
+    )
+    from sre_agent.selection import Selection, Window
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sre_agent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,96 @@
+"""Options shared by several commands, bundled once."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sre_agent.config import Config, load_config
+from sre_agent.errors import UsageError
+from sre_agent.selection import Selection, parse_duration, parse_time, parse_window
+
+__all__ = [
+    "add_format_option",
+    "add_selection_options",
+    "add_store_options",
+    "config_from_args",
+    "selection_from_args",
+]
+
+
+def add_store_options(parser: argparse.ArgumentParser, *, allow_url: bool = True) -> None:
+    """``--db PATH`` (and ``--url URL``, ``--token TOKEN`` where remote access makes sense)."""
+    group = parser.add_argument_group("store")
+    group.add_argument("--db", metavar="PATH", help="DuckDB store file (default ./sre-agent.duckdb, env SRE_AGENT_DB)")
+    if allow_url:
+        group.add_argument(
+            "--url", metavar="URL", help="a running `sre-agent serve`, e.g. http://127.0.0.1:4318 (env SRE_AGENT_URL)"
+        )
+    group.add_argument("--token", metavar="TOKEN", help="bearer token for the API (env SRE_AGENT_TOKEN)")
+
+
+def add_format_option(parser: argparse.ArgumentParser, choices: tuple[str, ...] = ("text", "json", "markdown")) -> None:
+    """``--format`` with ``text`` as the default."""
+    parser.add_argument("--format", choices=choices, default="text", help="output format (default: text)")
+
+
+def add_selection_options(parser: argparse.ArgumentParser) -> None:
+    """The SELECTION of CONTRACTS section 2, plus ``--service`` and ``--where``."""
+    group = parser.add_argument_group("selection (one of)")
+    group.add_argument("--deploy-at", metavar="TIME", help="baseline before TIME, candidate after (ISO 8601 or Unix s)")
+    group.add_argument("--window", metavar="DURATION", help="length of each side with --deploy-at, e.g. 15m")
+    group.add_argument("--baseline-version", metavar="V", help="service.version of the baseline")
+    group.add_argument("--candidate-version", metavar="W", help="service.version of the candidate")
+    group.add_argument("--baseline", metavar="START..END", help="explicit baseline window")
+    group.add_argument("--candidate", metavar="START..END", help="explicit candidate window")
+    group.add_argument("--since-last-deploy", action="store_true", help="the latest deploy marker or version change")
+    filters = parser.add_argument_group("filters")
+    filters.add_argument("--service", metavar="NAME", help="only spans of this service.name")
+    filters.add_argument(
+        "--where", metavar="KEY=VALUE", action="append", default=[], help="attribute filter (repeatable)"
+    )
+
+
+def selection_from_args(args: argparse.Namespace) -> Selection:
+    """Build a Selection from parsed selection options; exactly one mode must be given."""
+    modes = [
+        name
+        for name, given in (
+            ("deploy_at", args.deploy_at is not None),
+            ("versions", args.baseline_version is not None or args.candidate_version is not None),
+            ("windows", args.baseline is not None or args.candidate is not None),
+            ("since_last_deploy", bool(args.since_last_deploy)),
+        )
+        if given
+    ]
+    if len(modes) > 1:
+        raise UsageError(f"choose one selection, not {' and '.join(modes)}")
+    mode = modes[0] if modes else "since_last_deploy"
+    where: list[tuple[str, str]] = []
+    for item in args.where:
+        if "=" not in item:
+            raise UsageError(f"--where {item!r}: use KEY=VALUE")
+        key, value = item.split("=", 1)
+        where.append((key.strip(), value.strip()))
+    return Selection(
+        mode=mode,  # type: ignore[arg-type]
+        deploy_at_ns=parse_time(args.deploy_at) if args.deploy_at is not None else None,
+        window_ns=parse_duration(args.window) if args.window is not None else None,
+        baseline_version=args.baseline_version,
+        candidate_version=args.candidate_version,
+        baseline=parse_window(args.baseline) if args.baseline is not None else None,
+        candidate=parse_window(args.candidate) if args.candidate is not None else None,
+        service=args.service,
+        where=tuple(where),
+    )
+
+
+def config_from_args(args: argparse.Namespace, **extra: Any) -> Config:
+    """Config with the store flags (and any ``extra`` flags) applied on top."""
+    flags: dict[str, Any] = {
+        "db": getattr(args, "db", None),
+        "url": getattr(args, "url", None),
+        "token": getattr(args, "token", None),
+    }
+    flags.update(extra)
+    return load_config(flags)

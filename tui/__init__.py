@@ -1,0 +1,1 @@
+"""The Textual incident console; installed as ``sre_agent.tui``."""
