@@ -1,0 +1,42 @@
+"""The curated public API: sorted, complete and resolvable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import sre_agent
+from sre_agent.cli import main
+
+
+def test_all_is_sorted_and_every_name_resolves() -> None:
+    assert sre_agent.__all__ == sorted(sre_agent.__all__)
+    for name in sre_agent.__all__:
+        assert getattr(sre_agent, name) is not None, name
+
+
+def test_public_errors_share_one_root() -> None:
+    errors = [getattr(sre_agent, n) for n in sre_agent.__all__ if n.endswith("Error")]
+    assert errors
+    assert all(issubclass(e, sre_agent.SreAgentError) for e in errors)
+
+
+def test_unknown_attribute_raises_attribute_error() -> None:
+    try:
+        sre_agent.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")
+
+
+def test_cli_usage_error_exits_2_on_stderr(capsys: object) -> None:
+    assert main(["--no-such-flag"]) == 2
+    assert main([]) == 2
+
+
+def test_console_script_help_has_examples() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sre_agent", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "examples:" in out
