@@ -1,0 +1,81 @@
+"""``sre-agent serve``: OTLP receivers (HTTP 4318, gRPC 4317) and the HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from sre_agent.cli._common import add_store_options, config_from_args
+from sre_agent.errors import StoreLockedError
+
+__all__ = ["register"]
+
+EPILOG = """examples:
+  sre-agent serve --db ./sre-agent.duckdb
+      receive OTLP on 127.0.0.1:4318 (HTTP) and 127.0.0.1:4317 (gRPC); Ctrl-C flushes and exits 0
+
+  sre-agent serve --host 0.0.0.0 --token s3cret --grpc-port 0
+      listen on every interface, require `Authorization: Bearer s3cret`, no gRPC
+
+  # then point vLLM at it (gRPC is vLLM's default protocol):
+  OTEL_EXPORTER_OTLP_TRACES_INSECURE=true vllm serve MODEL --otlp-traces-endpoint grpc://127.0.0.1:4317
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``serve`` command."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="receive OTLP telemetry and serve the HTTP API (owns the store)",
+        description=(
+            "Receive OTLP traces and metrics over HTTP (/v1/traces, /v1/metrics; protobuf or JSON, gzip) "
+            "and gRPC, store them in DuckDB, and serve the HTTP API (/api/v1/..., /healthz, /metrics). "
+            "Requests are acknowledged only after their data is committed; when the queue is full "
+            "clients get 429 / UNAVAILABLE with Retry-After. SIGTERM or SIGINT flushes and exits 0."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_store_options(parser, allow_url=False)
+    net = parser.add_argument_group("network")
+    net.add_argument("--host", metavar="ADDR", help="address to bind (default 127.0.0.1, env SRE_AGENT_HOST)")
+    net.add_argument("--http-port", type=int, metavar="PORT", help="OTLP/HTTP and API port (default 4318; 0 = any)")
+    net.add_argument("--grpc-port", type=int, metavar="PORT", help="OTLP/gRPC port (default 4317; 0 disables gRPC)")
+    parser.add_argument(
+        "--keep-content",
+        action="store_true",
+        default=None,
+        help="store prompt/completion attributes verbatim instead of length + keyed hash",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; exit 0 on a clean shutdown, 1 on a startup error."""
+    from sre_agent.server import ServeAddresses, serve
+
+    config = config_from_args(
+        args,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        keep_content=args.keep_content,
+    )
+
+    def announce(addresses: ServeAddresses) -> None:
+        print(f"sre-agent serve: store {addresses.db}", file=sys.stderr)
+        print(f"sre-agent serve: OTLP/HTTP and API on {addresses.http_url}", file=sys.stderr)
+        if addresses.grpc_target is not None:
+            print(f"sre-agent serve: OTLP/gRPC on {addresses.grpc_target}", file=sys.stderr)
+        print("sre-agent serve: ready (Ctrl-C or SIGTERM to stop)", file=sys.stderr, flush=True)
+
+    try:
+        serve(config, on_ready=announce)
+    except StoreLockedError as exc:
+        # The CLI prints SreAgentErrors without a traceback; make sure the file is named.
+        if config.db in str(exc):
+            raise
+        raise StoreLockedError(f"{config.db} is locked by another process ({exc})") from exc
+    print("sre-agent serve: stopped; queued data committed", file=sys.stderr)
+    return 0

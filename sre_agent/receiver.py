@@ -1,0 +1,383 @@
+"""The receivers' write path: a bounded queue in front of one writer thread.
+
+Every transport (OTLP/HTTP, OTLP/gRPC, the deploy-marker API) decodes its
+request into an Arrow table and calls :meth:`Writer.submit`. The writer
+thread is the only code that appends to the DuckDB store; it drains the
+queue in batches (group commit) and resolves each submission's future only
+after the batch holding it is committed, so an acknowledgement always means
+"durable in the store".
+
+Back-pressure instead of memory growth: the queue is bounded in rows
+(``Config.queue_max_spans``); a submission that does not fit raises
+:class:`~sre_agent.errors.OverloadedError` carrying a ``Retry-After``
+estimate, which the transports turn into 429 (HTTP) or UNAVAILABLE (gRPC).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from sre_agent.errors import OverloadedError, SreAgentError, StoreError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from sre_agent.store import Store
+
+__all__ = ["ReceiverStats", "Writer"]
+
+log = logging.getLogger(__name__)
+
+TableKind = Literal["spans", "metric_points"]
+
+# Commit latency histogram bucket bounds, seconds (Prometheus-style, cumulative).
+COMMIT_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class ReceiverStats:
+    """Counters about the receiver itself, exported on ``/metrics``.
+
+    Mutated from the event loop, gRPC threads and the writer thread; every
+    update goes through :meth:`add` / :meth:`count_request` under one lock.
+    """
+
+    spans_accepted: int = 0
+    spans_rejected: int = 0
+    metric_points_accepted: int = 0
+    metric_points_rejected: int = 0
+    rows_committed: dict[str, int] = field(default_factory=lambda: {"spans": 0, "metric_points": 0})
+    commits: int = 0
+    commit_failures: int = 0
+    overloaded: int = 0
+    decoder_crashes: int = 0
+    commit_seconds_sum: float = 0.0
+    commit_bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(COMMIT_BUCKETS_S) + 1))
+    # (transport, signal, status) -> count; status is the HTTP code or gRPC code name.
+    requests: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: int) -> None:
+        """Add integer deltas to the named counters."""
+        with self.lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def count_request(self, transport: str, signal: str, status: str) -> None:
+        """Count one finished request by transport (http|grpc), signal and status."""
+        key = (transport, signal, status)
+        with self.lock:
+            self.requests[key] = self.requests.get(key, 0) + 1
+
+    def observe_commit(self, seconds: float, rows: dict[str, int]) -> None:
+        """Record one successful commit of ``rows`` (per table) taking ``seconds``."""
+        with self.lock:
+            self.commits += 1
+            self.commit_seconds_sum += seconds
+            index = next((i for i, bound in enumerate(COMMIT_BUCKETS_S) if seconds <= bound), len(COMMIT_BUCKETS_S))
+            self.commit_bucket_counts[index] += 1
+            for table, count in rows.items():
+                self.rows_committed[table] = self.rows_committed.get(table, 0) + count
+
+    def render_prometheus(self, *, queued_rows: int, queue_max_rows: int) -> str:
+        """These counters in the Prometheus text exposition format (version 0.0.4)."""
+        prefix = "sre_agent_receiver"
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP {prefix}_{name} {help_text}")
+            lines.append(f"# TYPE {prefix}_{name} {kind}")
+            lines.extend(f"{prefix}_{name}{labels} {value:g}" for labels, value in samples)
+
+        with self.lock:
+            metric(
+                "spans_accepted_total",
+                "counter",
+                "Spans accepted (acknowledged after commit).",
+                [("", self.spans_accepted)],
+            )
+            metric(
+                "spans_rejected_total",
+                "counter",
+                "Spans rejected as invalid (partial success).",
+                [("", self.spans_rejected)],
+            )
+            metric(
+                "metric_points_accepted_total",
+                "counter",
+                "Metric data points accepted.",
+                [("", self.metric_points_accepted)],
+            )
+            metric(
+                "metric_points_rejected_total",
+                "counter",
+                "Metric data points rejected as invalid.",
+                [("", self.metric_points_rejected)],
+            )
+            metric(
+                "overloaded_total",
+                "counter",
+                "Submissions refused because the queue was full.",
+                [("", self.overloaded)],
+            )
+            metric(
+                "decoder_crashes_total",
+                "counter",
+                "Bodies whose decoding raised an unexpected error.",
+                [("", self.decoder_crashes)],
+            )
+            metric("commit_failures_total", "counter", "Batches whose commit failed.", [("", self.commit_failures)])
+            metric(
+                "rows_committed_total",
+                "counter",
+                "Rows appended per table (duplicates excluded).",
+                [(f'{{table="{t}"}}', n) for t, n in sorted(self.rows_committed.items())],
+            )
+            metric("queue_rows", "gauge", "Rows waiting for the writer.", [("", queued_rows)])
+            metric(
+                "queue_max_rows",
+                "gauge",
+                "Queue bound in rows; beyond it requests get 429/UNAVAILABLE.",
+                [("", queue_max_rows)],
+            )
+            cumulative = 0
+            buckets: list[tuple[str, float]] = []
+            for bound, count in zip((*COMMIT_BUCKETS_S, float("inf")), self.commit_bucket_counts, strict=True):
+                cumulative += count
+                le = "+Inf" if bound == float("inf") else f"{bound:g}"
+                buckets.append((f'_bucket{{le="{le}"}}', cumulative))
+            lines.append(f"# HELP {prefix}_commit_seconds Time to append and commit one batch, seconds.")
+            lines.append(f"# TYPE {prefix}_commit_seconds histogram")
+            lines.extend(f"{prefix}_commit_seconds{suffix} {value:g}" for suffix, value in buckets)
+            lines.append(f"{prefix}_commit_seconds_sum {self.commit_seconds_sum:.6f}")
+            lines.append(f"{prefix}_commit_seconds_count {self.commits}")
+            metric(
+                "requests_total",
+                "counter",
+                "Finished requests by transport, signal and status.",
+                [(f'{{transport="{t}",signal="{s}",code="{c}"}}', n) for (t, s, c), n in sorted(self.requests.items())],
+            )
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class _Item:
+    """One queued submission: an Arrow table to append, or a call to run on the store."""
+
+    kind: TableKind | Literal["call"]
+    rows: int
+    future: concurrent.futures.Future[Any]
+    table: pa.Table | None = None
+    call: Callable[[Store], Any] | None = None
+
+
+class Writer:
+    """The single writer: a bounded queue and the thread that drains it into the store.
+
+    Args:
+        store: the store opened for writing; only the writer thread touches
+            its connection after :meth:`start`.
+        queue_max_rows: bound of the queue, in rows (spans + metric points).
+            A submission larger than the bound is still accepted when the
+            queue is empty, so one big request cannot be refused forever.
+        batch_max_rows: largest number of rows appended in one commit.
+        flush_interval_s: under sustained load, commits are spaced at least
+            this far apart so that they batch many requests; an isolated
+            request after an idle period is committed at once.
+        stats: counters to update (a fresh :class:`ReceiverStats` if None).
+        clock: monotonic clock, seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        queue_max_rows: int,
+        batch_max_rows: int,
+        flush_interval_s: float,
+        stats: ReceiverStats | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.queue_max_rows = max(1, queue_max_rows)
+        self.batch_max_rows = max(1, batch_max_rows)
+        self.flush_interval_s = max(0.0, flush_interval_s)
+        self.stats = stats if stats is not None else ReceiverStats()
+        self._clock = clock
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._queued_rows = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        # Rows per second the writer sustained recently; feeds Retry-After.
+        self._rate_rows_s = 0.0
+        self._last_commit_end = 0.0
+
+    # -- producer side --------------------------------------------------
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting in the queue (not yet committed)."""
+        return self._queued_rows
+
+    def retry_after_s(self) -> int:
+        """Seconds a rejected client should wait: time to drain the queue, 1 to 30."""
+        if self._rate_rows_s <= 0:
+            return 1
+        return int(min(30, max(1, round(self._queued_rows / self._rate_rows_s))))
+
+    def check_capacity(self) -> None:
+        """Raise OverloadedError when the queue is full, before a body is even read."""
+        if self._closing:
+            raise OverloadedError("receiver is shutting down", retry_after_s=5)
+        if self._queued_rows >= self.queue_max_rows:
+            self.stats.add(overloaded=1)
+            raise OverloadedError(
+                f"receiver queue full ({self._queued_rows} rows queued)", retry_after_s=self.retry_after_s()
+            )
+
+    def submit(self, kind: TableKind, table: pa.Table) -> concurrent.futures.Future[int]:
+        """Queue ``table`` for appending to ``kind``; the future resolves after commit.
+
+        The future's result is ``table.num_rows`` once the batch holding the
+        table is committed (rows already stored under the same key are kept
+        once: ingest is idempotent). It fails with a
+        :class:`~sre_agent.errors.StoreError` when the commit failed.
+
+        Raises:
+            OverloadedError: the queue cannot take ``table.num_rows`` more rows.
+        """
+        return self._enqueue(_Item(kind=kind, rows=table.num_rows, future=concurrent.futures.Future(), table=table))
+
+    def submit_call(self, call: Callable[[Store], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``call(store)`` on the writer thread (e.g. to insert a deploy marker)."""
+        return self._enqueue(_Item(kind="call", rows=0, future=concurrent.futures.Future(), call=call))
+
+    def _enqueue(self, item: _Item) -> concurrent.futures.Future[Any]:
+        with self._cond:
+            if self._closing:
+                raise OverloadedError("receiver is shutting down", retry_after_s=5)
+            if self._queued_rows and self._queued_rows + item.rows > self.queue_max_rows:
+                self.stats.add(overloaded=1)
+                raise OverloadedError(
+                    f"receiver queue full ({self._queued_rows} rows queued)", retry_after_s=self.retry_after_s()
+                )
+            self._queue.append(item)
+            self._queued_rows += item.rows
+            self._cond.notify()
+        return item.future
+
+    # -- lifecycle ------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sre-agent-writer", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Refuse new work, commit everything queued, stop the thread. Safe to call twice."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("writer did not finish flushing within %.1f s", timeout_s or 0.0)
+        self._thread = None if self._thread is None or not self._thread.is_alive() else self._thread
+
+    # -- writer thread ----------------------------------------------------
+
+    def _take_batch(self) -> list[_Item] | None:
+        """Block until work exists; return up to batch_max_rows rows of items, None when done."""
+        with self._cond:
+            while not self._queue:
+                if self._closing:
+                    return None
+                self._cond.wait(0.5)
+            # Under sustained load, linger so that the next commit carries more
+            # requests; an isolated request after an idle spell goes at once.
+            linger_until = self._last_commit_end + self.flush_interval_s
+            while self._queued_rows < self.batch_max_rows and not self._closing:
+                remaining = linger_until - self._clock()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            batch: list[_Item] = []
+            rows = 0
+            while self._queue and (not batch or rows + self._queue[0].rows <= self.batch_max_rows):
+                item = self._queue.popleft()
+                batch.append(item)
+                rows += item.rows
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Item]) -> None:
+        import pyarrow as pa
+
+        started = self._clock()
+        results: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        rows_by_table: dict[str, int] = {}
+        try:
+            for kind, append in (
+                ("spans", self.store.append_spans),
+                ("metric_points", self.store.append_metric_points),
+            ):
+                members = [item for item in batch if item.kind == kind and item.table is not None]
+                if not members:
+                    continue
+                tables = [item.table for item in members if item.table is not None]
+                merged = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
+                inserted = append(merged)
+                rows_by_table[kind] = inserted
+                # The store reports new rows for the merged batch only; each
+                # request's acknowledgement is its own row count.
+                for item in members:
+                    results[id(item)] = item.rows
+            for item in batch:
+                if item.call is not None:
+                    try:
+                        results[id(item)] = item.call(self.store)
+                    except SreAgentError as exc:
+                        errors[id(item)] = exc
+        except Exception as exc:  # boundary: a failed commit fails its requests, not the server
+            log.exception("commit of %d queued requests failed", len(batch))
+            self.stats.add(commit_failures=1)
+            failure = StoreError(f"commit failed: {exc}")
+            failure.__cause__ = exc
+            self._finish(batch, {}, {id(item): failure for item in batch})
+            return
+        elapsed = self._clock() - started
+        self._last_commit_end = self._clock()
+        committed = sum(rows_by_table.values())
+        batch_rows = sum(item.rows for item in batch)
+        if elapsed > 0 and batch_rows:
+            rate = batch_rows / elapsed
+            self._rate_rows_s = rate if self._rate_rows_s == 0 else 0.8 * self._rate_rows_s + 0.2 * rate
+        self.stats.observe_commit(elapsed, rows_by_table)
+        log.debug("committed %d rows (%d new) in %.3f s", batch_rows, committed, elapsed)
+        self._finish(batch, results, errors)
+
+    def _finish(self, batch: list[_Item], results: dict[int, Any], errors: dict[int, BaseException]) -> None:
+        with self._cond:
+            self._queued_rows -= sum(item.rows for item in batch)
+        for item in batch:
+            error = errors.get(id(item))
+            if error is not None:
+                item.future.set_exception(error)
+            else:
+                item.future.set_result(results.get(id(item)))

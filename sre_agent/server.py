@@ -1,0 +1,646 @@
+"""``sre-agent serve``: the OTLP/HTTP receiver and the HTTP API in one ASGI app.
+
+One process owns the DuckDB file for writing. Requests are decoded on the
+event loop (large bodies in a worker thread), queued on the single
+:class:`~sre_agent.receiver.Writer`, and answered only after the writer has
+committed them. API routes read through :meth:`ApiContext.read_cursor`,
+which hands out a separate DuckDB cursor on the same in-process database and,
+for a tenant-scoped token, shadows ``spans`` and ``metric_points`` with views
+filtered to that tenant, so that route code cannot forget the scoping.
+
+Route modules are plug-ins: each module named in :data:`API_ROUTE_MODULES`
+or :data:`OPTIONAL_ROUTE_MODULES` exposes ``routes(ctx) -> list[BaseRoute]``;
+optional modules that are not installed are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import hmac
+import importlib
+import logging
+import zlib
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sre_agent.config import Config
+from sre_agent.errors import BadPayloadError, OverloadedError, PayloadTooLargeError, StoreError
+from sre_agent.receiver import ReceiverStats, Writer
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from sre_agent.normalise import Normaliser
+    from sre_agent.store import Store
+
+__all__ = [
+    "API_ROUTE_MODULES",
+    "OPTIONAL_ROUTE_MODULES",
+    "ApiContext",
+    "build_app",
+]
+
+log = logging.getLogger(__name__)
+
+API_ROUTE_MODULES: Final[tuple[str, ...]] = ("sre_agent.api",)
+# Feature modules added by other parts of the project; skipped when absent.
+OPTIONAL_ROUTE_MODULES: Final[tuple[str, ...]] = (
+    "sre_agent.api_diagnose",
+    "sre_agent.api_canary",
+    "sre_agent.api_explore",
+)
+
+PROTOBUF: Final = "application/x-protobuf"
+JSON: Final = "application/json"
+_MEDIA_TYPES: Final[dict[str, str]] = {PROTOBUF: PROTOBUF, "application/protobuf": PROTOBUF, JSON: JSON}
+# Bodies above this size are decoded in a worker thread so /healthz stays responsive.
+_INLINE_DECODE_BYTES: Final = 1 << 20
+
+# google.rpc.Code values used in error bodies.
+_RPC_INVALID_ARGUMENT: Final = 3
+_RPC_UNAUTHENTICATED: Final = 16
+_RPC_PERMISSION_DENIED: Final = 7
+_RPC_RESOURCE_EXHAUSTED: Final = 8
+_RPC_UNAVAILABLE: Final = 14
+_RPC_INTERNAL: Final = 13
+
+
+# -- authentication and tenant scoping ----------------------------------------
+
+
+class _Unset:
+    """Marker for "argument not given" (``None`` means "unscoped")."""
+
+
+UNSET: Final = _Unset()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who made the request: an admin (``tenant`` None) or a tenant-scoped reader."""
+
+    tenant: str | None
+
+
+# Set by the auth middleware for the duration of one request; copied into the
+# worker threads Starlette runs sync endpoints in.
+_PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("sre_agent_principal", default=None)
+
+
+def _bearer(headers: Any) -> str | None:
+    value = headers.get("authorization")
+    if not value:
+        return None
+    scheme, _, token = str(value).partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def authenticate(config: Config, token: str | None) -> Principal | None:
+    """Map a bearer token to a principal; None when auth is on and the token is unknown.
+
+    Auth is off (everyone is admin) when neither ``config.token`` nor
+    ``config.tenant_tokens`` is set.
+    """
+    if not config.token and not config.tenant_tokens:
+        return Principal(tenant=None)
+    if token is None:
+        return None
+    if config.token and hmac.compare_digest(token.encode(), config.token.encode()):
+        return Principal(tenant=None)
+    for candidate, tenant in config.tenant_tokens.items():
+        if hmac.compare_digest(token.encode(), candidate.encode()):
+            return Principal(tenant=tenant)
+    return None
+
+
+def _sql_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+@dataclass
+class ApiContext:
+    """What route modules get: config, reads, the writer, and per-request auth.
+
+    Attributes:
+        config: the effective configuration.
+        store: the store opened for writing (use :meth:`read_cursor` to read).
+        writer: the single writer; ``writer.submit_call(fn)`` runs ``fn(store)``
+            on the writer thread (e.g. to insert a deploy marker).
+        stats: receiver counters (``/metrics``).
+        normaliser: the ingest normaliser shared by the receivers.
+    """
+
+    config: Config
+    store: Store
+    writer: Writer
+    stats: ReceiverStats
+    normaliser: Normaliser
+
+    def tenant_for(self, request: Request) -> str | None:
+        """The tenant the request is confined to, or None for an admin token / open server.
+
+        Raises:
+            HTTPException: 401 when auth is on and the token is missing or unknown.
+        """
+        principal = request.scope.get("sre_agent.principal") or authenticate(self.config, _bearer(request.headers))
+        if principal is None:
+            raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+        return principal.tenant
+
+    def require_admin(self, request: Request) -> None:
+        """Raise 403 for tenant-scoped tokens (writes such as deploy markers need the admin token)."""
+        if self.tenant_for(request) is not None:
+            raise HTTPException(403, "this token is scoped to a tenant and cannot write")
+
+    @contextlib.contextmanager
+    def read_cursor(self, tenant: str | _Unset | None = UNSET) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A fresh read cursor on the store, closed on exit.
+
+        Inside a request the tenant comes from the request's token: a
+        tenant-scoped token always gets a cursor where ``spans`` and
+        ``metric_points`` are temporary views filtered to its tenant
+        (``tenant`` may only repeat that tenant). Outside a request (e.g. a
+        background job) pass ``tenant`` explicitly, ``None`` meaning
+        unscoped; when tenant tokens are configured an implicit call there
+        is refused rather than silently unscoped.
+        """
+        principal = _PRINCIPAL.get()
+        effective: str | None
+        if principal is not None and principal.tenant is not None:
+            if not isinstance(tenant, _Unset) and tenant != principal.tenant:
+                raise HTTPException(403, "this token cannot read another tenant's data")
+            effective = principal.tenant
+        elif isinstance(tenant, _Unset):
+            if principal is None and self.config.tenant_tokens:
+                raise StoreError("read_cursor() outside a request must name the tenant (None = unscoped)")
+            effective = None
+        else:
+            effective = tenant
+        cursor = self.store.cursor()
+        try:
+            if effective is not None:
+                _shadow_tables(cursor, effective)
+            yield cursor
+        finally:
+            cursor.close()
+
+
+def _shadow_tables(cursor: duckdb.DuckDBPyConnection, tenant: str) -> None:
+    """Replace ``spans``/``metric_points`` by tenant-filtered temp views on this cursor only.
+
+    DuckDB resolves unqualified (and ``main.``-qualified) names to the temp
+    catalog first, so every query on this cursor sees only the tenant's rows.
+    """
+    row = cursor.execute("SELECT current_database()").fetchone()
+    database = str(row[0]) if row else "main"
+    qualified = '"' + database.replace('"', '""') + '".main'
+    literal = _sql_literal(tenant)
+    cursor.execute(f"CREATE OR REPLACE TEMP VIEW spans AS SELECT * FROM {qualified}.spans WHERE tenant_id = {literal}")
+    cursor.execute(
+        "CREATE OR REPLACE TEMP VIEW metric_points AS SELECT * FROM "
+        f"{qualified}.metric_points WHERE coalesce(attributes['tenant.id'], "
+        f"resource_attributes['tenant.id']) = {literal}"
+    )
+
+
+class AuthMiddleware:
+    """Checks the bearer token of every request except ``/healthz`` (pure ASGI, cheap).
+
+    OTLP paths (``/v1/...``) and writes need the admin token; ``/api/``
+    reads accept tenant tokens too. The principal is published to the
+    request scope and to a context variable read by :meth:`ApiContext.read_cursor`.
+    """
+
+    def __init__(self, app: ASGIApp, config: Config) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        principal = authenticate(self.config, _bearer(headers))
+        is_otlp = scope["path"].startswith("/v1/")
+        if principal is None or (principal.tenant is not None and (is_otlp or scope["path"] == "/metrics")):
+            code, rpc, message = (
+                (401, _RPC_UNAUTHENTICATED, "missing or invalid bearer token")
+                if principal is None
+                else (403, _RPC_PERMISSION_DENIED, "a tenant-scoped token cannot send telemetry")
+            )
+            if is_otlp:
+                response = status_response(code, rpc, message, _media_type(headers.get("content-type")) or JSON)
+            else:
+                response = JSONResponse({"error": message}, status_code=code)
+            if code == 401:
+                response.headers["WWW-Authenticate"] = "Bearer"
+            await response(scope, receive, send)
+            return
+        scope["sre_agent.principal"] = principal
+        token = _PRINCIPAL.set(principal)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _PRINCIPAL.reset(token)
+
+
+# -- OTLP/HTTP ------------------------------------------------------------------
+
+
+def _media_type(value: str | None) -> str | None:
+    if not value:
+        return None
+    return _MEDIA_TYPES.get(value.split(";", 1)[0].strip().lower())
+
+
+def status_response(
+    http_status: int, rpc_code: int, message: str, media_type: str, headers: dict[str, str] | None = None
+) -> Response:
+    """An error answer whose body is a ``google.rpc.Status`` in ``media_type``."""
+    from google.protobuf import json_format
+    from google.rpc import error_details_pb2, status_pb2
+
+    status = status_pb2.Status(code=rpc_code, message=message)
+    if http_status == 400:
+        detail = error_details_pb2.BadRequest()
+        detail.field_violations.add(field="body", description=message[:1000])
+        status.details.add().Pack(detail)
+    if media_type == PROTOBUF:
+        return Response(status.SerializeToString(), http_status, headers=headers, media_type=PROTOBUF)
+    body = json_format.MessageToJson(status, indent=None)
+    return Response(body, http_status, headers=headers, media_type=JSON)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, gunzipped if ``Content-Encoding: gzip``, at most ``max_bytes`` after decompression.
+
+    Decompression is incremental with an output limit, so a gzip bomb costs
+    at most ``max_bytes`` of memory before it is refused.
+
+    Raises:
+        PayloadTooLargeError: the (decompressed) body exceeds ``max_bytes``.
+        BadPayloadError: unsupported Content-Encoding or corrupt gzip data.
+    """
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", "", "gzip", "x-gzip"):
+        raise BadPayloadError(f"unsupported Content-Encoding {encoding!r} (use gzip or none)")
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLargeError(f"body of {declared} bytes exceeds the {max_bytes}-byte limit")
+    too_large = PayloadTooLargeError(f"body exceeds the {max_bytes}-byte limit after decompression")
+    if encoding in ("identity", ""):
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_large
+            parts.append(chunk)
+        return b"".join(parts)
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out: list[bytes] = []
+    size = 0
+    compressed = 0
+    try:
+        async for chunk in request.stream():
+            compressed += len(chunk)
+            if compressed > max_bytes:
+                raise too_large
+            data = chunk
+            while data:
+                piece = inflater.decompress(data, max_bytes - size + 1)
+                size += len(piece)
+                if size > max_bytes:
+                    raise too_large
+                out.append(piece)
+                data = inflater.unconsumed_tail
+        piece = inflater.flush()
+        size += len(piece)
+        if size > max_bytes:
+            raise too_large
+        out.append(piece)
+    except zlib.error as exc:
+        raise BadPayloadError(f"corrupt gzip body: {exc}") from exc
+    if not inflater.eof:
+        raise BadPayloadError("truncated gzip body")
+    return b"".join(out)
+
+
+_SIGNALS: Final[dict[str, tuple[str, str, str]]] = {
+    # signal -> (store table, stats prefix, partial-success count field)
+    "traces": ("spans", "spans", "rejected_spans"),
+    "metrics": ("metric_points", "metric_points", "rejected_data_points"),
+}
+
+
+def export_response_bytes(signal: str, media_type: str, rejected: int, errors: list[str]) -> bytes:
+    """Serialised Export*ServiceResponse; ``partial_success`` only when something was rejected."""
+    message = "; ".join(errors[:5])[:2000]
+    field = _SIGNALS[signal][2]
+    if media_type == JSON:
+        import json
+
+        if not rejected and not message:
+            return b"{}"
+        camel = "rejectedSpans" if field == "rejected_spans" else "rejectedDataPoints"
+        return json.dumps({"partialSuccess": {camel: str(rejected), "errorMessage": message}}).encode()
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    response: Any = (
+        trace_service_pb2.ExportTraceServiceResponse()
+        if signal == "traces"
+        else metrics_service_pb2.ExportMetricsServiceResponse()
+    )
+    if rejected or message:
+        setattr(response.partial_success, field, rejected)
+        response.partial_success.error_message = message
+    return bytes(response.SerializeToString())
+
+
+def decode_payload(signal: str, body: bytes, media_type: str, normaliser: Normaliser) -> Any:
+    """Decode one OTLP body with the ingest layer (``DecodedSpans``/``DecodedMetrics``)."""
+    from sre_agent import otlp
+
+    if signal == "traces":
+        return otlp.decode_traces(body, media_type, normaliser=normaliser)
+    return otlp.decode_metrics(body, media_type, normaliser=normaliser)
+
+
+def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitable[Response]]:
+    table_kind, stats_prefix, _ = _SIGNALS[signal]
+
+    async def export(request: Request) -> Response:
+        status = "500"
+        try:
+            response = await _export(request)
+            status = str(response.status_code)
+            return response
+        finally:
+            ctx.stats.count_request("http", signal, status)
+
+    async def _export(request: Request) -> Response:
+        media_type = _media_type(request.headers.get("content-type"))
+        if media_type is None:
+            return status_response(
+                415, _RPC_INVALID_ARGUMENT, "Content-Type must be application/x-protobuf or application/json", JSON
+            )
+        try:
+            ctx.writer.check_capacity()  # refuse before reading a body we could not queue
+            body = await read_body(request, ctx.config.max_body_bytes)
+        except OverloadedError as exc:
+            return _overloaded(exc, media_type)
+        except PayloadTooLargeError as exc:
+            return status_response(413, _RPC_RESOURCE_EXHAUSTED, str(exc), media_type)
+        except BadPayloadError as exc:
+            return status_response(400, _RPC_INVALID_ARGUMENT, str(exc), media_type)
+        try:
+            if len(body) > _INLINE_DECODE_BYTES:
+                from starlette.concurrency import run_in_threadpool
+
+                decoded = await run_in_threadpool(decode_payload, signal, body, media_type, ctx.normaliser)
+            else:
+                decoded = decode_payload(signal, body, media_type, ctx.normaliser)
+        except BadPayloadError as exc:
+            return status_response(400, _RPC_INVALID_ARGUMENT, str(exc), media_type)
+        except Exception as exc:  # boundary: client bytes crashed the decoder; a bug, but not the client's 5xx
+            log.exception("decoder crashed on a %d-byte %s body", len(body), media_type)
+            ctx.stats.add(decoder_crashes=1)
+            return status_response(
+                400, _RPC_INVALID_ARGUMENT, f"undecodable payload ({type(exc).__name__})", media_type
+            )
+        table = decoded.table
+        if table.num_rows:
+            try:
+                await asyncio.wrap_future(ctx.writer.submit(table_kind, table))
+            except OverloadedError as exc:
+                return _overloaded(exc, media_type)
+            except StoreError as exc:
+                return status_response(
+                    503, _RPC_UNAVAILABLE, f"not stored, retry: {exc}", media_type, headers={"Retry-After": "5"}
+                )
+        ctx.stats.add(**{f"{stats_prefix}_accepted": table.num_rows, f"{stats_prefix}_rejected": decoded.rejected})
+        body_out = export_response_bytes(signal, media_type, decoded.rejected, list(decoded.errors))
+        return Response(body_out, 200, media_type=media_type)
+
+    return export
+
+
+def _overloaded(exc: OverloadedError, media_type: str) -> Response:
+    return status_response(
+        429, _RPC_UNAVAILABLE, str(exc), media_type, headers={"Retry-After": str(max(1, round(exc.retry_after_s)))}
+    )
+
+
+# -- the app ----------------------------------------------------------------------
+
+
+def _route_modules(names: tuple[str, ...], *, optional: bool) -> list[Any]:
+    modules = []
+    for name in names:
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if optional and exc.name == name:
+                continue
+            raise
+    return modules
+
+
+def build_app(
+    ctx: ApiContext,
+    route_modules: tuple[str, ...] = API_ROUTE_MODULES,
+    optional_route_modules: tuple[str, ...] = OPTIONAL_ROUTE_MODULES,
+) -> ASGIApp:
+    """The ASGI app: OTLP endpoints, ``/healthz``, ``/metrics`` and every route module's routes."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "queued_rows": ctx.writer.queued_rows})
+
+    async def metrics(request: Request) -> Response:
+        text = ctx.stats.render_prometheus(queued_rows=ctx.writer.queued_rows, queue_max_rows=ctx.writer.queue_max_rows)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    routes: list[BaseRoute] = [
+        Route("/v1/traces", _otlp_endpoint(ctx, "traces"), methods=["POST"]),
+        Route("/v1/metrics", _otlp_endpoint(ctx, "metrics"), methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    for module in [
+        *_route_modules(route_modules, optional=False),
+        *_route_modules(optional_route_modules, optional=True),
+    ]:
+        routes.extend(module.routes(ctx))
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, StoreError: _store_error})
+    return AuthMiddleware(app, ctx.config)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    log.error("API request %s failed: %s", request.url.path, exc)
+    return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "5"})
+
+
+# -- the runner -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServeAddresses:
+    """Where a running server listens: ``http_url`` always, ``grpc_target`` None when disabled."""
+
+    http_url: str
+    grpc_target: str | None
+    db: str
+
+
+def _bind(host: str, port: int) -> Any:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        from sre_agent.errors import ConfigError
+
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def _hash_key(config: Config, store: Store) -> bytes:
+    """The content-hash key: configured, else the store's own persistent key."""
+    if config.hash_key:
+        return config.hash_key.encode()
+    key = getattr(store, "hash_key", None)
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode()
+    import os
+
+    log.warning("store keeps no hash key and none is configured; content hashes use a per-run key")
+    return os.urandom(32)
+
+
+def serve(
+    config: Config,
+    *,
+    on_ready: Callable[[ServeAddresses], None] | None = None,
+    route_modules: tuple[str, ...] = API_ROUTE_MODULES,
+) -> None:
+    """Run the receivers and the API until SIGTERM/SIGINT, then flush and return.
+
+    Opens the store for writing (raising StoreLockedError when another
+    process holds it), starts the writer thread, the gRPC server (unless
+    ``config.grpc_port`` is 0) and uvicorn. On a signal: stop accepting,
+    finish in-flight requests (each waits for its commit), commit what is
+    queued, close the store. A second signal forces uvicorn to exit.
+    """
+    import signal
+    import threading
+
+    import uvicorn
+
+    from sre_agent.normalise import Normaliser
+    from sre_agent.store import Store
+
+    store = Store.open(config.db)
+    grpc_server: Any = None
+    writer: Writer | None = None
+    try:
+        stats = ReceiverStats()
+        writer = Writer(
+            store,
+            queue_max_rows=config.queue_max_spans,
+            batch_max_rows=config.batch_max_spans,
+            flush_interval_s=config.flush_interval_s,
+            stats=stats,
+        )
+        normaliser = Normaliser(
+            keep_content=config.keep_content,
+            max_attribute_bytes=config.max_attribute_bytes,
+            hash_key=_hash_key(config, store),
+        )
+        ctx = ApiContext(config=config, store=store, writer=writer, stats=stats, normaliser=normaliser)
+        app = build_app(ctx, route_modules)
+        http_sock = _bind(config.host, config.http_port)
+        writer.start()
+        grpc_target = None
+        if config.grpc_port:
+            from sre_agent.grpc_server import start_grpc_server
+
+            grpc_server, grpc_port = start_grpc_server(ctx, config.host, config.grpc_port)
+            grpc_target = f"{config.host}:{grpc_port}"
+        http_port = http_sock.getsockname()[1]
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        addresses = ServeAddresses(http_url=f"http://{host}:{http_port}", grpc_target=grpc_target, db=config.db)
+
+        def stop_grpc() -> None:
+            if grpc_server is not None:
+                grpc_server.stop(grace=10.0).wait(11.0)
+
+        class _Server(uvicorn.Server):
+            """uvicorn without re-raising the signal at the end, so a clean shutdown exits 0."""
+
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+
+                def handle(signum: int, frame: Any) -> None:
+                    if self.should_exit:
+                        self.force_exit = True
+                    self.should_exit = True
+                    # gRPC stops taking new calls now; its in-flight calls finish.
+                    threading.Thread(target=stop_grpc, name="grpc-stop", daemon=True).start()
+
+                previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+                try:
+                    yield
+                finally:
+                    for sig, handler in previous.items():
+                        signal.signal(sig, handler)
+
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets=sockets)
+                if on_ready is not None and not self.should_exit:
+                    on_ready(addresses)
+
+        server = _Server(
+            uvicorn.Config(
+                app,
+                log_level="warning",
+                lifespan="off",
+                timeout_graceful_shutdown=30,
+                access_log=False,
+                # One OTLP body may be up to max_body_bytes; uvicorn's h11 buffer must not refuse it first.
+                h11_max_incomplete_event_size=1 << 20,
+            )
+        )
+        server.run(sockets=[http_sock])
+        stop_grpc()
+    finally:
+        if grpc_server is not None:
+            grpc_server.stop(grace=None)
+        if writer is not None:
+            writer.close()
+        store.close()
