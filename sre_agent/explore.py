@@ -1,0 +1,709 @@
+"""What the incident console shows besides the diagnosis, as pure queries.
+
+Every function takes a DuckDB connection (or cursor) over the canonical
+tables of :mod:`sre_agent.schema` and returns plain dataclasses that
+round-trip through JSON (:func:`to_json_dict` / :func:`from_json_dict`), so
+the same figures travel over the HTTP API (``sre_agent.explore_api``) in
+``--url`` mode. Nothing here imports textual.
+
+Aggregation happens in SQL: one scan per question, exact quantiles
+(``quantile_cont``), time buckets for the timeline, ``LIMIT`` for samples;
+only aggregates and a handful of rows reach Python, so each call stays well
+under a second on a 10-million-span store.
+
+Times are Unix epoch nanoseconds; latencies are seconds; rates are per second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+from sre_agent.errors import SelectionError, StoreError
+from sre_agent.selection import Selection, format_time
+
+__all__ = [
+    "DEFAULT_DIMENSIONS",
+    "DEFAULT_SLOS",
+    "LATENCY_METRICS",
+    "DeployMarker",
+    "Exemplar",
+    "Overview",
+    "Scope",
+    "Side",
+    "SliceRow",
+    "StageBreakdown",
+    "Tile",
+    "Timeline",
+    "WaterfallSpan",
+    "exemplars",
+    "from_json_dict",
+    "overview",
+    "resolve_scope",
+    "slices",
+    "stage_breakdown",
+    "timeline",
+    "to_json_dict",
+    "waterfall",
+]
+
+_NS = 1_000_000_000
+
+# Tile order and labels: metric key -> (span column, label shown on the tile).
+LATENCY_METRICS: dict[str, tuple[str, str]] = {
+    "ttft": ("ttft_s", "TTFT"),
+    "tpot": ("tpot_s", "TPOT/ITL"),
+    "e2e": ("e2e_s", "e2e"),
+    "queue": ("queue_s", "queue"),
+}
+
+# p99 targets in seconds used to colour tiles and to count goodput (a request
+# counts as good when it did not fail and met the TTFT and TPOT targets, the
+# DistServe definition). Overridable per call; the CLI takes --slo NAME=S.
+DEFAULT_SLOS: dict[str, float] = {"ttft": 2.0, "tpot": 0.1, "e2e": 30.0, "queue": 1.0}
+
+# Slice dimensions: canonical columns, plus attribute keys looked up in the
+# span's then the resource's attribute map.
+DEFAULT_DIMENSIONS: tuple[str, ...] = ("host_name", "model", "tenant_id", "http.route", "service_version")
+
+_CANONICAL_FILTER_COLUMNS = frozenset(
+    {"service_name", "service_version", "service_instance", "host_name", "tenant_id", "model", "finish_reason"}
+)
+
+
+class Cursor(Protocol):
+    """The slice of the DuckDB connection API these queries use."""
+
+    def execute(self, query: str, parameters: object = ...) -> Any: ...
+
+    def fetchall(self) -> list[tuple[Any, ...]]: ...
+
+
+# --------------------------------------------------------------------------- scope
+
+
+@dataclass(frozen=True)
+class Side:
+    """One population: engine requests started in ``[start_ns, end_ns)``, and of ``version`` when set."""
+
+    name: Literal["baseline", "candidate"]
+    start_ns: int
+    end_ns: int
+    version: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        """Length of the window in seconds (the denominator of rates)."""
+        return max((self.end_ns - self.start_ns) / _NS, 1e-9)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A resolved comparison: two populations plus the filters applied to both.
+
+    Attributes:
+        label: one line for humans, e.g. ``deploy v2 at 12:00:00Z (after v1)``.
+        deploy_ns: the deploy the comparison is about; ``None`` for version or window comparisons.
+        where: ``(key, value)`` equality filters (canonical column or attribute key).
+    """
+
+    baseline: Side
+    candidate: Side
+    label: str
+    deploy_ns: int | None = None
+    service: str | None = None
+    where: tuple[tuple[str, str], ...] = ()
+
+    def narrowed(self, key: str, value: str) -> Scope:
+        """The same comparison restricted to one more slice (replacing an earlier filter on ``key``)."""
+        where = (*tuple((k, v) for k, v in self.where if k != key), (key, value))
+        return dataclasses.replace(self, where=where)
+
+    def widened(self) -> Scope:
+        """The same comparison without slice filters."""
+        return dataclasses.replace(self, where=())
+
+
+def _latest_deploy(cur: Cursor, service: str | None) -> tuple[int, str | None, str | None] | None:
+    sql = "SELECT time_ns, version, previous_version FROM deploys"
+    params: list[Any] = []
+    if service is not None:
+        sql += " WHERE service_name = ?"
+        params.append(service)
+    rows = cur.execute(sql + " ORDER BY time_ns DESC LIMIT 1", params).fetchall()
+    if rows:
+        return int(rows[0][0]), rows[0][1], rows[0][2]
+    # No marker: the latest first appearance of a service.version is the deploy.
+    sql = "SELECT service_version, min(start_ns) AS first FROM spans WHERE is_engine AND service_version IS NOT NULL"
+    if service is not None:
+        sql += " AND service_name = ?"
+    rows = cur.execute(sql + " GROUP BY 1 ORDER BY first DESC LIMIT 2", params).fetchall()
+    if len(rows) < 2:
+        return None
+    return int(rows[0][1]), rows[0][0], rows[1][0]
+
+
+def resolve_scope(cur: Cursor, selection: Selection) -> Scope:
+    """Turn what the user asked for into two concrete populations.
+
+    ``deploy_at`` and ``since_last_deploy`` compare the window before the
+    deploy with the window after it; without ``--window`` both sides get the
+    same length, the longest the data allows. Raises
+    :class:`~sre_agent.errors.SelectionError` when the store cannot answer.
+    """
+    try:
+        return _resolve_scope(cur, selection)
+    except SelectionError:
+        raise
+    except Exception as exc:  # duckdb.Error and friends: a store problem, not a bug here
+        raise StoreError(f"cannot read the store: {exc}") from exc
+
+
+def _resolve_scope(cur: Cursor, selection: Selection) -> Scope:
+    common: dict[str, Any] = {"service": selection.service, "where": selection.where}
+    if selection.mode == "windows":
+        assert selection.baseline is not None
+        assert selection.candidate is not None
+        b, c = selection.baseline, selection.candidate
+        label = f"windows {_hhmm(b.start_ns)}-{_hhmm(b.end_ns)} vs {_hhmm(c.start_ns)}-{_hhmm(c.end_ns)}"
+        return Scope(Side("baseline", b.start_ns, b.end_ns), Side("candidate", c.start_ns, c.end_ns), label, **common)
+    lo, hi = _data_bounds(cur, selection.service)
+    if selection.mode == "versions":
+        b_win = selection.baseline or None
+        c_win = selection.candidate or None
+        baseline = Side(
+            "baseline", b_win.start_ns if b_win else lo, b_win.end_ns if b_win else hi, selection.baseline_version
+        )
+        candidate = Side(
+            "candidate", c_win.start_ns if c_win else lo, c_win.end_ns if c_win else hi, selection.candidate_version
+        )
+        label = f"versions {selection.baseline_version} vs {selection.candidate_version}"
+        return Scope(baseline, candidate, label, **common)
+    if selection.mode == "deploy_at":
+        assert selection.deploy_at_ns is not None
+        at, version, previous = selection.deploy_at_ns, None, None
+    else:
+        found = _latest_deploy(cur, selection.service)
+        if found is None:
+            raise SelectionError("no deploy marker or service.version change in the store; use --deploy-at TIME")
+        at, version, previous = found
+    width = selection.window_ns if selection.window_ns is not None else min(at - lo, hi - at)
+    if width <= 0:
+        raise SelectionError(f"no data on both sides of the deploy at {format_time(at)}")
+    what = f"deploy {version}" if version else "deploy"
+    label = f"{what} at {format_time(at)}" + (f" (after {previous})" if previous else "")
+    return Scope(Side("baseline", at - width, at), Side("candidate", at, at + width), label, deploy_ns=at, **common)
+
+
+def _data_bounds(cur: Cursor, service: str | None) -> tuple[int, int]:
+    sql = "SELECT min(start_ns), max(start_ns) + 1 FROM spans WHERE is_engine"
+    params: list[Any] = []
+    if service is not None:
+        sql += " AND service_name = ?"
+        params.append(service)
+    lo, hi = cur.execute(sql, params).fetchall()[0]
+    if lo is None:
+        raise SelectionError("the store holds no engine request spans yet")
+    return int(lo), int(hi)
+
+
+def _hhmm(ns: int) -> str:
+    return format_time(ns)[11:16]
+
+
+# ----------------------------------------------------------------- SQL helpers
+
+
+def _attr_expr(key: str) -> str:
+    """SQL for one filter/slice dimension: a canonical column or an attribute key."""
+    if key in _CANONICAL_FILTER_COLUMNS:
+        return key
+    quoted = key.replace("'", "''")
+    return f"coalesce(attributes['{quoted}'], resource_attributes['{quoted}'])"
+
+
+def _side_condition(side: Side, params: dict[str, Any]) -> str:
+    prefix = side.name[0]
+    params[f"{prefix}_start"] = side.start_ns
+    params[f"{prefix}_end"] = side.end_ns
+    cond = f"start_ns >= ${prefix}_start AND start_ns < ${prefix}_end"
+    if side.version is not None:
+        params[f"{prefix}_version"] = side.version
+        cond += f" AND service_version = ${prefix}_version"
+    return cond
+
+
+def _scoped(scope: Scope, params: dict[str, Any]) -> tuple[str, str]:
+    """``(side_expr, where_sql)``: a CASE naming each row's side, and the WHERE clause for both."""
+    b = _side_condition(scope.baseline, params)
+    c = _side_condition(scope.candidate, params)
+    # Candidate wins where windows overlap (version comparisons over the same span of time).
+    side_expr = f"CASE WHEN {c} THEN 'candidate' WHEN {b} THEN 'baseline' END"
+    clauses = ["is_engine", f"(({b}) OR ({c}))"]
+    if scope.service is not None:
+        params["service"] = scope.service
+        clauses.append("service_name = $service")
+    for i, (key, value) in enumerate(scope.where):
+        params[f"w{i}"] = value
+        clauses.append(f"{_attr_expr(key)} = $w{i}")
+    return side_expr, " AND ".join(clauses)
+
+
+def _metric_column(metric: str) -> str:
+    try:
+        return LATENCY_METRICS[metric][0]
+    except KeyError:
+        raise SelectionError(f"unknown metric {metric!r}; one of {', '.join(LATENCY_METRICS)}") from None
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+# -------------------------------------------------------------------- overview
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One latency SLO tile: p50 and p99 on each side, seconds (``None`` = no data).
+
+    ``status`` is ``breach`` when the candidate p99 exceeds the SLO, ``regressed``
+    when it rose more than 20 % over the baseline p99, ``ok`` otherwise, and
+    ``nodata`` when the candidate side has no value.
+    """
+
+    metric: str
+    label: str
+    p50_baseline: float | None
+    p50_candidate: float | None
+    p99_baseline: float | None
+    p99_candidate: float | None
+    slo_s: float | None
+    status: Literal["ok", "regressed", "breach", "nodata"]
+
+    @property
+    def p99_ratio(self) -> float | None:
+        """Candidate p99 over baseline p99; ``None`` when either is missing or zero."""
+        if not self.p99_baseline or self.p99_candidate is None:
+            return None
+        return self.p99_candidate / self.p99_baseline
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The first screen's figures. Rates are requests per second over each side's window."""
+
+    scope: Scope
+    tiles: list[Tile]
+    requests_baseline: int
+    requests_candidate: int
+    rate_baseline: float
+    rate_candidate: float
+    error_rate_baseline: float | None
+    error_rate_candidate: float | None
+    goodput_baseline: float
+    goodput_candidate: float
+
+
+def _tile_status(p99_b: float | None, p99_c: float | None, slo: float | None) -> Any:
+    if p99_c is None:
+        return "nodata"
+    if slo is not None and p99_c > slo:
+        return "breach"
+    if p99_b and p99_c > 1.2 * p99_b:
+        return "regressed"
+    return "ok"
+
+
+def overview(cur: Cursor, scope: Scope, slos: Mapping[str, float] | None = None) -> Overview:
+    """SLO tiles for TTFT, TPOT/ITL, e2e and queue, plus request rate, error rate and goodput; one scan."""
+    targets = {**DEFAULT_SLOS, **(slos or {})}
+    params: dict[str, Any] = {"slo_ttft": targets["ttft"], "slo_tpot": targets["tpot"]}
+    side_expr, where = _scoped(scope, params)
+    quantiles = ", ".join(f"quantile_cont({col}, [0.5, 0.99])" for col, _ in LATENCY_METRICS.values())
+    sql = f"""
+        SELECT {side_expr} AS side, count(*) AS n,
+               count(*) FILTER (WHERE status_code = 'error' OR error_type IS NOT NULL) AS errors,
+               count(*) FILTER (WHERE NOT (status_code = 'error' OR error_type IS NOT NULL)
+                                AND coalesce(ttft_s, 0) <= $slo_ttft AND coalesce(tpot_s, 0) <= $slo_tpot) AS good,
+               {quantiles}
+        FROM spans WHERE {where} GROUP BY side"""
+    rows = {row[0]: row for row in cur.execute(sql, params).fetchall()}
+    empty = (None, 0, 0, 0) + (None,) * len(LATENCY_METRICS)
+    b, c = rows.get("baseline", empty), rows.get("candidate", empty)
+    tiles = []
+    for i, (metric, (_col, label)) in enumerate(LATENCY_METRICS.items()):
+        qb, qc = b[4 + i] or [None, None], c[4 + i] or [None, None]
+        p99_b, p99_c = _num(qb[1]), _num(qc[1])
+        slo = targets.get(metric)
+        tiles.append(Tile(metric, label, _num(qb[0]), _num(qc[0]), p99_b, p99_c, slo, _tile_status(p99_b, p99_c, slo)))
+    return Overview(
+        scope=scope,
+        tiles=tiles,
+        requests_baseline=int(b[1]),
+        requests_candidate=int(c[1]),
+        rate_baseline=b[1] / scope.baseline.seconds,
+        rate_candidate=c[1] / scope.candidate.seconds,
+        error_rate_baseline=b[2] / b[1] if b[1] else None,
+        error_rate_candidate=c[2] / c[1] if c[1] else None,
+        goodput_baseline=b[3] / scope.baseline.seconds,
+        goodput_candidate=c[3] / scope.candidate.seconds,
+    )
+
+
+# -------------------------------------------------------------------- timeline
+
+
+@dataclass(frozen=True)
+class DeployMarker:
+    """A deploy inside the timeline's range, and the bucket it falls in."""
+
+    time_ns: int
+    version: str
+    bucket: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """p99 of ``metric`` per time bucket from ``start_ns``; ``None`` marks an empty bucket.
+
+    ``series`` maps a name to one value per bucket: ``all`` for time-based
+    comparisons, one series per version for version comparisons.
+    """
+
+    metric: str
+    start_ns: int
+    bucket_ns: int
+    series: dict[str, list[float | None]]
+    counts: list[int]
+    deploys: list[DeployMarker]
+
+
+def timeline(cur: Cursor, scope: Scope, metric: str = "e2e", buckets: int = 60) -> Timeline:
+    """p99 of one latency metric over time, with deploy markers; one bucketed scan."""
+    col = _metric_column(metric)
+    start = min(scope.baseline.start_ns, scope.candidate.start_ns)
+    end = max(scope.baseline.end_ns, scope.candidate.end_ns)
+    bucket_ns = max(1, -(-(end - start) // buckets))
+    params: dict[str, Any] = {"t0": start, "width": bucket_ns}
+    by_version = scope.baseline.version is not None
+    _side, where = _scoped(scope, params)
+    series_expr = "service_version" if by_version else "'all'"
+    sql = f"""
+        SELECT {series_expr} AS series, (start_ns - $t0) // $width AS bucket,
+               quantile_cont({col}, 0.99), count(*)
+        FROM spans WHERE {where} GROUP BY ALL ORDER BY bucket"""
+    names = [scope.baseline.version, scope.candidate.version] if by_version else ["all"]
+    series: dict[str, list[float | None]] = {str(n): [None] * buckets for n in names}
+    counts = [0] * buckets
+    for name, bucket, p99, n in cur.execute(sql, params).fetchall():
+        if 0 <= bucket < buckets and str(name) in series:
+            series[str(name)][bucket] = _num(p99)
+            counts[bucket] += int(n)
+    deploys = [
+        DeployMarker(int(t), str(v), int((t - start) // bucket_ns))
+        for t, v in cur.execute(
+            "SELECT time_ns, version FROM deploys WHERE time_ns >= ? AND time_ns < ? ORDER BY time_ns", [start, end]
+        ).fetchall()
+    ]
+    if scope.deploy_ns is not None and not any(d.time_ns == scope.deploy_ns for d in deploys):
+        deploys.append(DeployMarker(scope.deploy_ns, "deploy", int((scope.deploy_ns - start) // bucket_ns)))
+    return Timeline(metric, start, bucket_ns, series, counts, deploys)
+
+
+# ------------------------------------------------------------- stage breakdown
+
+STAGES: tuple[str, ...] = ("queue", "prefill", "decode", "gateway", "dependency")
+
+
+@dataclass(frozen=True)
+class StageBreakdown:
+    """Mean seconds per stage over the tail requests of each side.
+
+    The tail is each side's requests at or above that side's p99 of ``metric``.
+    ``gateway`` is the root span's time not covered by engine or dependency
+    spans; ``dependency`` is time in leaf spans outside the engine (retrieval,
+    tools, guardrails). Either is 0.0 when traces carry no such spans.
+    """
+
+    metric: str
+    tail_threshold_baseline: float | None
+    tail_threshold_candidate: float | None
+    tail_requests_baseline: int
+    tail_requests_candidate: int
+    baseline: dict[str, float]
+    candidate: dict[str, float]
+
+
+def stage_breakdown(cur: Cursor, scope: Scope, metric: str = "e2e", quantile: float = 0.99) -> StageBreakdown:
+    """Where the tail's time goes, per side: one scan for thresholds, one join over the tail's traces."""
+    col = _metric_column(metric)
+    params: dict[str, Any] = {"q": quantile}
+    side_expr, where = _scoped(scope, params)
+    sql = f"""
+        WITH scoped AS (SELECT {side_expr} AS side, * FROM spans WHERE {where}),
+        thresholds AS (SELECT side, quantile_cont({col}, $q) AS t FROM scoped GROUP BY side),
+        tail AS (
+            SELECT s.side, s.trace_id, s.start_ns, coalesce(s.queue_s, 0) AS queue_s,
+                   coalesce(s.prefill_s, s.ttft_s - coalesce(s.queue_s, 0), 0) AS prefill_s,
+                   coalesce(s.decode_s, 0) AS decode_s, coalesce(s.e2e_s, s.duration_s, 0) AS engine_s
+            FROM scoped s JOIN thresholds t USING (side) WHERE s.{col} >= t.t
+        ),
+        tail_traces AS (SELECT DISTINCT trace_id FROM tail),
+        trace_spans AS (
+            SELECT sp.trace_id, sp.span_id, sp.parent_span_id, sp.duration_s, sp.is_engine
+            FROM spans sp SEMI JOIN tail_traces tt ON sp.trace_id = tt.trace_id
+            WHERE sp.start_ns >= $lo AND sp.start_ns < $hi
+        ),
+        per_trace AS (
+            SELECT trace_id,
+                   max(duration_s) FILTER (WHERE parent_span_id IS NULL AND NOT is_engine) AS root_s,
+                   sum(duration_s) FILTER (WHERE NOT is_engine AND parent_span_id IS NOT NULL AND NOT EXISTS (
+                       SELECT 1 FROM trace_spans c WHERE c.trace_id = p.trace_id AND c.parent_span_id = p.span_id
+                   )) AS dependency_s
+            FROM trace_spans p GROUP BY trace_id
+        )
+        SELECT t.side, count(*), avg(queue_s), avg(prefill_s), avg(decode_s),
+               avg(greatest(coalesce(root_s, engine_s) - engine_s - coalesce(dependency_s, 0), 0)),
+               avg(coalesce(dependency_s, 0)), any_value(th.t)
+        FROM tail t LEFT JOIN per_trace USING (trace_id) JOIN thresholds th USING (side)
+        GROUP BY t.side"""
+    # Traces of the tail start near their engine span; a margin of an hour bounds the join's scan.
+    params["lo"] = min(scope.baseline.start_ns, scope.candidate.start_ns) - 3600 * _NS
+    params["hi"] = max(scope.baseline.end_ns, scope.candidate.end_ns) + 3600 * _NS
+    rows = {r[0]: r for r in cur.execute(sql, params).fetchall()}
+    out: dict[str, dict[str, float]] = {}
+    for name in ("baseline", "candidate"):
+        r = rows.get(name)
+        out[name] = {stage: float(r[2 + i] or 0.0) if r else 0.0 for i, stage in enumerate(STAGES)}
+    b, c = rows.get("baseline"), rows.get("candidate")
+    return StageBreakdown(
+        metric,
+        _num(b[7]) if b else None,
+        _num(c[7]) if c else None,
+        int(b[1]) if b else 0,
+        int(c[1]) if c else 0,
+        out["baseline"],
+        out["candidate"],
+    )
+
+
+# ---------------------------------------------------------------------- slices
+
+
+@dataclass(frozen=True)
+class SliceRow:
+    """One value of one dimension and how much of the tail regression it holds.
+
+    ``excess_slow`` counts candidate requests above the baseline's overall p99
+    beyond what the baseline's slow rate in the same slice predicts;
+    ``contribution`` is that excess over the positive excess of all values of
+    the same dimension (at most 1; negative for a slice that improved;
+    ``None`` when no value of the dimension got worse).
+    """
+
+    dimension: str
+    value: str
+    requests_baseline: int
+    requests_candidate: int
+    p99_baseline: float | None
+    p99_candidate: float | None
+    excess_slow: float
+    contribution: float | None
+
+
+def slices(
+    cur: Cursor,
+    scope: Scope,
+    metric: str = "e2e",
+    dimensions: Iterable[str] = DEFAULT_DIMENSIONS,
+    limit: int = 50,
+) -> list[SliceRow]:
+    """Slices of every dimension, sorted by contribution; one GROUPING SETS scan."""
+    col = _metric_column(metric)
+    dims = list(dimensions)
+    params: dict[str, Any] = {}
+    side_expr, where = _scoped(scope, params)
+    cols = ", ".join(f"{_attr_expr(d)} AS d{i}" for i, d in enumerate(dims))
+    sets = ", ".join(f"(d{i})" for i in range(len(dims)))
+    sql = f"""
+        WITH scoped AS (SELECT {side_expr} AS side, {col} AS v, {cols} FROM spans WHERE {where}),
+        threshold AS (SELECT quantile_cont(v, 0.99) AS t FROM scoped WHERE side = 'baseline')
+        SELECT {", ".join(f"d{i}" for i in range(len(dims)))}, {", ".join(f"grouping(d{i})" for i in range(len(dims)))},
+               count(*) FILTER (WHERE side = 'baseline') AS nb,
+               count(*) FILTER (WHERE side = 'candidate') AS nc,
+               count(*) FILTER (WHERE side = 'baseline' AND v > t) AS sb,
+               count(*) FILTER (WHERE side = 'candidate' AND v > t) AS sc,
+               quantile_cont(v, 0.99) FILTER (WHERE side = 'baseline'),
+               quantile_cont(v, 0.99) FILTER (WHERE side = 'candidate')
+        FROM scoped, threshold GROUP BY GROUPING SETS ({sets}, ())"""
+    n = len(dims)
+    grouped = cur.execute(sql, params).fetchall()
+    total = next((r[2 * n :] for r in grouped if all(r[n : 2 * n])), None)
+    if total is None:
+        return []
+    nb_all, nc_all, sb_all, _sc_all, _pb, _pc = total
+    global_slow_rate = sb_all / nb_all if nb_all else 0.0
+    raw: list[tuple[str, str, int, int, float | None, float | None, float]] = []
+    for row in grouped:
+        values, groupings = row[:n], row[n : 2 * n]
+        if all(groupings):
+            continue
+        nb, nc, sb, sc, p99_b, p99_c = row[2 * n :]
+        i = next(j for j, g in enumerate(groupings) if not g)
+        # A slice that is a whole side (the new version in a before/after comparison) localises nothing.
+        if values[i] is None or (nc == nc_all and nb in (0, nb_all)):
+            continue
+        # Expected slow count at the slice's baseline slow rate; a slice new in the candidate uses the global rate.
+        excess = sc - nc * (sb / nb if nb else global_slow_rate)
+        raw.append((dims[i], str(values[i]), int(nb), int(nc), _num(p99_b), _num(p99_c), float(excess)))
+    positive: dict[str, float] = {}
+    for d, *_rest, ex in raw:
+        positive[d] = positive.get(d, 0.0) + max(ex, 0.0)
+    rows = [
+        SliceRow(d, v, nb, nc, pb, pc, ex, ex / positive[d] if positive[d] > 0 else None)
+        for d, v, nb, nc, pb, pc, ex in raw
+    ]
+    rows.sort(key=lambda r: (-(r.contribution or 0.0), -r.excess_slow, r.dimension, r.value))
+    return rows[:limit]
+
+
+# ------------------------------------------------------------------- exemplars
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    """One slow request: its trace, when it started, and its latencies in seconds."""
+
+    side: Literal["baseline", "candidate"]
+    trace_id: str
+    start_ns: int
+    e2e_s: float | None
+    ttft_s: float | None
+    queue_s: float | None
+    host_name: str | None
+    model: str | None
+    version: str | None
+
+
+def exemplars(cur: Cursor, scope: Scope, metric: str = "e2e", per_side: int = 5) -> list[Exemplar]:
+    """The slowest requests of each side by ``metric`` (top-k in SQL, ``per_side`` rows each)."""
+    col = _metric_column(metric)
+    params: dict[str, Any] = {"k": per_side}
+    side_expr, where = _scoped(scope, params)
+    sql = f"""
+        SELECT side, trace_id, start_ns, e2e_s, ttft_s, queue_s, host_name, model, service_version FROM (
+            SELECT {side_expr} AS side, *,
+                   row_number() OVER (PARTITION BY {side_expr} ORDER BY {col} DESC NULLS LAST) AS rk
+            FROM spans WHERE {where} AND {col} IS NOT NULL
+            QUALIFY rk <= $k
+        ) ORDER BY side, rk"""
+    return [
+        Exemplar(r[0], r[1], int(r[2]), _num(r[3]), _num(r[4]), _num(r[5]), r[6], r[7], r[8])
+        for r in cur.execute(sql, params).fetchall()
+    ]
+
+
+@dataclass(frozen=True)
+class WaterfallSpan:
+    """One span of a trace laid out for a waterfall: offsets from the trace start, seconds."""
+
+    span_id: str
+    parent_span_id: str | None
+    depth: int
+    name: str
+    service: str | None
+    kind: str | None
+    offset_s: float
+    duration_s: float
+    status: str | None
+    is_engine: bool
+
+
+def waterfall(cur: Cursor, trace_id: str, around_ns: int | None = None) -> list[WaterfallSpan]:
+    """The spans of one trace in tree order (parents before children, siblings by start).
+
+    ``around_ns`` (a time inside the trace) bounds the scan to a day either
+    side so the lookup uses zone maps instead of reading every span.
+    """
+    sql = (
+        "SELECT span_id, parent_span_id, name, service_name, kind, start_ns, "
+        "coalesce(end_ns, start_ns), status_code, coalesce(is_engine, false) FROM spans WHERE trace_id = ?"
+    )
+    params: list[Any] = [trace_id]
+    if around_ns is not None:
+        sql += " AND start_ns BETWEEN ? AND ?"
+        params += [around_ns - 86400 * _NS, around_ns + 86400 * _NS]
+    rows = cur.execute(sql, params).fetchall()
+    if not rows:
+        return []
+    t0 = min(r[5] for r in rows)
+    ids = {r[0] for r in rows}
+    children: dict[str | None, list[tuple[Any, ...]]] = {}
+    for r in rows:
+        parent = r[1] if r[1] in ids else None  # orphans hang off the top
+        children.setdefault(parent, []).append(r)
+    out: list[WaterfallSpan] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for r in sorted(children.get(parent, []), key=lambda x: (x[5], x[0])):
+            out.append(
+                WaterfallSpan(
+                    r[0], r[1], depth, r[2] or "", r[3], r[4], (r[5] - t0) / _NS, (r[6] - r[5]) / _NS, r[7], bool(r[8])
+                )
+            )
+            walk(r[0], depth + 1)
+
+    walk(None, 0)
+    return out
+
+
+# ------------------------------------------------------------------------ JSON
+
+T = TypeVar("T")
+
+
+def to_json_dict(value: Any) -> Any:
+    """A JSON-ready form of any result above (dataclasses become objects, tuples lists)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_json_dict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_dict(v) for v in value]
+    return value
+
+
+def from_json_dict(cls: type[T], data: Any) -> T:
+    """Inverse of :func:`to_json_dict` for the dataclasses of this module."""
+    return typing.cast(T, _decode(cls, data))
+
+
+def _decode(tp: Any, data: Any) -> Any:
+    if data is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _decode(inner[0], data) if len(inner) == 1 else data
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_decode(item, v) for v in data]
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in data)
+        return tuple(_decode(a, v) for a, v in zip(args, data, strict=True))
+    if origin is dict:
+        _k, val = typing.get_args(tp)
+        return {k: _decode(val, v) for k, v in data.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _decode(hints[f.name], data[f.name]) for f in dataclasses.fields(tp) if f.name in data})
+    if tp is float and isinstance(data, int):
+        return float(data)
+    return data
