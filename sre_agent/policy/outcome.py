@@ -1,0 +1,523 @@
+"""Why a reasoning-model request yielded (or did not yield) a usable answer.
+
+:func:`classify` turns one HTTP exchange (status, headers, parsed JSON body)
+into an :class:`Outcome`: a class from :class:`OutcomeClass`, the token
+usage (input, output, reasoning, cached) and its dollar cost. Every provider
+answers HTTP 200 when tokens were spent without a usable answer, so the body
+decides; the tables below map each provider format's finish fields onto the
+classes (CONTRACTS section 6 and docs/reference/providers-and-retries.md 2.5).
+
+Unknown shapes are classified conservatively: an unrecognised finish value or
+a 200 body with no recognisable answer is ``invalid_output`` (never
+``success``), an unknown 4xx is ``client_error`` (never retried), an unknown
+5xx is ``server_error``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "FORMATS",
+    "Outcome",
+    "OutcomeClass",
+    "Pricing",
+    "ToolCall",
+    "Usage",
+    "classify",
+    "classify_exception",
+    "parse_retry_after",
+]
+
+
+class OutcomeClass(StrEnum):
+    """What one attempt produced. ``client_error`` covers 4xx that no retry can fix (auth, bad request)."""
+
+    SUCCESS = "success"
+    EXHAUSTED = "exhausted"
+    REFUSED = "refused"
+    TOOL_ERROR = "tool_error"
+    CONTEXT_OVERFLOW = "context_overflow"
+    RATE_LIMITED = "rate_limited"
+    SERVER_ERROR = "server_error"
+    TIMEOUT = "timeout"
+    INVALID_OUTPUT = "invalid_output"
+    CLIENT_ERROR = "client_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens billed for one attempt. ``reasoning_tokens`` and ``cached_tokens`` are subsets of output/input."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens (reasoning is already inside output)."""
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Pricing:
+    """Dollar prices per million tokens. Cached input is billed at ``cached_input_per_mtok`` when given."""
+
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+    cached_input_per_mtok: float | None = None
+
+    def cost_usd(self, usage: Usage) -> float:
+        """Dollar cost of ``usage`` (reasoning tokens are billed as output)."""
+        cached_price = self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+        uncached = max(usage.input_tokens - usage.cached_tokens, 0)
+        return (
+            uncached * self.input_per_mtok
+            + usage.cached_tokens * cached_price
+            + usage.output_tokens * self.output_per_mtok
+        ) / 1e6
+
+    def worst_case_usd(self, input_tokens: int, max_output_tokens: int) -> float:
+        """Upper bound on an attempt's cost: no cache hits and every allowed output token billed."""
+        return (input_tokens * self.input_per_mtok + max_output_tokens * self.output_per_mtok) / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the model asked for. ``arguments`` is None when the model's JSON did not parse."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The classified result of one attempt.
+
+    Attributes:
+        cls: the outcome class.
+        usage: tokens billed (zeros when the provider reported none, e.g. on 429).
+        cost_usd: dollars for ``usage`` under the engine's pricing (0.0 without pricing).
+        status_code: HTTP status, or None when no response arrived (timeout, connection error).
+        finish_reason: the provider's raw finish/stop value, or None.
+        retry_after_s: the server's requested wait in seconds, or None when it gave no hint.
+        should_retry: the ``x-should-retry`` header as a bool, or None when absent.
+        reasoning_only: True when the output cap was hit with no visible text (all tokens spent reasoning).
+        text: the visible answer text ('' when none).
+        tool_calls: tool calls the model asked for, in order.
+        detail: a short human-readable reason.
+    """
+
+    cls: OutcomeClass
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    status_code: int | None = None
+    finish_reason: str | None = None
+    retry_after_s: float | None = None
+    should_retry: bool | None = None
+    reasoning_only: bool = False
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    detail: str = ""
+
+    @property
+    def usable(self) -> bool:
+        """True when the attempt produced an answer the caller can use."""
+        return self.cls is OutcomeClass.SUCCESS
+
+
+# ---------------------------------------------------------------------------------------------
+# headers
+
+_RETRY_AFTER_MS = ("retry-after-ms", "x-ms-retry-after-ms")
+
+
+def parse_retry_after(headers: Mapping[str, str], now_s: float | None = None) -> float | None:
+    """The server's requested wait in seconds, or None when absent or unparsable.
+
+    Reads ``retry-after-ms`` and ``x-ms-retry-after-ms`` (milliseconds) first, as the
+    official SDKs do, then ``Retry-After`` as seconds or an HTTP date (relative to
+    ``now_s``, Unix seconds, default the wall clock). Negative waits become 0.
+    """
+    lower = {k.lower(): v for k, v in headers.items()}
+    for name in _RETRY_AFTER_MS:
+        raw = lower.get(name)
+        if raw is not None:
+            try:
+                return max(float(raw) / 1000.0, 0.0)
+            except ValueError:
+                pass
+    raw = lower.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        return max(float(raw), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    now = time.time() if now_s is None else now_s
+    return max(when.timestamp() - now, 0.0)
+
+
+def _should_retry(headers: Mapping[str, str]) -> bool | None:
+    for key, value in headers.items():
+        if key.lower() == "x-should-retry":
+            return value.strip().lower() == "true"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# body helpers
+
+
+def _dig(body: Any, path: tuple[str | int, ...]) -> Any:
+    node = body
+    for key in path:
+        if isinstance(key, int):
+            if not isinstance(node, list) or len(node) <= key:
+                return None
+            node = node[key]
+        else:
+            if not isinstance(node, dict):
+                return None
+            node = node.get(key)
+    return node
+
+
+def _int(body: Any, *paths: tuple[str | int, ...]) -> int:
+    for path in paths:
+        value = _dig(body, path)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)
+    return 0
+
+
+def _parse_args(raw: Any) -> dict[str, Any] | None:
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    finish: str | None
+    text: str
+    refusal: bool
+    tool_calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FormatSpec:
+    """How one provider format reports finish, text and usage.
+
+    ``finish_classes`` maps raw finish values to classes; the empty-text rule and the
+    refusal/tool-call checks are applied on top by :func:`classify`.
+    """
+
+    name: str
+    parse: Callable[[Any], _Parsed]
+    finish_classes: Mapping[str, OutcomeClass]
+    input_paths: tuple[tuple[str | int, ...], ...]
+    output_paths: tuple[tuple[str | int, ...], ...]
+    reasoning_paths: tuple[tuple[str | int, ...], ...]
+    cached_paths: tuple[tuple[str | int, ...], ...]
+
+    def usage(self, body: Any) -> Usage:
+        """Token usage read from ``body`` (missing fields count as 0)."""
+        return Usage(
+            input_tokens=_int(body, *self.input_paths),
+            output_tokens=_int(body, *self.output_paths),
+            reasoning_tokens=_int(body, *self.reasoning_paths),
+            cached_tokens=_int(body, *self.cached_paths),
+        )
+
+
+def _parse_openai_chat(body: Any) -> _Parsed:
+    choice = _dig(body, ("choices", 0))
+    message = _dig(choice, ("message",)) or {}
+    raw_calls = message.get("tool_calls") or [] if isinstance(message, dict) else []
+    calls = tuple(
+        ToolCall(
+            call_id=str(call.get("id", "")),
+            name=str(_dig(call, ("function", "name")) or ""),
+            arguments=_parse_args(_dig(call, ("function", "arguments"))),
+        )
+        for call in raw_calls
+        if isinstance(call, dict)
+    )
+    content = message.get("content") if isinstance(message, dict) else None
+    refusal = message.get("refusal") if isinstance(message, dict) else None
+    finish = _dig(choice, ("finish_reason",))
+    return _Parsed(
+        finish=finish if isinstance(finish, str) else None,
+        text=content if isinstance(content, str) else "",
+        refusal=bool(refusal),
+        tool_calls=calls,
+    )
+
+
+def _parse_openai_responses(body: Any) -> _Parsed:
+    status = _dig(body, ("status",))
+    reason = _dig(body, ("incomplete_details", "reason"))
+    error_code = _dig(body, ("error", "code"))
+    finish = status if isinstance(status, str) else None
+    if status == "incomplete" and isinstance(reason, str):
+        finish = f"incomplete:{reason}"
+    elif status == "failed" and isinstance(error_code, str):
+        finish = f"failed:{error_code}"
+    texts: list[str] = []
+    refusal = False
+    calls: list[ToolCall] = []
+    for item in _dig(body, ("output",)) or []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call":
+            calls.append(
+                ToolCall(
+                    call_id=str(item.get("call_id", item.get("id", ""))),
+                    name=str(item.get("name", "")),
+                    arguments=_parse_args(item.get("arguments")),
+                )
+            )
+        for part in item.get("content") or []:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") == "refusal":
+                refusal = True
+            elif part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+    return _Parsed(finish=finish, text="".join(texts), refusal=refusal, tool_calls=tuple(calls))
+
+
+def _parse_anthropic(body: Any) -> _Parsed:
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in _dig(body, ("content",)) or []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif block.get("type") == "tool_use":
+            calls.append(
+                ToolCall(
+                    call_id=str(block.get("id", "")),
+                    name=str(block.get("name", "")),
+                    arguments=_parse_args(block.get("input")),
+                )
+            )
+    stop = _dig(body, ("stop_reason",))
+    return _Parsed(
+        finish=stop if isinstance(stop, str) else None, text="".join(texts), refusal=False, tool_calls=tuple(calls)
+    )
+
+
+def _parse_gemini(body: Any) -> _Parsed:
+    blocked = _dig(body, ("promptFeedback", "blockReason"))
+    if isinstance(blocked, str):
+        return _Parsed(finish=f"BLOCKED:{blocked}", text="", refusal=True, tool_calls=())
+    parts = _dig(body, ("candidates", 0, "content", "parts")) or []
+    texts = [
+        p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str) and not p.get("thought")
+    ]
+    calls = tuple(
+        ToolCall(
+            call_id=str(i),
+            name=str(_dig(p, ("functionCall", "name")) or ""),
+            arguments=_parse_args(p["functionCall"].get("args")),
+        )
+        for i, p in enumerate(parts)
+        if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)
+    )
+    finish = _dig(body, ("candidates", 0, "finishReason"))
+    return _Parsed(
+        finish=finish if isinstance(finish, str) else None, text="".join(texts), refusal=False, tool_calls=calls
+    )
+
+
+_S = OutcomeClass.SUCCESS
+_EXH = OutcomeClass.EXHAUSTED
+_REF = OutcomeClass.REFUSED
+_TOOL = OutcomeClass.TOOL_ERROR
+_CTX = OutcomeClass.CONTEXT_OVERFLOW
+_SRV = OutcomeClass.SERVER_ERROR
+
+#: Finish-value tables per provider format (reference section 2.5).
+FORMATS: dict[str, FormatSpec] = {
+    "openai-chat": FormatSpec(
+        name="openai-chat",
+        parse=_parse_openai_chat,
+        finish_classes={"stop": _S, "tool_calls": _S, "function_call": _S, "length": _EXH, "content_filter": _REF},
+        input_paths=(("usage", "prompt_tokens"),),
+        output_paths=(("usage", "completion_tokens"),),
+        reasoning_paths=(("usage", "completion_tokens_details", "reasoning_tokens"),),
+        cached_paths=(("usage", "prompt_tokens_details", "cached_tokens"),),
+    ),
+    "openai-responses": FormatSpec(
+        name="openai-responses",
+        parse=_parse_openai_responses,
+        finish_classes={
+            "completed": _S,
+            "incomplete:max_output_tokens": _EXH,
+            "incomplete:content_filter": _REF,
+            "failed:server_error": _SRV,
+            "failed:rate_limit_exceeded": OutcomeClass.RATE_LIMITED,
+            "failed:vector_store_timeout": OutcomeClass.TIMEOUT,
+            "failed:bio_policy": _REF,
+            "failed:image_content_policy_violation": _REF,
+            "failed:invalid_prompt": OutcomeClass.CLIENT_ERROR,
+            # Background mode: the work has not finished within this call.
+            "queued": OutcomeClass.TIMEOUT,
+            "in_progress": OutcomeClass.TIMEOUT,
+        },
+        input_paths=(("usage", "input_tokens"),),
+        output_paths=(("usage", "output_tokens"),),
+        reasoning_paths=(("usage", "output_tokens_details", "reasoning_tokens"),),
+        cached_paths=(("usage", "input_tokens_details", "cached_tokens"),),
+    ),
+    "anthropic": FormatSpec(
+        name="anthropic",
+        parse=_parse_anthropic,
+        finish_classes={
+            "end_turn": _S,
+            "stop_sequence": _S,
+            "tool_use": _S,
+            # pause_turn means "send it back to continue": usable as a turn, not an error.
+            "pause_turn": _S,
+            "max_tokens": _EXH,
+            "model_context_window_exceeded": _EXH,
+            "refusal": _REF,
+        },
+        input_paths=(("usage", "input_tokens"),),
+        output_paths=(("usage", "output_tokens"),),
+        reasoning_paths=(("usage", "output_tokens_details", "thinking_tokens"),),
+        cached_paths=(("usage", "cache_read_input_tokens"),),
+    ),
+    "gemini": FormatSpec(
+        name="gemini",
+        parse=_parse_gemini,
+        finish_classes={
+            "STOP": _S,
+            "MAX_TOKENS": _EXH,
+            **dict.fromkeys(("SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY"), _REF),
+            **dict.fromkeys(("MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS"), _TOOL),
+        },
+        input_paths=(("usageMetadata", "promptTokenCount"), ("usage_metadata", "prompt_token_count")),
+        output_paths=(("usageMetadata", "candidatesTokenCount"), ("usage_metadata", "candidates_token_count")),
+        reasoning_paths=(("usageMetadata", "thoughtsTokenCount"), ("usage_metadata", "thoughts_token_count")),
+        cached_paths=(("usageMetadata", "cachedContentTokenCount"), ("usage_metadata", "cached_content_token_count")),
+    ),
+}
+
+# Substrings of error codes/messages that mean "the prompt does not fit" (OpenAI, Anthropic, vLLM).
+_CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "prompt is too long", "context window")
+_REFUSAL_MARKERS = ("content_policy", "content_filter", "safety")
+
+
+def _error_text(body: Any) -> str:
+    parts = [_dig(body, ("error", key)) for key in ("code", "type", "message")]
+    parts.append(_dig(body, ("message",)))
+    return " ".join(p for p in parts if isinstance(p, str)).lower()
+
+
+def _classify_status(status: int, body: Any) -> tuple[OutcomeClass, str]:
+    text = _error_text(body)
+    if status == 429:
+        return OutcomeClass.RATE_LIMITED, "HTTP 429"
+    if status == 408:
+        return OutcomeClass.TIMEOUT, "HTTP 408"
+    if status == 413 or any(m in text for m in _CONTEXT_MARKERS):
+        return OutcomeClass.CONTEXT_OVERFLOW, f"HTTP {status}: prompt does not fit"
+    if status >= 500:
+        return OutcomeClass.SERVER_ERROR, f"HTTP {status}"
+    if any(m in text for m in _REFUSAL_MARKERS):
+        return OutcomeClass.REFUSED, f"HTTP {status}: content policy"
+    return OutcomeClass.CLIENT_ERROR, f"HTTP {status}"
+
+
+def classify(
+    status_code: int,
+    headers: Mapping[str, str],
+    body: Any,
+    *,
+    provider_format: str = "openai-chat",
+    pricing: Pricing | None = None,
+    now_s: float | None = None,
+) -> Outcome:
+    """Classify one HTTP response.
+
+    Args:
+        status_code: the HTTP status.
+        headers: response headers (any case).
+        body: the parsed JSON body (a dict), or None / a string when it was not JSON.
+        provider_format: a key of :data:`FORMATS`; an unknown format is an error.
+        pricing: dollar prices; None means cost 0.0.
+        now_s: Unix seconds for HTTP-date ``Retry-After`` values (default: wall clock).
+    """
+    spec = FORMATS[provider_format]
+    usage = spec.usage(body) if isinstance(body, dict) else Usage()
+    cost = pricing.cost_usd(usage) if pricing is not None else 0.0
+    retry_after = parse_retry_after(headers, now_s) if status_code >= 400 else None
+    should_retry = _should_retry(headers)
+    if status_code >= 400 or status_code < 200:
+        cls, detail = _classify_status(status_code, body)
+        return Outcome(
+            cls, usage, cost, status_code, retry_after_s=retry_after, should_retry=should_retry, detail=detail
+        )
+    if not isinstance(body, dict):
+        return Outcome(OutcomeClass.INVALID_OUTPUT, usage, cost, status_code, detail="body is not a JSON object")
+    if isinstance(body.get("error"), dict) and not body.get("choices") and not body.get("output"):
+        cls, detail = _classify_status(500 if "server" in _error_text(body) else 400, body)
+        return Outcome(cls, usage, cost, status_code, detail=f"error object in 200 body ({detail})")
+    parsed = spec.parse(body)
+    cls = spec.finish_classes.get(parsed.finish or "", OutcomeClass.INVALID_OUTPUT)
+    detail = f"finish={parsed.finish}"
+    reasoning_only = False
+    if parsed.refusal:
+        cls, detail = OutcomeClass.REFUSED, "refusal in output"
+    elif cls is OutcomeClass.EXHAUSTED:
+        reasoning_only = not parsed.text.strip() and usage.reasoning_tokens >= usage.output_tokens > 0
+        detail = "output cap hit, all tokens spent on reasoning" if reasoning_only else "output cap hit"
+    elif cls is OutcomeClass.SUCCESS:
+        if any(call.arguments is None for call in parsed.tool_calls):
+            cls, detail = OutcomeClass.TOOL_ERROR, "malformed tool-call arguments"
+        elif not parsed.text.strip() and not parsed.tool_calls:
+            cls, detail = OutcomeClass.INVALID_OUTPUT, "finished with no text and no tool call"
+    elif parsed.finish is None or parsed.finish not in spec.finish_classes:
+        detail = f"unknown finish value {parsed.finish!r}"
+    return Outcome(
+        cls,
+        usage,
+        cost,
+        status_code,
+        finish_reason=parsed.finish,
+        should_retry=should_retry,
+        reasoning_only=reasoning_only,
+        text=parsed.text,
+        tool_calls=parsed.tool_calls,
+        detail=detail,
+    )
+
+
+def classify_exception(exc: BaseException) -> Outcome:
+    """Classify a transport failure (no response): timeouts are ``timeout``, anything else ``server_error``."""
+    name = type(exc).__name__
+    if "Timeout" in name:
+        return Outcome(OutcomeClass.TIMEOUT, detail=name)
+    return Outcome(OutcomeClass.SERVER_ERROR, detail=f"transport error: {name}")

@@ -1,0 +1,148 @@
+"""Provider wire formats: request bodies and streamed-response assembly (pure, no I/O).
+
+The engine calls OpenAI-compatible and Anthropic-compatible endpoints directly
+with httpx (no vendor SDK: their newest releases depend on ``httpx2`` and retry
+on their own). Streamed OpenAI chat responses are folded back into the shape of
+a non-streaming body so one classification table serves both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sre_agent.policy.recovery import ChatRequest, Target
+
+__all__ = ["HttpCall", "SseAccumulator", "build_call", "input_tokens_bound"]
+
+_PROVIDER_NAMES = {"openai-chat": "openai", "openai-responses": "openai", "anthropic": "anthropic"}
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCall:
+    """One POST to send: URL, headers and JSON body."""
+
+    url: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    provider_name: str
+
+
+def input_tokens_bound(request: ChatRequest) -> int:
+    """An upper bound on the prompt's tokens: UTF-8 bytes of the JSON plus template overhead.
+
+    A BPE token covers at least one byte, so the byte count of the messages (and tool
+    definitions) bounds their token count; 16 + 8 per message covers chat-template tokens.
+    """
+    size = len(json.dumps(request.messages, ensure_ascii=False).encode())
+    if request.tools:
+        size += len(json.dumps(request.tools, ensure_ascii=False).encode())
+    return size + 16 + 8 * len(request.messages)
+
+
+def build_call(target: Target, request: ChatRequest, max_output_tokens: int) -> HttpCall:
+    """The HTTP call for ``request`` on ``target`` with the output cap ``max_output_tokens``."""
+    base = target.base_url.rstrip("/")
+    headers = {"content-type": "application/json", **dict(target.headers)}
+    fmt = target.provider_format
+    messages = list(request.messages)
+    body: dict[str, Any]
+    if fmt == "openai-chat":
+        body = {"model": target.model, "messages": messages, "max_completion_tokens": max_output_tokens}
+        if request.reasoning_effort is not None:
+            body["reasoning_effort"] = request.reasoning_effort
+        if request.tools:
+            body["tools"] = list(request.tools)
+        if request.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        url = f"{base}/chat/completions"
+    elif fmt == "openai-responses":
+        body = {"model": target.model, "input": messages, "max_output_tokens": max_output_tokens}
+        if request.reasoning_effort is not None:
+            body["reasoning"] = {"effort": request.reasoning_effort}
+        if request.tools:
+            body["tools"] = list(request.tools)
+        url = f"{base}/responses"
+    elif fmt == "anthropic":
+        system = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "system")
+        body = {
+            "model": target.model,
+            "messages": [m for m in messages if m.get("role") != "system"],
+            "max_tokens": max_output_tokens,
+        }
+        if system:
+            body["system"] = system
+        if request.reasoning_effort is not None:
+            body["output_config"] = {"effort": request.reasoning_effort}
+        headers.setdefault("anthropic-version", "2023-06-01")
+        url = f"{base}/messages"
+    else:
+        raise ValueError(f"cannot send provider format {fmt!r}")
+    return HttpCall(url, headers, body, _PROVIDER_NAMES[fmt])
+
+
+class SseAccumulator:
+    """Folds OpenAI chat-completion ``data:`` events into one non-streaming body.
+
+    A stream cut before any ``finish_reason`` leaves ``finish_reason`` None, which the
+    classifier treats as ``invalid_output``: a truncated stream is never a success.
+    """
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+
+    def feed(self, lines: Iterable[str]) -> None:
+        """Consume decoded SSE lines (blank lines and comments are ignored)."""
+        for line in lines:
+            self.feed_line(line)
+
+    def feed_line(self, line: str) -> None:
+        """Consume one SSE line."""
+        if not line.startswith("data:"):
+            return
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self.content.append(delta["content"])
+            if isinstance(delta.get("refusal"), str):
+                self.refusal.append(delta["refusal"])
+            for call in delta.get("tool_calls") or []:
+                slot = self.tool_calls.setdefault(
+                    int(call.get("index", 0)), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                slot["id"] = call.get("id") or slot["id"]
+                function = call.get("function") or {}
+                slot["function"]["name"] += function.get("name") or ""
+                slot["function"]["arguments"] += function.get("arguments") or ""
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def body(self) -> dict[str, Any]:
+        """The equivalent non-streaming response body."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        body: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}]}
+        if self.usage is not None:
+            body["usage"] = self.usage
+        return body
