@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Final
 import grpc
 
 from sre_agent.errors import BadPayloadError, OverloadedError, StoreError
-from sre_agent.server import PROTOBUF, authenticate, decode_payload, export_response_bytes
+from sre_agent.receiver import PROTOBUF, decode_payload, export_response_bytes, table_for_signal
+from sre_agent.server import authenticate
 
 if TYPE_CHECKING:
     from sre_agent.server import ApiContext
@@ -53,7 +54,7 @@ def _abort_unavailable(context: grpc.ServicerContext, message: str, retry_after_
 
 
 def _export_handler(ctx: ApiContext, signal: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
-    table_kind = "spans" if signal == "traces" else "metric_points"
+    table_kind = table_for_signal(signal)
     stats_prefix = table_kind
 
     def export(request: bytes, context: grpc.ServicerContext) -> bytes:

@@ -22,16 +22,27 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sre_agent.errors import OverloadedError, SreAgentError, StoreError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from sre_agent.normalise import Normaliser
     from sre_agent.store import Store
 
-__all__ = ["ReceiverStats", "Writer"]
+__all__ = [
+    "JSON",
+    "PROTOBUF",
+    "ReceiverStats",
+    "Writer",
+    "decode_payload",
+    "export_response_bytes",
+    "media_type_of",
+    "status_bytes",
+    "table_for_signal",
+]
 
 log = logging.getLogger(__name__)
 
@@ -381,3 +392,78 @@ class Writer:
                 item.future.set_exception(error)
             else:
                 item.future.set_result(results.get(id(item)))
+
+
+# -- OTLP transport helpers shared by the HTTP and gRPC receivers ---------------------
+
+PROTOBUF: Final = "application/x-protobuf"
+JSON: Final = "application/json"
+_MEDIA_TYPES: Final[dict[str, str]] = {PROTOBUF: PROTOBUF, "application/protobuf": PROTOBUF, JSON: JSON}
+
+
+def media_type_of(value: str | None) -> str | None:
+    """The OTLP media type named by a Content-Type header value, None when unsupported."""
+    if not value:
+        return None
+    return _MEDIA_TYPES.get(value.split(";", 1)[0].strip().lower())
+
+
+def status_bytes(rpc_code: int, message: str, media_type: str, *, bad_request: bool = False) -> bytes:
+    """A serialised ``google.rpc.Status`` (protobuf or JSON); ``bad_request`` adds a BadRequest detail."""
+    from google.protobuf import json_format
+    from google.rpc import error_details_pb2, status_pb2
+
+    status = status_pb2.Status(code=rpc_code, message=message)
+    if bad_request:
+        detail = error_details_pb2.BadRequest()
+        detail.field_violations.add(field="body", description=message[:1000])
+        status.details.add().Pack(detail)
+    if media_type == PROTOBUF:
+        return bytes(status.SerializeToString())
+    return str(json_format.MessageToJson(status, indent=None)).encode()
+
+
+_SIGNALS: Final[dict[str, tuple[str, str, str]]] = {
+    # signal -> (store table, stats prefix, partial-success count field)
+    "traces": ("spans", "spans", "rejected_spans"),
+    "metrics": ("metric_points", "metric_points", "rejected_data_points"),
+}
+
+
+def export_response_bytes(signal: str, media_type: str, rejected: int, errors: list[str]) -> bytes:
+    """Serialised Export*ServiceResponse; ``partial_success`` only when something was rejected."""
+    message = "; ".join(errors[:5])[:2000]
+    field = _SIGNALS[signal][2]
+    if media_type == JSON:
+        import json
+
+        if not rejected and not message:
+            return b"{}"
+        camel = "rejectedSpans" if field == "rejected_spans" else "rejectedDataPoints"
+        return json.dumps({"partialSuccess": {camel: str(rejected), "errorMessage": message}}).encode()
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    response: Any = (
+        trace_service_pb2.ExportTraceServiceResponse()
+        if signal == "traces"
+        else metrics_service_pb2.ExportMetricsServiceResponse()
+    )
+    if rejected or message:
+        setattr(response.partial_success, field, rejected)
+        response.partial_success.error_message = message
+    return bytes(response.SerializeToString())
+
+
+def table_for_signal(signal: str) -> TableKind:
+    """The store table an OTLP signal ("traces" or "metrics") is appended to."""
+    return "spans" if signal == "traces" else "metric_points"
+
+
+def decode_payload(signal: str, body: bytes, media_type: str, normaliser: Normaliser) -> Any:
+    """Decode one OTLP body with the ingest layer (``DecodedSpans``/``DecodedMetrics``)."""
+    from sre_agent import otlp
+
+    if signal == "traces":
+        return otlp.decode_traces(body, media_type, normaliser=normaliser)
+    return otlp.decode_metrics(body, media_type, normaliser=normaliser)

@@ -21,11 +21,15 @@ import contextvars
 import hmac
 import importlib
 import logging
+import signal
+import socket
+import threading
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -35,7 +39,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sre_agent.config import Config
 from sre_agent.errors import BadPayloadError, OverloadedError, PayloadTooLargeError, StoreError
-from sre_agent.receiver import ReceiverStats, Writer
+from sre_agent.receiver import (
+    JSON,
+    ReceiverStats,
+    Writer,
+    decode_payload,
+    export_response_bytes,
+    media_type_of,
+    status_bytes,
+    table_for_signal,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -60,9 +73,6 @@ OPTIONAL_ROUTE_MODULES: Final[tuple[str, ...]] = (
     "sre_agent.api_explore",
 )
 
-PROTOBUF: Final = "application/x-protobuf"
-JSON: Final = "application/json"
-_MEDIA_TYPES: Final[dict[str, str]] = {PROTOBUF: PROTOBUF, "application/protobuf": PROTOBUF, JSON: JSON}
 # Bodies above this size are decoded in a worker thread so /healthz stays responsive.
 _INLINE_DECODE_BYTES: Final = 1 << 20
 
@@ -239,7 +249,7 @@ class AuthMiddleware:
                 else (403, _RPC_PERMISSION_DENIED, "a tenant-scoped token cannot send telemetry")
             )
             if is_otlp:
-                response = status_response(code, rpc, message, _media_type(headers.get("content-type")) or JSON)
+                response = status_response(code, rpc, message, media_type_of(headers.get("content-type")) or JSON)
             else:
                 response = JSONResponse({"error": message}, status_code=code)
             if code == 401:
@@ -257,28 +267,12 @@ class AuthMiddleware:
 # -- OTLP/HTTP ------------------------------------------------------------------
 
 
-def _media_type(value: str | None) -> str | None:
-    if not value:
-        return None
-    return _MEDIA_TYPES.get(value.split(";", 1)[0].strip().lower())
-
-
 def status_response(
     http_status: int, rpc_code: int, message: str, media_type: str, headers: dict[str, str] | None = None
 ) -> Response:
     """An error answer whose body is a ``google.rpc.Status`` in ``media_type``."""
-    from google.protobuf import json_format
-    from google.rpc import error_details_pb2, status_pb2
-
-    status = status_pb2.Status(code=rpc_code, message=message)
-    if http_status == 400:
-        detail = error_details_pb2.BadRequest()
-        detail.field_violations.add(field="body", description=message[:1000])
-        status.details.add().Pack(detail)
-    if media_type == PROTOBUF:
-        return Response(status.SerializeToString(), http_status, headers=headers, media_type=PROTOBUF)
-    body = json_format.MessageToJson(status, indent=None)
-    return Response(body, http_status, headers=headers, media_type=JSON)
+    body = status_bytes(rpc_code, message, media_type, bad_request=http_status == 400)
+    return Response(body, http_status, headers=headers, media_type=media_type)
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -336,49 +330,9 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(out)
 
 
-_SIGNALS: Final[dict[str, tuple[str, str, str]]] = {
-    # signal -> (store table, stats prefix, partial-success count field)
-    "traces": ("spans", "spans", "rejected_spans"),
-    "metrics": ("metric_points", "metric_points", "rejected_data_points"),
-}
-
-
-def export_response_bytes(signal: str, media_type: str, rejected: int, errors: list[str]) -> bytes:
-    """Serialised Export*ServiceResponse; ``partial_success`` only when something was rejected."""
-    message = "; ".join(errors[:5])[:2000]
-    field = _SIGNALS[signal][2]
-    if media_type == JSON:
-        import json
-
-        if not rejected and not message:
-            return b"{}"
-        camel = "rejectedSpans" if field == "rejected_spans" else "rejectedDataPoints"
-        return json.dumps({"partialSuccess": {camel: str(rejected), "errorMessage": message}}).encode()
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
-    response: Any = (
-        trace_service_pb2.ExportTraceServiceResponse()
-        if signal == "traces"
-        else metrics_service_pb2.ExportMetricsServiceResponse()
-    )
-    if rejected or message:
-        setattr(response.partial_success, field, rejected)
-        response.partial_success.error_message = message
-    return bytes(response.SerializeToString())
-
-
-def decode_payload(signal: str, body: bytes, media_type: str, normaliser: Normaliser) -> Any:
-    """Decode one OTLP body with the ingest layer (``DecodedSpans``/``DecodedMetrics``)."""
-    from sre_agent import otlp
-
-    if signal == "traces":
-        return otlp.decode_traces(body, media_type, normaliser=normaliser)
-    return otlp.decode_metrics(body, media_type, normaliser=normaliser)
-
-
 def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitable[Response]]:
-    table_kind, stats_prefix, _ = _SIGNALS[signal]
+    table_kind = table_for_signal(signal)
+    stats_prefix = table_kind
 
     async def export(request: Request) -> Response:
         status = "500"
@@ -390,7 +344,7 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
             ctx.stats.count_request("http", signal, status)
 
     async def _export(request: Request) -> Response:
-        media_type = _media_type(request.headers.get("content-type"))
+        media_type = media_type_of(request.headers.get("content-type"))
         if media_type is None:
             return status_response(
                 415, _RPC_INVALID_ARGUMENT, "Content-Type must be application/x-protobuf or application/json", JSON
@@ -508,9 +462,7 @@ class ServeAddresses:
     db: str
 
 
-def _bind(host: str, port: int) -> Any:
-    import socket
-
+def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -540,30 +492,17 @@ def _hash_key(config: Config, store: Store) -> bytes:
     return os.urandom(32)
 
 
-def serve(
-    config: Config,
-    *,
-    on_ready: Callable[[ServeAddresses], None] | None = None,
-    route_modules: tuple[str, ...] = API_ROUTE_MODULES,
-) -> None:
-    """Run the receivers and the API until SIGTERM/SIGINT, then flush and return.
+@contextlib.contextmanager
+def open_context(config: Config) -> Iterator[ApiContext]:
+    """Open the store for writing, start the writer; on exit flush the queue and close the store.
 
-    Opens the store for writing (raising StoreLockedError when another
-    process holds it), starts the writer thread, the gRPC server (unless
-    ``config.grpc_port`` is 0) and uvicorn. On a signal: stop accepting,
-    finish in-flight requests (each waits for its commit), commit what is
-    queued, close the store. A second signal forces uvicorn to exit.
+    Raises:
+        StoreLockedError: another process holds ``config.db``.
     """
-    import signal
-    import threading
-
-    import uvicorn
-
     from sre_agent.normalise import Normaliser
     from sre_agent.store import Store
 
     store = Store.open(config.db)
-    grpc_server: Any = None
     writer: Writer | None = None
     try:
         stats = ReceiverStats()
@@ -579,68 +518,99 @@ def serve(
             max_attribute_bytes=config.max_attribute_bytes,
             hash_key=_hash_key(config, store),
         )
-        ctx = ApiContext(config=config, store=store, writer=writer, stats=stats, normaliser=normaliser)
-        app = build_app(ctx, route_modules)
-        http_sock = _bind(config.host, config.http_port)
         writer.start()
-        grpc_target = None
-        if config.grpc_port:
-            from sre_agent.grpc_server import start_grpc_server
-
-            grpc_server, grpc_port = start_grpc_server(ctx, config.host, config.grpc_port)
-            grpc_target = f"{config.host}:{grpc_port}"
-        http_port = http_sock.getsockname()[1]
-        host = f"[{config.host}]" if ":" in config.host else config.host
-        addresses = ServeAddresses(http_url=f"http://{host}:{http_port}", grpc_target=grpc_target, db=config.db)
-
-        def stop_grpc() -> None:
-            if grpc_server is not None:
-                grpc_server.stop(grace=10.0).wait(11.0)
-
-        class _Server(uvicorn.Server):
-            """uvicorn without re-raising the signal at the end, so a clean shutdown exits 0."""
-
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                if threading.current_thread() is not threading.main_thread():
-                    yield
-                    return
-
-                def handle(signum: int, frame: Any) -> None:
-                    if self.should_exit:
-                        self.force_exit = True
-                    self.should_exit = True
-                    # gRPC stops taking new calls now; its in-flight calls finish.
-                    threading.Thread(target=stop_grpc, name="grpc-stop", daemon=True).start()
-
-                previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-                try:
-                    yield
-                finally:
-                    for sig, handler in previous.items():
-                        signal.signal(sig, handler)
-
-            async def startup(self, sockets: Any = None) -> None:
-                await super().startup(sockets=sockets)
-                if on_ready is not None and not self.should_exit:
-                    on_ready(addresses)
-
-        server = _Server(
-            uvicorn.Config(
-                app,
-                log_level="warning",
-                lifespan="off",
-                timeout_graceful_shutdown=30,
-                access_log=False,
-                # One OTLP body may be up to max_body_bytes; uvicorn's h11 buffer must not refuse it first.
-                h11_max_incomplete_event_size=1 << 20,
-            )
-        )
-        server.run(sockets=[http_sock])
-        stop_grpc()
+        yield ApiContext(config=config, store=store, writer=writer, stats=stats, normaliser=normaliser)
     finally:
-        if grpc_server is not None:
-            grpc_server.stop(grace=None)
         if writer is not None:
             writer.close()
         store.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn that does not re-raise the signal after shutting down, so a clean stop exits 0.
+
+    ``on_signal`` runs on SIGTERM/SIGINT (e.g. to stop gRPC intake at the
+    same time); ``on_ready`` runs once the socket is accepting.
+    """
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None], on_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+        self._on_signal = on_signal
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handle(signum: int, frame: Any) -> None:
+            if self.should_exit:
+                self.force_exit = True  # a second signal: stop waiting for in-flight requests
+            self.should_exit = True
+            threading.Thread(target=self._on_signal, name="sre-agent-stop", daemon=True).start()
+
+        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            self._on_ready()
+
+
+def serve(
+    config: Config,
+    *,
+    on_ready: Callable[[ServeAddresses], None] | None = None,
+    route_modules: tuple[str, ...] = API_ROUTE_MODULES,
+) -> None:
+    """Run the receivers and the API until SIGTERM/SIGINT, then flush and return.
+
+    Opens the store for writing (raising StoreLockedError when another
+    process holds it), starts the writer thread, the gRPC server (unless
+    ``config.grpc_port`` is 0) and uvicorn. On a signal: stop accepting,
+    finish in-flight requests (each waits for its commit), commit what is
+    queued, close the store. A second signal stops waiting for in-flight requests.
+    """
+    grpc_server: Any = None
+    with open_context(config) as ctx:
+        try:
+            app = build_app(ctx, route_modules)
+            http_sock = _bind(config.host, config.http_port)
+            grpc_target = None
+            if config.grpc_port:
+                from sre_agent.grpc_server import start_grpc_server
+
+                grpc_server, grpc_port = start_grpc_server(ctx, config.host, config.grpc_port)
+                grpc_target = f"{config.host}:{grpc_port}"
+            host = f"[{config.host}]" if ":" in config.host else config.host
+            addresses = ServeAddresses(
+                http_url=f"http://{host}:{http_sock.getsockname()[1]}", grpc_target=grpc_target, db=config.db
+            )
+
+            def stop_grpc() -> None:
+                # gRPC stops taking new calls; its in-flight calls finish (each waits for its commit).
+                if grpc_server is not None:
+                    grpc_server.stop(grace=10.0).wait(11.0)
+
+            server = _Server(
+                uvicorn.Config(
+                    app,
+                    log_level="warning",
+                    lifespan="off",
+                    timeout_graceful_shutdown=30,
+                    access_log=False,
+                ),
+                on_ready=lambda: on_ready(addresses) if on_ready is not None else None,
+                on_signal=stop_grpc,
+            )
+            server.run(sockets=[http_sock])
+            stop_grpc()
+        finally:
+            if grpc_server is not None:
+                grpc_server.stop(grace=None)
