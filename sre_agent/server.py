@@ -65,7 +65,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-API_ROUTE_MODULES: Final[tuple[str, ...]] = ("sre_agent.api",)
+API_ROUTE_MODULES: Final[tuple[str, ...]] = ("sre_agent.api", "sre_agent.canary_api")
 # Feature modules added by other parts of the project; skipped when absent.
 OPTIONAL_ROUTE_MODULES: Final[tuple[str, ...]] = (
     "sre_agent.api_diagnose",

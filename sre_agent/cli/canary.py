@@ -1,0 +1,107 @@
+"""``sre-agent canary``: the deploy gate on the command line (exit 0 pass, 1 fail, 3 inconclusive)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from sre_agent.cli._common import (
+    add_format_option,
+    add_selection_options,
+    add_store_options,
+    config_from_args,
+    selection_from_args,
+)
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+EPILOG = """SLOs (absolute):
+  ttft_p99=2s  itl_p99=80ms  tpot_p50=30ms  e2e_p99=20s  queue_p99=500ms   (any pNN, p99.9, p999)
+  error_rate=1%   (failed share at most)      goodput=0.95   (share meeting every latency SLO, at least)
+relative: --max-regression ttft_p99=15%   candidate p99 at most 1.15 x baseline p99
+
+Each check uses an any-time-valid confidence sequence, so polling the gate every
+minute does not inflate false fails. Too little data gives inconclusive, never pass.
+
+exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage error (--dry-run: always 0)
+
+examples:
+  sre-agent canary --baseline-version v1 --candidate-version v2 \\
+      --slo ttft_p99=2s --slo itl_p99=80ms --slo error_rate=1% --slo goodput=0.95 \\
+      --max-regression ttft_p99=15%
+  sre-agent canary --url http://127.0.0.1:4318 --since-last-deploy --slo e2e_p99=20s --format json
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``canary`` command."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "canary",
+        help="gate a deploy on SLOs: pass, fail or inconclusive",
+        description=(
+            "Compare the candidate with the baseline (concurrent version pair preferred; before/after windows "
+            "supported) and judge SLOs and relative regressions with any-time-valid confidence sequences."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_store_options(parser)
+    add_selection_options(parser)
+    gate = parser.add_argument_group("gate")
+    gate.add_argument("--slo", metavar="NAME=VALUE", action="append", default=[], help="an SLO (repeatable)")
+    gate.add_argument(
+        "--max-regression",
+        metavar="NAME=PCT",
+        action="append",
+        default=[],
+        help="largest allowed increase over the baseline, e.g. ttft_p99=15%% (repeatable)",
+    )
+    gate.add_argument("--min-samples", type=int, default=None, metavar="N", help="values per side needed (default 50)")
+    gate.add_argument("--alpha", type=float, default=None, help="error level over all checks and polls (default 0.05)")
+    gate.add_argument(
+        "--findings", type=int, default=None, metavar="N", help="diagnosis findings to attach (default 3)"
+    )
+    gate.add_argument("--dry-run", action="store_true", help="report pass (exit 0) but record and log the real verdict")
+    add_format_option(parser)
+    parser.set_defaults(func=run)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {"dry_run": bool(args.dry_run)}
+    for key in ("min_samples", "alpha", "findings"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate the gate locally (``--db``) or through a server (``--url``) and print the verdict."""
+    from sre_agent.canary import CanarySpec, Verdict, evaluate, render, verdict_from_dict
+
+    selection = selection_from_args(args)
+    spec = CanarySpec.from_strings(args.slo, args.max_regression, **_options(args))
+    config = config_from_args(args)
+    result: Verdict
+    if config.url:
+        from sre_agent.client import post_json
+
+        payload: dict[str, Any] = {
+            "selection": selection.to_dict(),
+            "slo": list(args.slo),
+            "max_regression": list(args.max_regression),
+            **_options(args),
+        }
+        result = verdict_from_dict(post_json(config, "/api/v1/canary", payload))
+    else:
+        from sre_agent.store import Store
+
+        with Store.open(config.db, read_only=True) as store:
+            result = evaluate(store.connection, selection, spec)
+    print(render(result, args.format))
+    if result.dry_run:
+        print(f"sre-agent canary: dry run, real verdict {result.real_verdict}", file=sys.stderr)
+    return result.exit_code
