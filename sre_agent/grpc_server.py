@@ -77,9 +77,27 @@ def _export_handler(ctx: ApiContext, signal: str) -> Callable[[bytes, grpc.Servi
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         elif principal.tenant is not None:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "a tenant-scoped token cannot send telemetry")
+        with ctx.writer.pending():
+            decoded = _decode(request, context)
+            future = None
+            if decoded.table.num_rows:
+                try:
+                    future = ctx.writer.submit(table_kind, decoded.table)
+                except OverloadedError as exc:
+                    _abort_unavailable(context, str(exc), exc.retry_after_s)
+        if future is not None:
+            try:
+                future.result()  # acknowledge only what is committed
+            except StoreError as exc:
+                _abort_unavailable(context, f"not stored, retry: {exc}", 5)
+        table = decoded.table
+        ctx.stats.add(**{f"{stats_prefix}_accepted": table.num_rows, f"{stats_prefix}_rejected": decoded.rejected})
+        return export_response_bytes(signal, PROTOBUF, decoded.rejected, list(decoded.errors))
+
+    def _decode(request: bytes, context: grpc.ServicerContext) -> Any:
         try:
             ctx.writer.check_capacity()
-            decoded = decode_payload(signal, request, PROTOBUF, ctx.normaliser)
+            return decode_payload(signal, request, PROTOBUF, ctx.normaliser)
         except OverloadedError as exc:
             _abort_unavailable(context, str(exc), exc.retry_after_s)
             raise AssertionError("unreachable") from exc
@@ -91,16 +109,6 @@ def _export_handler(ctx: ApiContext, signal: str) -> Callable[[bytes, grpc.Servi
             ctx.stats.add(decoder_crashes=1)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable payload ({type(exc).__name__})")
             raise AssertionError("unreachable") from exc
-        table = decoded.table
-        if table.num_rows:
-            try:
-                ctx.writer.submit(table_kind, table).result()
-            except OverloadedError as exc:
-                _abort_unavailable(context, str(exc), exc.retry_after_s)
-            except StoreError as exc:
-                _abort_unavailable(context, f"not stored, retry: {exc}", 5)
-        ctx.stats.add(**{f"{stats_prefix}_accepted": table.num_rows, f"{stats_prefix}_rejected": decoded.rejected})
-        return export_response_bytes(signal, PROTOBUF, decoded.rejected, list(decoded.errors))
 
     return export
 

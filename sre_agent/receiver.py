@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -199,9 +200,9 @@ class Writer:
             A submission larger than the bound is still accepted when the
             queue is empty, so one big request cannot be refused forever.
         batch_max_rows: largest number of rows appended in one commit.
-        flush_interval_s: under sustained load, commits are spaced at least
-            this far apart so that they batch many requests; an isolated
-            request after an idle period is committed at once.
+        flush_interval_s: longest time the writer holds a batch open for
+            requests still being read or decoded (see :meth:`pending`); with
+            nothing on its way a batch is committed at once.
         stats: counters to update (a fresh :class:`ReceiverStats` if None).
         clock: monotonic clock, seconds (injectable for tests).
     """
@@ -229,7 +230,8 @@ class Writer:
         self._thread: threading.Thread | None = None
         # Rows per second the writer sustained recently; feeds Retry-After.
         self._rate_rows_s = 0.0
-        self._last_commit_end = 0.0
+        # Requests that passed the capacity check and are being read or decoded.
+        self._pending = 0
 
     # -- producer side --------------------------------------------------
 
@@ -253,6 +255,18 @@ class Writer:
             raise OverloadedError(
                 f"receiver queue full ({self._queued_rows} rows queued)", retry_after_s=self.retry_after_s()
             )
+
+    @contextlib.contextmanager
+    def pending(self) -> Iterator[None]:
+        """Mark a request as on its way (being read/decoded) so the writer waits for it briefly."""
+        with self._cond:
+            self._pending += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._pending -= 1
+                self._cond.notify()
 
     def submit(self, kind: TableKind, table: pa.Table) -> concurrent.futures.Future[int]:
         """Queue ``table`` for appending to ``kind``; the future resolves after commit.
@@ -313,10 +327,11 @@ class Writer:
                 if self._closing:
                     return None
                 self._cond.wait(0.5)
-            # Under sustained load, linger so that the next commit carries more
-            # requests; an isolated request after an idle spell goes at once.
-            linger_until = self._last_commit_end + self.flush_interval_s
-            while self._queued_rows < self.batch_max_rows and not self._closing:
+            # Linger (at most flush_interval_s) only while other requests are
+            # being read or decoded: their rows then share this commit. A lone
+            # sequential client never waits.
+            linger_until = self._clock() + self.flush_interval_s
+            while self._pending and self._queued_rows < self.batch_max_rows and not self._closing:
                 remaining = linger_until - self._clock()
                 if remaining <= 0:
                     break
@@ -373,7 +388,6 @@ class Writer:
             self._finish(batch, {}, {id(item): failure for item in batch})
             return
         elapsed = self._clock() - started
-        self._last_commit_end = self._clock()
         committed = sum(rows_by_table.values())
         batch_rows = sum(item.rows for item in batch)
         if elapsed > 0 and batch_rows:

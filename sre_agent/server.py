@@ -301,33 +301,50 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
                 raise too_large
             parts.append(chunk)
         return b"".join(parts)
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out: list[bytes] = []
-    size = 0
+    gunzip = _Gunzip(max_bytes, too_large)
     compressed = 0
-    try:
-        async for chunk in request.stream():
-            compressed += len(chunk)
-            if compressed > max_bytes:
-                raise too_large
-            data = chunk
-            while data:
-                piece = inflater.decompress(data, max_bytes - size + 1)
-                size += len(piece)
-                if size > max_bytes:
-                    raise too_large
-                out.append(piece)
-                data = inflater.unconsumed_tail
-        piece = inflater.flush()
-        size += len(piece)
-        if size > max_bytes:
+    async for chunk in request.stream():
+        compressed += len(chunk)
+        if compressed > max_bytes:
             raise too_large
-        out.append(piece)
-    except zlib.error as exc:
-        raise BadPayloadError(f"corrupt gzip body: {exc}") from exc
-    if not inflater.eof:
-        raise BadPayloadError("truncated gzip body")
-    return b"".join(out)
+        gunzip.feed(chunk)
+    return gunzip.finish()
+
+
+class _Gunzip:
+    """Incremental gzip decoding (multi-member too) that never produces more than ``max_bytes``."""
+
+    def __init__(self, max_bytes: int, too_large: PayloadTooLargeError) -> None:
+        self._max_bytes = max_bytes
+        self._too_large = too_large
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._out: list[bytes] = []
+        self._size = 0
+
+    def _keep(self, piece: bytes) -> None:
+        self._size += len(piece)
+        if self._size > self._max_bytes:
+            raise self._too_large
+        self._out.append(piece)
+
+    def feed(self, data: bytes) -> None:
+        try:
+            while data:
+                if self._inflater.eof:  # another gzip member follows
+                    self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._keep(self._inflater.decompress(data, self._max_bytes - self._size + 1))
+                data = self._inflater.unconsumed_tail or self._inflater.unused_data
+        except zlib.error as exc:
+            raise BadPayloadError(f"corrupt gzip body: {exc}") from exc
+
+    def finish(self) -> bytes:
+        try:
+            self._keep(self._inflater.flush())
+        except zlib.error as exc:
+            raise BadPayloadError(f"corrupt gzip body: {exc}") from exc
+        if not self._inflater.eof:
+            raise BadPayloadError("truncated gzip body")
+        return b"".join(self._out)
 
 
 def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitable[Response]]:
@@ -349,6 +366,31 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
             return status_response(
                 415, _RPC_INVALID_ARGUMENT, "Content-Type must be application/x-protobuf or application/json", JSON
             )
+        future = None
+        with ctx.writer.pending():
+            outcome = await _decode(request, media_type)
+            if isinstance(outcome, Response):
+                return outcome
+            decoded = outcome
+            if decoded.table.num_rows:
+                try:
+                    future = ctx.writer.submit(table_kind, decoded.table)
+                except OverloadedError as exc:
+                    return _overloaded(exc, media_type)
+        if future is not None:
+            try:
+                await asyncio.wrap_future(future)  # acknowledge only what is committed
+            except StoreError as exc:
+                return status_response(
+                    503, _RPC_UNAVAILABLE, f"not stored, retry: {exc}", media_type, headers={"Retry-After": "5"}
+                )
+        rows = decoded.table.num_rows
+        ctx.stats.add(**{f"{stats_prefix}_accepted": rows, f"{stats_prefix}_rejected": decoded.rejected})
+        body_out = export_response_bytes(signal, media_type, decoded.rejected, list(decoded.errors))
+        return Response(body_out, 200, media_type=media_type)
+
+    async def _decode(request: Request, media_type: str) -> Any:
+        """The decoded body (``DecodedSpans``/``DecodedMetrics``), or the error Response to send."""
         try:
             ctx.writer.check_capacity()  # refuse before reading a body we could not queue
             body = await read_body(request, ctx.config.max_body_bytes)
@@ -362,30 +404,15 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
             if len(body) > _INLINE_DECODE_BYTES:
                 from starlette.concurrency import run_in_threadpool
 
-                decoded = await run_in_threadpool(decode_payload, signal, body, media_type, ctx.normaliser)
-            else:
-                decoded = decode_payload(signal, body, media_type, ctx.normaliser)
+                return await run_in_threadpool(decode_payload, signal, body, media_type, ctx.normaliser)
+            return decode_payload(signal, body, media_type, ctx.normaliser)
         except BadPayloadError as exc:
             return status_response(400, _RPC_INVALID_ARGUMENT, str(exc), media_type)
         except Exception as exc:  # boundary: client bytes crashed the decoder; a bug, but not the client's 5xx
             log.exception("decoder crashed on a %d-byte %s body", len(body), media_type)
             ctx.stats.add(decoder_crashes=1)
-            return status_response(
-                400, _RPC_INVALID_ARGUMENT, f"undecodable payload ({type(exc).__name__})", media_type
-            )
-        table = decoded.table
-        if table.num_rows:
-            try:
-                await asyncio.wrap_future(ctx.writer.submit(table_kind, table))
-            except OverloadedError as exc:
-                return _overloaded(exc, media_type)
-            except StoreError as exc:
-                return status_response(
-                    503, _RPC_UNAVAILABLE, f"not stored, retry: {exc}", media_type, headers={"Retry-After": "5"}
-                )
-        ctx.stats.add(**{f"{stats_prefix}_accepted": table.num_rows, f"{stats_prefix}_rejected": decoded.rejected})
-        body_out = export_response_bytes(signal, media_type, decoded.rejected, list(decoded.errors))
-        return Response(body_out, 200, media_type=media_type)
+            message = f"undecodable payload ({type(exc).__name__})"
+            return status_response(400, _RPC_INVALID_ARGUMENT, message, media_type)
 
     return export
 
