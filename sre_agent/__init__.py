@@ -16,14 +16,19 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "BadPayloadError": "sre_agent.errors",
+    "CAUSES": "sre_agent.rules_api",
+    "Comparison": "sre_agent.compare",
     "Config": "sre_agent.config",
     "ConfigError": "sre_agent.errors",
+    "Evidence": "sre_agent.rules_api",
+    "Finding": "sre_agent.rules_api",
     "IngestError": "sre_agent.errors",
     "InsufficientDataError": "sre_agent.errors",
     "OverloadedError": "sre_agent.errors",
     "PayloadTooLargeError": "sre_agent.errors",
     "PolicyError": "sre_agent.errors",
     "RemoteError": "sre_agent.errors",
+    "Report": "sre_agent.report",
     "ScenarioError": "sre_agent.errors",
     "Selection": "sre_agent.selection",
     "SelectionError": "sre_agent.errors",
@@ -32,13 +37,16 @@ _LAZY: dict[str, str] = {
     "StoreLockedError": "sre_agent.errors",
     "UsageError": "sre_agent.errors",
     "Window": "sre_agent.selection",
+    "diagnose": "sre_agent.diagnose",
     "load_config": "sre_agent.config",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
 
 if TYPE_CHECKING:
+    from sre_agent.compare import Comparison
     from sre_agent.config import Config, load_config
+    from sre_agent.diagnose import diagnose
     from sre_agent.errors import (
         BadPayloadError,
         ConfigError,
@@ -55,6 +63,8 @@ if TYPE_CHECKING:
         StoreLockedError,
         UsageError,
     )
+    from sre_agent.report import Report
+    from sre_agent.rules_api import CAUSES, Evidence, Finding
     from sre_agent.selection import Selection, Window
 
 

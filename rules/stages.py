@@ -1,0 +1,59 @@
+"""Stage decomposition of the tail, as a fallback explanation.
+
+Mechanism: the candidate's tail requests spent extra time somewhere; the
+stage that took most of the excess points at the family of causes (queue ->
+capacity or load, prefill -> prefill slowdown, decode -> decode slowdown,
+gateway or dependency spans -> dependency). A stage is not a mechanism,
+so this finding's confidence is damped: the specific rules (prefix cache,
+batch composition, queueing, traffic mix, ...) outrank it whenever they can
+name the mechanism, and it remains as the honest "where" when none can.
+"""
+
+from __future__ import annotations
+
+from sre_agent.decompose import StageDecomposition
+from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
+
+#: How much a stage-only explanation is trusted relative to a mechanism.
+STAGE_ONLY_CONFIDENCE = 0.35
+
+_CAUSE_OF_STAGE = {
+    "prefill": ("prefill_slowdown", "compare prefill time per uncached prompt token at equal batch size"),
+    "decode": ("decode_slowdown", "compare decode step time at equal running batch size (CUDA graphs, kernels)"),
+    "dependency": ("dependency", "list the non-engine spans of the slowest traces and compare their durations"),
+    "gateway": ("dependency", "compare gateway span time outside engine calls (auth, routing, network)"),
+}
+
+
+def stages(stages: StageDecomposition, regression: Regression, arrival_rate: SidePair) -> Finding | None:
+    """Name the stage that holds most of the tail excess, with the full decomposition as evidence."""
+    if not regression.significant or not stages.shares:
+        return None
+    dominant = stages.dominant
+    assert dominant is not None
+    share = stages.shares[dominant]
+    if dominant == "queue":
+        rate = arrival_rate.ratio
+        cause = "load" if rate is not None and rate >= 1.1 else "capacity"
+        check = "compare arrival rate and replica count before and after; replay the candidate at the baseline's rate"
+    else:
+        cause, check = _CAUSE_OF_STAGE[dominant]
+    evidence = tuple(
+        Evidence(
+            f"tail_mean_{s}_s",
+            round(stages.baseline.get(s, 0.0), 6),
+            round(stages.candidate.get(s, 0.0), 6),
+            f"{stages.shares.get(s, 0.0):.0%} of the tail excess",
+        )
+        for s in stages.baseline
+    )
+    label = f"{stages.metric} p{round(stages.quantile * 100)}"
+    return Finding(
+        cause=cause,
+        title=f"{share:.0%} of the {label} tail excess is {dominant} time",
+        explained=share,
+        confidence=STAGE_ONLY_CONFIDENCE,
+        stage=dominant,
+        evidence=evidence,
+        next_check=check,
+    )

@@ -1,0 +1,679 @@
+"""Resolve a Selection into a baseline and a candidate population.
+
+:meth:`Comparison.open` turns what the user asked for (a deploy time, a
+version pair, explicit windows, the last deploy; plus ``--service`` and
+``--where`` filters) into two concrete windows over the store's engine
+request spans (``is_engine``). Rules then read, through the same object:
+
+* **histograms**: one DuckDB scan builds per-side, per-time-slice log-bucket
+  histograms of every latency column (exact over all rows); quantiles and
+  block-bootstrap CIs come from them (:mod:`sre_agent.stats`);
+* **requests**: one hash-sampled frame of at most ``sample_per_side``
+  requests per side, with every low-cardinality attribute flattened into a
+  column, for mix reweighting and slice localisation;
+* **traces**: per sampled request, the root span, gateway and dependency
+  time of its trace (only when the window holds non-engine spans);
+* **spans**: non-engine span groups (service, name, kind) with quantiles;
+* **metrics**: the metric stream per side (:class:`MetricView`).
+
+Everything is computed lazily and cached, so a rule pays only for what it
+uses and every rule shares the same few scans.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import numpy as np
+
+from sre_agent import stats
+from sre_agent.errors import InsufficientDataError, SelectionError
+from sre_agent.metric_view import MetricView, fetch_one
+from sre_agent.rules_api import SidePair
+from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
+from sre_agent.selection import Selection, format_time
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+__all__ = ["LATENCIES", "SIDES", "Comparison", "Side", "SideWindow"]
+
+Side = Literal["baseline", "candidate"]
+SIDES: Final[tuple[Side, Side]] = ("baseline", "candidate")
+
+#: Report name -> canonical column (after derivation of missing values).
+LATENCIES: Final[dict[str, str]] = {
+    "e2e": "e2e_s",
+    "ttft": "ttft_s",
+    "tpot": "tpot_s",
+    "queue": "queue_s",
+    "prefill": "prefill_s",
+    "decode": "decode_s",
+}
+
+_NS = 1_000_000_000
+_MAP_COLUMNS = {"attributes", "resource_attributes"}
+_CANONICAL = {c.name for c in SPAN_COLUMNS} - _MAP_COLUMNS
+# attribute key -> canonical column that also carries it
+_ATTRIBUTE_COLUMN = {key: col for col, keys in SPAN_ATTRIBUTE_SOURCES.items() for key in keys}
+# Canonical columns offered as dimensions under their attribute name when the maps lack them.
+_DIMENSION_COLUMNS: Final[dict[str, str]] = {
+    "host.name": "host_name",
+    "service.instance.id": "service_instance",
+    "gen_ai.request.model": "model",
+    "tenant.id": "tenant_id",
+    "service.version": "service_version",
+    "service.name": "service_name",
+}
+# Attributes that are never localisation dimensions: identifiers, token counts, latencies, content.
+_NOT_DIMENSION_PREFIXES: Final[tuple[str, ...]] = (
+    "gen_ai.latency.",
+    "gen_ai.usage.",
+    "gen_ai.request.id",
+    "gen_ai.response.id",
+    "gen_ai.input",
+    "gen_ai.output",
+    "gen_ai.prompt",
+    "gen_ai.completion",
+    "http.request.resend_count",
+    "process.pid",
+    "telemetry.",
+)
+MAX_DIMENSION_VALUES: Final[int] = 64
+
+
+def _q(value: str) -> str:
+    """A SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _valid(expr: str) -> str:
+    """NULL for malformed latencies (negative, NaN, infinite) so they never skew a quantile."""
+    return f"CASE WHEN {expr} >= 0 AND isfinite({expr}) THEN {expr} END"
+
+
+def filter_sql(selection: Selection) -> str:
+    """The WHERE fragment for ``--service`` and ``--where`` (always a valid boolean expression)."""
+    parts = ["TRUE"]
+    if selection.service is not None:
+        parts.append(f"service_name = {_q(selection.service)}")
+    for key, value in selection.where:
+        if key in _CANONICAL:
+            parts.append(f'CAST("{key}" AS VARCHAR) = {_q(value)}')
+            continue
+        sources = [f"attributes[{_q(key)}]", f"resource_attributes[{_q(key)}]"]
+        if key in _ATTRIBUTE_COLUMN:
+            sources.append(f'CAST("{_ATTRIBUTE_COLUMN[key]}" AS VARCHAR)')
+        parts.append(f"coalesce({', '.join(sources)}) = {_q(value)}")
+    return " AND ".join(parts)
+
+
+@dataclass(frozen=True)
+class SideWindow:
+    """One side of the comparison.
+
+    Attributes:
+        side: ``baseline`` or ``candidate``.
+        start_ns / end_ns: the half-open window, Unix epoch ns.
+        version: the ``service.version`` the side is restricted to (``None`` = any).
+        requests: engine requests selected (all rows, not the sample).
+    """
+
+    side: Side
+    start_ns: int
+    end_ns: int
+    version: str | None = None
+    requests: int = 0
+
+    @property
+    def seconds(self) -> float:
+        """Window length in seconds."""
+        return (self.end_ns - self.start_ns) / _NS
+
+    def predicate(self) -> str:
+        """SQL boolean selecting this side's rows (on ``start_ns`` and ``service_version``)."""
+        sql = f"start_ns >= {self.start_ns} AND start_ns < {self.end_ns}"
+        if self.version is not None:
+            sql += f" AND service_version = {_q(self.version)}"
+        return sql
+
+    def describe(self, selection: Selection) -> dict[str, Any]:
+        """The CONTRACTS section 3 ``baseline``/``candidate`` object."""
+        flt: dict[str, Any] = {}
+        if selection.service is not None:
+            flt["service"] = selection.service
+        if self.version is not None:
+            flt["service.version"] = self.version
+        flt.update(dict(selection.where))
+        return {
+            "start": format_time(self.start_ns),
+            "end": format_time(self.end_ns),
+            "requests": self.requests,
+            "filter": flt,
+        }
+
+
+def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> tuple[SideWindow, SideWindow, list[str]]:
+    """Turn a Selection into two windows; raises SelectionError with a useful message.
+
+    Returns the two windows (request counts not yet filled) and notes about
+    how they were chosen.
+    """
+    where = f"is_engine AND {filter_sql(selection)}"
+    notes: list[str] = []
+
+    def extent(extra: str = "TRUE") -> tuple[int | None, int | None, int]:
+        row = fetch_one(
+            con.execute(f"SELECT min(start_ns), max(start_ns), count(*) FROM spans WHERE {where} AND {extra}")
+        )
+        assert row is not None
+        return row[0], row[1], int(row[2])
+
+    if selection.mode == "windows":
+        b, c = selection.baseline, selection.candidate
+        assert b is not None
+        assert c is not None
+        return SideWindow("baseline", b.start_ns, b.end_ns), SideWindow("candidate", c.start_ns, c.end_ns), notes
+    if selection.mode == "versions":
+        out: list[SideWindow] = []
+        for side, version in (("baseline", selection.baseline_version), ("candidate", selection.candidate_version)):
+            assert version is not None
+            explicit = getattr(selection, side)
+            if explicit is not None:
+                out.append(SideWindow(side, explicit.start_ns, explicit.end_ns, version))  # type: ignore[arg-type]
+                continue
+            lo, hi, n = extent(f"service_version = {_q(version)}")
+            if lo is None or hi is None or n == 0:
+                known = [r[0] for r in con.execute(
+                    f"SELECT DISTINCT service_version FROM spans WHERE {where} AND service_version IS NOT NULL "
+                    "ORDER BY 1 LIMIT 20").fetchall()]  # fmt: skip
+                raise SelectionError(
+                    f"no engine requests with service.version={version!r}; "
+                    f"versions present: {', '.join(known) or 'none'}"
+                )
+            out.append(SideWindow(side, lo, hi + 1, version))  # type: ignore[arg-type]
+        return out[0], out[1], notes
+    deploy_ns = selection.deploy_at_ns
+    if selection.mode == "since_last_deploy":
+        deploy_ns, how = _last_deploy(con, selection, where)
+        notes.append(how)
+    assert deploy_ns is not None
+    window_ns = selection.window_ns
+    if window_ns is None:
+        lo, hi, n = extent()
+        if lo is None or hi is None or n == 0:
+            raise SelectionError("the store holds no engine request spans matching the filters")
+        window_ns = min(deploy_ns - lo, hi + 1 - deploy_ns)
+        if window_ns <= 0:
+            side = "before" if deploy_ns <= lo else "after"
+            raise SelectionError(
+                f"no engine requests {side} the deploy at {format_time(deploy_ns)} "
+                f"(data spans {format_time(lo)}..{format_time(hi)}); pick another time or use --baseline/--candidate"
+            )
+        notes.append(f"windows of {window_ns / _NS:.0f} s each side of the deploy (equal lengths, capped by the data)")
+    return (
+        SideWindow("baseline", deploy_ns - window_ns, deploy_ns),
+        SideWindow("candidate", deploy_ns, deploy_ns + window_ns),
+        notes,
+    )
+
+
+def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: str) -> tuple[int, str]:
+    """Time of the latest deploy marker, else of the latest ``service.version`` change."""
+    svc = f"WHERE service_name = {_q(selection.service)}" if selection.service else ""
+    row = fetch_one(
+        con.execute(f"SELECT time_ns, service_name, version FROM deploys {svc} ORDER BY time_ns DESC LIMIT 1")
+    )
+    if row is not None:
+        return int(row[0]), f"deploy marker: {row[1]} {row[2]} at {format_time(int(row[0]))}"
+    rows = con.execute(
+        f"SELECT service_version, min(start_ns) AS first FROM spans WHERE {where} AND service_version IS NOT NULL "
+        "GROUP BY 1 ORDER BY first"
+    ).fetchall()
+    if len(rows) < 2:
+        raise SelectionError(
+            "no deploy marker and no service.version change in the store; "
+            "use --deploy-at TIME, --baseline-version/--candidate-version or --baseline/--candidate"
+        )
+    version, first = rows[-1]
+    return int(first), f"service.version change to {version} first seen at {format_time(int(first))}"
+
+
+class Comparison:
+    """Baseline and candidate populations plus the shared aggregates rules read.
+
+    Build with :meth:`open`. All expensive members are computed on first use
+    and cached; the DuckDB connection must stay open while the object is used.
+    """
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        selection: Selection,
+        baseline: SideWindow,
+        candidate: SideWindow,
+        *,
+        notes: list[str] | None = None,
+        slices: int = 40,
+        sample_per_side: int = 200_000,
+        seed: int = 0,
+    ) -> None:
+        self.con = con
+        self.selection = selection
+        self.notes: list[str] = list(notes or [])
+        self.slices = slices
+        self.sample_per_side = sample_per_side
+        self.seed = seed
+        self._windows: dict[Side, SideWindow] = {"baseline": baseline, "candidate": candidate}
+        self._tag = uuid.uuid4().hex[:10]
+        self._hist_cache: dict[tuple[str, str], stats.SliceHistogram] = {}
+        self._dimensions: list[str] = []
+        self._dimension_maps: dict[str, tuple[str, ...]] = {}
+
+    @classmethod
+    def open(
+        cls,
+        con: duckdb.DuckDBPyConnection,
+        selection: Selection,
+        *,
+        slices: int = 40,
+        sample_per_side: int = 200_000,
+        seed: int = 0,
+    ) -> Comparison:
+        """Resolve ``selection`` against ``con`` (tables ``spans``, ``metric_points``, ``deploys``).
+
+        Raises :class:`SelectionError` when the selection cannot be resolved
+        and :class:`InsufficientDataError` when neither spans nor metrics give
+        either side any data.
+        """
+        # DuckDB draws a progress bar on stderr for long queries; it would corrupt terminal output.
+        con.execute("SET enable_progress_bar = false")
+        baseline, candidate, notes = resolve_windows(con, selection)
+        comparison = cls(
+            con, selection, baseline, candidate, notes=notes, slices=slices, sample_per_side=sample_per_side, seed=seed
+        )
+        comparison._check_data()
+        return comparison
+
+    # ----------------------------------------------------------------- windows
+    def window(self, side: Side) -> SideWindow:
+        """One side's window with its request count filled in."""
+        w = self._windows[side]
+        return SideWindow(w.side, w.start_ns, w.end_ns, w.version, self.request_counts[side])
+
+    @property
+    def windows(self) -> dict[str, tuple[int, int, float, int]]:
+        """side -> (start_ns, end_ns, seconds, requests)."""
+        return {s: (w.start_ns, w.end_ns, w.seconds, w.requests) for s in SIDES for w in [self.window(s)]}
+
+    @property
+    def arrival_rate(self) -> SidePair:
+        """Engine requests per second on each side (all rows)."""
+        b, c = self.window("baseline"), self.window("candidate")
+        return SidePair(b.requests / b.seconds, c.requests / c.seconds)
+
+    def _slice_sql(self) -> str:
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        k = self.slices
+        return (
+            f"CAST(floor((start_ns - CASE side WHEN 'baseline' THEN {b.start_ns} ELSE {c.start_ns} END) * {k}.0 "
+            f"/ CASE side WHEN 'baseline' THEN {b.end_ns - b.start_ns} ELSE {c.end_ns - c.start_ns} END) AS INTEGER)"
+        )
+
+    def _scope_sql(self, sampled: bool = False) -> str:
+        """WHERE clause for the selected engine spans; ``sampled`` keeps only the sampled sub-windows."""
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        sides = []
+        for w in (b, c):
+            pred = w.predicate()
+            fraction = self._sample_fraction[w.side] if sampled else 1.0
+            if fraction < 1.0:
+                # Keep the first `fraction` of every slice: contiguous runs let DuckDB skip the
+                # attribute maps of unsampled vectors (hashing every row would decode them all).
+                period = max(1, (w.end_ns - w.start_ns) // self.slices)
+                pred += f" AND (start_ns - {w.start_ns}) % {period} < {max(1, int(period * fraction))}"
+            sides.append(f"({pred})")
+        return f"is_engine AND ({' OR '.join(sides)}) AND {filter_sql(self.selection)}"
+
+    def engine_sql(self, columns: str = "*", *, sampled: bool = False) -> str:
+        """A subquery over the selected engine spans of both sides with derived latencies.
+
+        Columns: every canonical column (latencies cleaned and derived: a
+        missing TTFT is queue + prefill, a missing e2e the span duration,
+        and so on), plus ``side`` ('baseline'|'candidate') and ``slice``
+        (0..slices-1, the bootstrap block). ``columns`` selects from it;
+        ``sampled`` restricts it to the rows of :attr:`requests`.
+        """
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        queue, dur = _valid("queue_s"), _valid("duration_s")
+        prefill0, decode0 = _valid("prefill_s"), _valid("decode_s")
+        ttft = f"coalesce({_valid('ttft_s')}, {queue} + {prefill0})"
+        e2e = f"coalesce({_valid('e2e_s')}, {dur})"
+        inner = f"""
+            SELECT *,
+              CASE WHEN {b.predicate()} THEN 'baseline' WHEN {c.predicate()} THEN 'candidate' END AS side,
+              {queue} AS q_s, {ttft} AS t_s, {e2e} AS e_s, {prefill0} AS p_s, {decode0} AS d_s
+            FROM spans WHERE {self._scope_sql(sampled)}
+        """
+        derived = f"""
+            SELECT * EXCLUDE (queue_s, ttft_s, e2e_s, prefill_s, decode_s, tpot_s, q_s, t_s, e_s, p_s, d_s),
+              q_s AS queue_s, t_s AS ttft_s, e_s AS e2e_s,
+              coalesce(p_s, CASE WHEN t_s >= q_s THEN t_s - q_s END) AS prefill_s,
+              coalesce(d_s, CASE WHEN e_s >= t_s THEN e_s - t_s END) AS decode_s,
+              coalesce({_valid("tpot_s")},
+                       CASE WHEN output_tokens > 1 THEN coalesce(d_s, e_s - t_s) / (output_tokens - 1) END) AS tpot_s,
+              {self._slice_sql()} AS slice
+            FROM ({inner}) WHERE side IS NOT NULL
+        """
+        return f"(SELECT {columns} FROM ({derived}))"
+
+    # ------------------------------------------------------------ aggregates
+    @cached_property
+    def _aggregate(self) -> tuple[dict[Side, stats.SliceHistogram], dict[Side, int], dict[Side, int]]:
+        """One scan over all selected rows: per side/slice e2e histogram, counts, unusable rows.
+
+        Only e2e is binned over every row (the headline, exact to ~0.5 %); the
+        other latencies come from the sample, because each extra column binned
+        over millions of rows costs as much as the whole scan.
+        """
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        e2e = f"coalesce({_valid('e2e_s')}, {_valid('duration_s')})"
+        bucket = (
+            f"CASE WHEN {e2e} = 0 THEN {stats.ZERO_BUCKET} "
+            f"ELSE CAST(floor(ln({e2e}) * {stats.BUCKETS_PER_E}) AS INTEGER) END"
+        )
+        side = f"CASE WHEN {b.predicate()} THEN 'baseline' WHEN {c.predicate()} THEN 'candidate' END"
+        rows = self.con.sql(
+            f"""
+            SELECT side, {self._slice_sql()} AS slice, bucket, count(*) AS n
+            FROM (SELECT {side} AS side, start_ns, {bucket} AS bucket FROM spans WHERE {self._scope_sql()})
+            WHERE side IS NOT NULL GROUP BY ALL
+            """
+        ).fetchnumpy()
+        hists: dict[Side, stats.SliceHistogram] = {}
+        counts: dict[Side, int] = {}
+        bad: dict[Side, int] = {}
+        sides = rows["side"].astype(str) if len(rows["side"]) else rows["side"]
+        for s in SIDES:
+            mask = sides == s
+            valid = mask & ~_isnull(rows["bucket"])
+            counts[s] = int(rows["n"][mask].sum())
+            bad[s] = int(rows["n"][mask & _isnull(rows["bucket"])].sum())
+            hists[s] = stats.SliceHistogram.from_long(
+                _ints(rows["slice"][valid]), _ints(rows["bucket"][valid]), _ints(rows["n"][valid])
+            )
+        return hists, counts, bad
+
+    @property
+    def request_counts(self) -> dict[Side, int]:
+        """Engine requests per side (all rows)."""
+        return self._aggregate[1]
+
+    @cached_property
+    def _sample_fraction(self) -> dict[Side, float]:
+        counts = self.request_counts
+        return {s: min(1.0, self.sample_per_side / counts[s]) if counts[s] else 1.0 for s in SIDES}
+
+    @property
+    def sampled(self) -> bool:
+        """Whether :attr:`requests` is a sample rather than every selected request."""
+        return any(f < 1.0 for f in self._sample_fraction.values())
+
+    def histogram(self, side: Side, metric: str) -> stats.SliceHistogram:
+        """Per-slice log-bucket histogram of ``metric`` (a key of :data:`LATENCIES`).
+
+        e2e is exact over every row; the others come from :attr:`requests`.
+        Empty when there is no data.
+        """
+        if metric == "e2e":
+            return self._aggregate[0][side]
+        key = (side, metric)
+        if key not in self._hist_cache:
+            import polars as pl
+
+            col = LATENCIES[metric]
+            frame = self.requests.filter((pl.col("side") == side) & pl.col(col).is_not_null())
+            values = frame[col].to_numpy().astype(np.float64)
+            with np.errstate(divide="ignore"):
+                buckets = np.where(
+                    values == 0, stats.ZERO_BUCKET, np.floor(np.log(values) * stats.BUCKETS_PER_E)
+                ).astype(np.int64)
+            slices = frame["slice"].to_numpy().astype(np.int64)
+            self._hist_cache[key] = stats.SliceHistogram.from_long(slices, buckets, np.ones_like(buckets))
+        return self._hist_cache[key]
+
+    def _check_data(self) -> None:
+        counts = self.request_counts
+        bad = self._aggregate[2]
+        for side in SIDES:
+            if bad[side]:
+                self.notes.append(f"{bad[side]} {side} engine spans had no usable e2e latency and were ignored")
+        if counts["baseline"] == 0 and counts["candidate"] == 0 and not self.metrics.has_latency_histograms():
+            b, c = self.window("baseline"), self.window("candidate")
+            raise InsufficientDataError(
+                f"no engine requests and no latency metrics in either window "
+                f"(baseline {format_time(b.start_ns)}..{format_time(b.end_ns)}, "
+                f"candidate {format_time(c.start_ns)}..{format_time(c.end_ns)})"
+            )
+        for side in SIDES:
+            if 0 < counts[side] < stats.MIN_REQUESTS:
+                self.notes.append(f"only {counts[side]} {side} requests: estimates are unreliable")
+            elif counts[side] == 0:
+                self.notes.append(f"no {side} engine requests: span-based rules cannot run")
+
+    # --------------------------------------------------------------- sample
+    @cached_property
+    def dimensions(self) -> list[str]:
+        """Low-cardinality attributes (2..64 values), named as received, present as columns of :attr:`requests`."""
+        _ = self.requests
+        return self._dimensions
+
+    @cached_property
+    def requests(self) -> pl.DataFrame:
+        """Engine requests of both sides, sampled to at most ~``sample_per_side`` each.
+
+        Columns: ``side``, ``slice``, ``start_ns``, ``trace_id``, ``span_id``,
+        ``parent_span_id``, token counts, the cleaned latencies of
+        :data:`LATENCIES` plus ``inference_s``, ``finish_reason``,
+        ``attempt``, ``error_type``, ``status_code``, ``service_name``,
+        ``service_version``, and one string column per dimension (see
+        :attr:`dimensions`). The sample keeps the same leading share of every
+        time slice, so it is independent of latency and spread over the window.
+        """
+        import polars as pl
+
+        keys = self._discover_dimensions()
+        dim_sql = "".join(f", {self._dimension_expr(d)} AS {_ident(d)}" for d in keys)
+        base_cols = (
+            "side, slice, start_ns, trace_id, span_id, parent_span_id, service_name, service_version, "
+            "input_tokens, output_tokens, cached_tokens, queue_s, ttft_s, prefill_s, decode_s, inference_s, "
+            "e2e_s, tpot_s, finish_reason, attempt, error_type, status_code"
+        )
+        table = self.con.sql(f"SELECT * FROM {self.engine_sql(base_cols + dim_sql, sampled=True)}").to_arrow_table()
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        # Cardinality was judged on a small head sample; re-check it on the whole sample.
+        self._dimensions = [d for d in keys if 2 <= frame[d].n_unique() - frame[d].null_count() > 0 and
+                            frame[d].n_unique() <= MAX_DIMENSION_VALUES + 1]  # fmt: skip
+        return frame.drop([d for d in keys if d not in self._dimensions])
+
+    def _dimension_expr(self, key: str) -> str:
+        # Ingest already resolved these keys into canonical columns: reading a column is far
+        # cheaper than looking a key up in two maps for every row.
+        if key in _DIMENSION_COLUMNS:
+            return f'CAST("{_DIMENSION_COLUMNS[key]}" AS VARCHAR)'
+        where = self._dimension_maps.get(key, ("attributes", "resource_attributes"))
+        sources = [f"{m}[{_q(key)}]" for m in where]
+        return sources[0] if len(sources) == 1 else f"coalesce({', '.join(sources)})"
+
+    def _discover_dimensions(self, head_rows: int = 5000) -> list[str]:
+        """Attribute keys with 2..64 distinct values in the first ``head_rows`` requests of each side."""
+        heads = " UNION ALL ".join(
+            f"(SELECT attributes, resource_attributes, host_name, service_instance, model, tenant_id, service_version, "
+            f"service_name FROM spans WHERE {self._scope_sql()} AND {self._windows[s].predicate()} LIMIT {head_rows})"
+            for s in SIDES
+        )
+        temp = f"sre_head_{self._tag}"
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {temp} AS {heads}")
+        try:
+            rows = self.con.sql(
+                f"""
+                WITH kv AS (
+                  SELECT unnest(map_entries(attributes), recursive := true), true AS span_side FROM {temp}
+                  UNION ALL
+                  SELECT unnest(map_entries(resource_attributes), recursive := true), false FROM {temp}
+                )
+                SELECT key, count(DISTINCT value) AS n_values, bool_or(span_side) AS in_span,
+                  bool_or(NOT span_side) AS in_resource FROM kv GROUP BY key
+                """
+            ).fetchall()
+            found = {str(k): int(v) for k, v, _, _ in rows}
+            self._dimension_maps = {
+                str(k): tuple(m for m, present in (("attributes", a), ("resource_attributes", r)) if present)
+                for k, _, a, r in rows
+            }
+            for key, col in _DIMENSION_COLUMNS.items():
+                if key not in found:
+                    row = fetch_one(self.con.execute(f'SELECT count(DISTINCT "{col}") FROM {temp}'))
+                    found[key] = int(row[0]) if row else 0
+        finally:
+            self.con.execute(f"DROP TABLE IF EXISTS {temp}")
+        return sorted(
+            key
+            for key, n in found.items()
+            if 2 <= n <= MAX_DIMENSION_VALUES and not key.startswith(_NOT_DIMENSION_PREFIXES)
+        )
+
+    def lazy(self, side: Side | None = None) -> pl.LazyFrame:
+        """:attr:`requests` as a LazyFrame, optionally one side only."""
+        import polars as pl
+
+        frame = self.requests.lazy()
+        return frame if side is None else frame.filter(pl.col("side") == side)
+
+    # --------------------------------------------------------- other spans
+    @cached_property
+    def has_other_spans(self) -> bool:
+        """Whether the windows hold any non-engine spans (gateway, dependencies)."""
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        lo, hi = min(b.start_ns, c.start_ns), max(b.end_ns, c.end_ns)
+        row = fetch_one(
+            self.con.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM spans WHERE NOT coalesce(is_engine, false) "
+                f"AND start_ns >= {lo} AND start_ns < {hi} LIMIT 1)"
+            )
+        )
+        return bool(row and row[0])
+
+    @cached_property
+    def traces(self) -> pl.DataFrame:
+        """Per sampled engine request: its trace's root, gateway and dependency time.
+
+        Columns: ``trace_id``, ``span_id``, ``side``, ``trace_s`` (root span
+        duration, or None when the engine span is the root), ``gateway_s``
+        (root minus engine calls minus dependencies, >= 0), ``dependency_s``
+        (summed durations of non-engine spans that do not wrap an engine
+        call), ``attempts`` (engine spans in the trace). Durations come from
+        each span's own clock, so clock skew between services does not bias
+        them. Empty when there are no non-engine spans.
+        """
+        import polars as pl
+
+        if not self.has_other_spans or self.requests.height == 0:
+            return pl.DataFrame(
+                schema={"trace_id": pl.String, "span_id": pl.String, "side": pl.String, "trace_s": pl.Float64,
+                        "gateway_s": pl.Float64, "dependency_s": pl.Float64, "attempts": pl.Int64}
+            )  # fmt: skip
+        reg = f"sre_req_{self._tag}"
+        self.con.register(reg, self.requests.select("trace_id", "span_id", "side", "e2e_s").to_arrow())
+        try:
+            table = self.con.execute(
+                f"""
+                WITH t AS (SELECT s.* FROM spans s SEMI JOIN {reg} r ON s.trace_id = r.trace_id),
+                engine_parents AS (SELECT DISTINCT trace_id, parent_span_id AS span_id FROM t WHERE is_engine),
+                per_trace AS (
+                  SELECT t.trace_id,
+                    max(CASE WHEN t.parent_span_id IS NULL AND NOT coalesce(t.is_engine, false)
+                             AND t.duration_s >= 0 THEN t.duration_s END) AS trace_s,
+                    sum(CASE WHEN NOT coalesce(t.is_engine, false) AND t.parent_span_id IS NOT NULL
+                             AND ep.span_id IS NULL AND t.duration_s >= 0 THEN t.duration_s ELSE 0 END)
+                      AS dependency_s,
+                    count(*) FILTER (WHERE t.is_engine) AS attempts,
+                    sum(CASE WHEN t.is_engine AND t.duration_s >= 0 THEN t.duration_s ELSE 0 END) AS engine_s
+                  FROM t LEFT JOIN engine_parents ep ON t.trace_id = ep.trace_id AND t.span_id = ep.span_id
+                  GROUP BY t.trace_id
+                )
+                SELECT r.trace_id, r.span_id, r.side, p.trace_s,
+                  CASE WHEN p.trace_s IS NOT NULL THEN greatest(0, p.trace_s - p.engine_s - p.dependency_s) END
+                    AS gateway_s,
+                  p.dependency_s, p.attempts
+                FROM {reg} r JOIN per_trace p USING (trace_id)
+                """
+            ).to_arrow_table()
+        finally:
+            self.con.unregister(reg)
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    @cached_property
+    def spans(self) -> pl.DataFrame:
+        """Non-engine span groups per side: ``side, service_name, name, kind, count, p50_s, p99_s, mean_s, errors``.
+
+        A span belongs to a side by its own start time and, in version mode,
+        by the version of the engine requests in the same trace being
+        unknowable here, so version mode uses time bounds only.
+        """
+        import polars as pl
+
+        if not self.has_other_spans:
+            return pl.DataFrame(
+                schema={"side": pl.String, "service_name": pl.String, "name": pl.String, "kind": pl.String,
+                        "count": pl.Int64, "p50_s": pl.Float64, "p99_s": pl.Float64, "mean_s": pl.Float64,
+                        "errors": pl.Int64}
+            )  # fmt: skip
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        side = (
+            f"CASE WHEN start_ns >= {b.start_ns} AND start_ns < {b.end_ns} THEN 'baseline' "
+            f"WHEN start_ns >= {c.start_ns} AND start_ns < {c.end_ns} THEN 'candidate' END"
+        )
+        svc = f"AND service_name = {_q(self.selection.service)}" if False else ""
+        table = self.con.execute(
+            f"""
+            SELECT side, service_name, name, kind, count(*) AS count,
+              quantile_cont(duration_s, 0.5) AS p50_s, quantile_cont(duration_s, 0.99) AS p99_s,
+              avg(duration_s) AS mean_s, count(*) FILTER (WHERE status_code = 'error') AS errors
+            FROM (SELECT {side} AS side, * FROM spans WHERE NOT coalesce(is_engine, false)
+                  AND duration_s >= 0 AND isfinite(duration_s) {svc})
+            WHERE side IS NOT NULL GROUP BY ALL ORDER BY service_name, name, side
+            """
+        ).to_arrow_table()
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    # --------------------------------------------------------------- metrics
+    @cached_property
+    def metrics(self) -> MetricView:
+        """The metric stream, per side."""
+        return MetricView(self.con, self._windows["baseline"], self._windows["candidate"], self.selection)
+
+
+def _isnull(values: Any) -> Any:
+    """Null mask of a column returned by ``fetchnumpy`` (masked array or object array)."""
+    mask = np.ma.getmaskarray(values)
+    if values.dtype == object:
+        mask = mask | np.array([v is None for v in values], dtype=bool)
+    return mask
+
+
+def _ints(values: Any) -> Any:
+    return np.ma.filled(values, 0).astype(np.int64)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

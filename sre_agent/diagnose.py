@@ -1,0 +1,306 @@
+"""Run the rules over a comparison and rank what they find.
+
+``diagnose(source, selection)`` resolves the selection (:mod:`sre_agent.compare`),
+estimates every latency quantile with block-bootstrap CIs, picks the headline
+regression, runs each registered rule with only the context it asks for
+(by parameter name, as sqlglot's optimizer passes its rules their arguments),
+and ranks the findings by ``explained x confidence``. When nothing
+regressed, the first finding is ``none``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from sre_agent import stats
+from sre_agent.compare import LATENCIES, SIDES, Comparison
+from sre_agent.decompose import stage_decomposition
+from sre_agent.errors import StoreError
+from sre_agent.report import Report
+from sre_agent.rules_api import CONTEXT_NAMES, Finding, MetricEstimate, Regression, Rule, RuleSkipped
+from sre_agent.rules_registry import LoadFailure, load_rules
+from sre_agent.selection import Selection
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = ["HEADLINE_METRICS", "MIN_EFFECT", "QUANTILES", "diagnose", "estimate_metrics", "headline", "run_rules"]
+
+_log = logging.getLogger(__name__)
+
+#: Quantiles estimated for every latency.
+QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.99)
+#: Smallest relative increase reported as a regression (10 %): smaller moves are within
+#: the run-to-run noise of serving stacks and not worth an incident.
+MIN_EFFECT: Final[float] = 1.10
+#: User-facing latencies that can be the headline; stages explain them, they are not headlines.
+HEADLINE_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot", "itl")
+_METRIC_HISTOGRAMS: Final[dict[str, str]] = {
+    "e2e": "e2e_seconds",
+    "ttft": "ttft_seconds",
+    "itl": "itl_seconds",
+    "queue": "queue_seconds",
+}
+
+
+def estimate_metrics(comparison: Comparison, *, resamples: int = 300) -> list[MetricEstimate]:
+    """Every latency x quantile on both sides with 95 % block-bootstrap CIs.
+
+    Span-derived where spans exist; where a side has no spans, from the
+    metric stream's latency histograms (no CI: the histogram deltas are not
+    resampled, so such an estimate is never ``significant`` on a CI alone).
+    ITL comes from the ``itl_seconds`` histogram where present, else it is
+    derived from spans as TPOT.
+    """
+    out: list[MetricEstimate] = []
+    have_spans = all(comparison.request_counts[s] > 0 for s in SIDES)
+    for name in LATENCIES:
+        if not have_spans:
+            continue
+        b_hist, c_hist = comparison.histogram("baseline", name), comparison.histogram("candidate", name)
+        if b_hist.n == 0 and c_hist.n == 0:
+            continue
+        for q in QUANTILES:
+            cq = stats.compare_quantile(b_hist, c_hist, q, resamples=resamples, seed=comparison.seed)
+            significant = bool(
+                cq.diff_ci is not None and cq.diff_ci[0] > 0 and cq.ratio is not None and cq.ratio >= MIN_EFFECT
+            )
+            out.append(MetricEstimate(name, q, cq.baseline, cq.candidate, cq.diff_ci, cq.ratio_ci, significant))
+    metrics = comparison.metrics
+    for name, signal in _METRIC_HISTOGRAMS.items():
+        if have_spans and name != "itl":
+            continue
+        if not metrics.has(signal):
+            continue
+        hist = metrics.histogram(signal)
+        b, c = hist["baseline"], hist["candidate"]
+        for q in QUANTILES:
+            bq = b.quantile(q) if b else None
+            cq_ = c.quantile(q) if c else None
+            enough = bool(b and c and min(b.count, c.count) >= stats.min_samples_for_quantile(q))
+            # Without a CI, demand twice the effect before calling it a regression.
+            sig = bool(enough and bq and cq_ and cq_ / bq >= 1 + 2 * (MIN_EFFECT - 1))
+            out.append(MetricEstimate(name, q, bq, cq_, None, None, sig, source="metrics"))
+    if have_spans and not any(e.name == "itl" for e in out):
+        out.extend(
+            MetricEstimate("itl", e.quantile, e.baseline, e.candidate, e.ci, e.ratio_ci, e.significant, "derived")
+            for e in out
+            if e.name == "tpot"
+        )
+    return out
+
+
+def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:
+    """The regression to explain: the user-facing quantile that rose most surely.
+
+    Among significant e2e/TTFT/TPOT/ITL estimates, the one with the largest
+    lower CI bound of the ratio (the ratio itself when there is no CI); when
+    none is significant, e2e p99 with ``significant=False``. The location
+    (Mann-Whitney, Hodges-Lehmann) and tail tests are attached as evidence.
+    """
+    candidates = [e for e in estimates if e.name in HEADLINE_METRICS and e.significant and e.source != "derived"]
+
+    def strength(e: MetricEstimate) -> float:
+        return e.ratio_ci[0] if e.ratio_ci is not None else (e.ratio or 0.0) / 2
+
+    if candidates:
+        best = max(candidates, key=strength)
+    else:
+        fallback = [e for e in estimates if e.name == "e2e" and e.quantile == 0.99] or [
+            e for e in estimates if e.quantile == 0.99
+        ]
+        if not fallback:
+            return Regression("e2e", 0.99, None, None, None, False, note="no latency data on one side")
+        best = fallback[0]
+    location_p = hl = tail_p = None
+    if best.source == "spans" and best.name in LATENCIES:
+        col = LATENCIES[best.name]
+        frame = comparison.requests
+        import polars as pl
+
+        values = {s: frame.filter((pl.col("side") == s) & pl.col(col).is_not_null())[col].to_numpy() for s in SIDES}
+        location_p = stats.mann_whitney(values["baseline"], values["candidate"])
+        hl = stats.hodges_lehmann(values["baseline"], values["candidate"], seed=comparison.seed)
+        tail = stats.tail_test(
+            comparison.histogram("baseline", best.name), comparison.histogram("candidate", best.name), best.quantile
+        )
+        tail_p = tail[2] if tail else None
+    note = "" if best.source == "spans" else "estimated from metric histograms (no spans): no confidence interval"
+    return Regression(
+        best.name, best.quantile, best.baseline, best.candidate, best.ci, best.significant, location_p, hl, tail_p, note
+    )
+
+
+def _context(
+    comparison: Comparison, regression: Regression, estimates: list[MetricEstimate]
+) -> dict[str, Callable[[], Any]]:
+    """Context name -> zero-argument factory (evaluated only when a rule asks for the name)."""
+    return {
+        "comparison": lambda: comparison,
+        "regression": lambda: regression,
+        "estimates": lambda: estimates,
+        "requests": comparison.lazy,
+        "baseline": lambda: comparison.lazy("baseline"),
+        "candidate": lambda: comparison.lazy("candidate"),
+        "dimensions": lambda: list(comparison.dimensions),
+        "metrics": lambda: comparison.metrics,
+        "spans": lambda: comparison.spans,
+        "traces": lambda: comparison.traces.lazy(),  # noqa: PLW0108 - traces is computed on first use
+        "windows": lambda: comparison.windows,
+        "arrival_rate": lambda: comparison.arrival_rate,
+        "stages": lambda: stage_decomposition(comparison, regression),
+    }
+
+
+def run_rules(
+    rules: Iterable[tuple[str, Rule]], context: dict[str, Callable[[], Any]]
+) -> tuple[list[Finding], list[LoadFailure], list[str], dict[str, float]]:
+    """Call each rule with the context it names; collect findings, failures, skip notes and timings (s)."""
+    findings: list[Finding] = []
+    failures: list[LoadFailure] = []
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+    cache: dict[str, Any] = {}
+    for name, rule in rules:
+        started = time.perf_counter()
+        try:
+            params = inspect.signature(rule).parameters
+            unknown = [p for p in params if p not in CONTEXT_NAMES]
+            if unknown:
+                raise TypeError(f"asks for unknown context {', '.join(unknown)}; known: {', '.join(CONTEXT_NAMES)}")
+            kwargs = {}
+            for p in params:
+                if p not in cache:
+                    cache[p] = context[p]()
+                kwargs[p] = cache[p]
+            result = rule(**kwargs)
+            produced = [result] if isinstance(result, Finding) else list(result or [])
+            for f in produced:
+                if not isinstance(f, Finding):
+                    raise TypeError(f"returned {type(f).__name__}, not Finding")
+                if f.cause == "none":
+                    raise ValueError("rules do not report 'none'; the runner does when nothing regressed")
+            findings.extend(f.with_rule(name) for f in produced)
+        except RuleSkipped as skip:
+            notes.append(f"{name}: {skip}")
+        except Exception as exc:  # one failing rule must not take the diagnosis down
+            _log.warning("rule %s failed: %s", name, exc, exc_info=True)
+            failures.append(LoadFailure(name, f"{type(exc).__name__}: {exc}"))
+        timings[name] = time.perf_counter() - started
+    return findings, failures, notes, timings
+
+
+def _rank(findings: list[Finding], regression: Regression, order: dict[str, int]) -> list[Finding]:
+    ranked = sorted(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
+    if not regression.significant:
+        # Nothing regressed: say so first; whatever moved is listed after, for context.
+        ranked.insert(0, _none_finding(regression))
+    return ranked
+
+
+def _none_finding(regression: Regression) -> Finding:
+    from sre_agent.rules_api import Evidence
+
+    label = f"{regression.metric} p{round(regression.quantile * 100)}"
+    evidence: list[Evidence] = []
+    if regression.baseline is not None:
+        ci = f"CI of the change {regression.ci[0]:+.4f}..{regression.ci[1]:+.4f} s" if regression.ci else "no CI"
+        evidence.append(Evidence(label, regression.baseline, regression.candidate, ci))
+    if regression.tail_p is not None:
+        evidence.append(Evidence("tail_test_p", None, regression.tail_p, "share above the baseline quantile"))
+    confidence = 0.5 if regression.baseline is None or regression.ci is None else 0.9
+    return Finding(
+        cause="none",
+        title=f"No significant latency regression ({label} within noise or below {MIN_EFFECT - 1:.0%})",
+        explained=1.0,
+        confidence=confidence,
+        evidence=tuple(evidence),
+        next_check="widen the windows or compare another quantile if users still report slowness",
+    )
+
+
+def _connection(source: Any) -> tuple[duckdb.DuckDBPyConnection, bool]:
+    """A DuckDB connection for ``source`` (Store, connection or path) and whether we own it."""
+    import duckdb
+
+    if isinstance(source, duckdb.DuckDBPyConnection):
+        return source, False
+    if isinstance(source, str | Path):
+        path = Path(source)
+        if not path.exists():
+            raise StoreError(f"no store at {path}")
+        try:
+            return duckdb.connect(str(path), read_only=True), True
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open {path} read-only: {exc}") from exc
+    cursor = getattr(source, "cursor", None)
+    if callable(cursor):
+        con = cursor()
+        if isinstance(con, duckdb.DuckDBPyConnection):
+            return con, True
+    connection = getattr(source, "connection", None)
+    if isinstance(connection, duckdb.DuckDBPyConnection):
+        return connection.cursor(), True
+    raise TypeError(f"diagnose() needs a Store, a DuckDB connection or a path, not {type(source).__name__}")
+
+
+def diagnose(
+    source: Any,
+    selection: Selection,
+    *,
+    rules: list[str] | None = None,
+    sample_per_side: int = 200_000,
+    seed: int = 0,
+) -> Report:
+    """Diagnose the regression between the selection's baseline and candidate.
+
+    Args:
+        source: a ``Store``, a DuckDB connection (tables ``spans``,
+            ``metric_points``, ``deploys``) or the path of a store file
+            (opened read-only).
+        selection: what to compare (CONTRACTS section 2).
+        rules: names of the rules to run (``None`` = every installed rule).
+        sample_per_side: requests per side kept for mix and slice analysis.
+        seed: seed of the bootstraps (results are reproducible).
+
+    Raises:
+        SelectionError: the selection cannot be resolved or selects nothing.
+        InsufficientDataError: neither spans nor metrics give either side data.
+    """
+    started = time.perf_counter()
+    con, owned = _connection(source)
+    try:
+        comparison = Comparison.open(con, selection, sample_per_side=sample_per_side, seed=seed)
+        estimates = estimate_metrics(comparison)
+        regression = headline(comparison, estimates)
+        loaded, failures = load_rules(rules)
+        findings, run_failures, skip_notes, timings = run_rules(loaded, _context(comparison, regression, estimates))
+        order = {name: i for i, (name, _) in enumerate(loaded)}
+        ranked = _rank(findings, regression, order)
+        notes = [*comparison.notes, *skip_notes]
+        if comparison.sampled:
+            notes.append(
+                f"mix and slice analysis on a sample of {comparison.requests.height} requests; "
+                "e2e quantiles use every row"
+            )
+        if regression.note:
+            notes.append(regression.note)
+        return Report(
+            selection=selection,
+            baseline=comparison.window("baseline").describe(selection),
+            candidate=comparison.window("candidate").describe(selection),
+            regression=regression,
+            estimates=estimates,
+            findings=ranked,
+            notes=notes,
+            errors=[f"{f.name}: {f.error}" for f in (*failures, *run_failures)],
+            timings={"total_s": time.perf_counter() - started, **{f"rule.{k}": v for k, v in timings.items()}},
+        )
+    finally:
+        if owned:
+            con.close()

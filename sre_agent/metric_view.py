@@ -1,0 +1,279 @@
+"""The metric stream (``metric_points``) seen per side of a comparison.
+
+Rules ask for engine-neutral *signals* (``running_requests``,
+``prefix_cache_hits``; see :data:`sre_agent.schema.METRIC_SIGNALS`); the first
+canonical metric name that has data wins. Counters are cumulative, so every
+counter figure here is a **delta** within the window (summed over series,
+with resets handled), never a raw value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sre_agent.rules_api import SidePair
+from sre_agent.schema import METRIC_SIGNALS
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from sre_agent.selection import Selection
+
+__all__ = ["HistogramDelta", "MetricView", "fetch_one"]
+
+
+def fetch_one(result: duckdb.DuckDBPyConnection) -> Any:
+    """The first row of an executed query, or ``None``; consumes the whole result.
+
+    DuckDB 2 refuses new work on a connection whose last result is not fully
+    fetched, so ``fetchone()`` on an aggregate would poison a shared cursor.
+    """
+    rows = result.fetchall()
+    return rows[0] if rows else None
+
+
+class _Window(Protocol):
+    @property
+    def start_ns(self) -> int: ...
+    @property
+    def end_ns(self) -> int: ...
+    @property
+    def version(self) -> str | None: ...
+
+    @property
+    def seconds(self) -> float: ...
+
+
+def _q(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+@dataclass(frozen=True)
+class HistogramDelta:
+    """Observations that arrived within a window, merged over series.
+
+    Attributes:
+        bounds: explicit upper bucket bounds.
+        counts: per-bucket counts, ``len(bounds) + 1`` (the last is +Inf).
+        total_sum: sum of the observations.
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total_sum: float
+
+    @property
+    def count(self) -> int:
+        """Number of observations."""
+        return sum(self.counts)
+
+    @property
+    def mean(self) -> float | None:
+        """Mean observation (``None`` when empty)."""
+        return self.total_sum / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """Quantile by linear interpolation inside the bucket (Prometheus style); ``None`` when empty."""
+        total = self.count
+        if total == 0:
+            return None
+        rank = q * total
+        seen = 0
+        for i, c in enumerate(self.counts):
+            if seen + c >= rank and c > 0:
+                lo = self.bounds[i - 1] if i > 0 else 0.0
+                if i >= len(self.bounds):
+                    return self.bounds[-1] if self.bounds else None
+                hi = self.bounds[i]
+                return lo + (hi - lo) * (rank - seen) / c
+            seen += c
+        return self.bounds[-1] if self.bounds else None
+
+
+class MetricView:
+    """Signals of the metric stream for the baseline and candidate windows.
+
+    All methods return ``None`` (or a :class:`SidePair` of ``None``) for a
+    signal that has no points; nothing raises for absent metrics.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, baseline: _Window, candidate: _Window, selection: Selection):
+        self._con = con
+        self._sides = {"baseline": baseline, "candidate": candidate}
+        self._selection = selection
+        self._cache: dict[tuple[Any, ...], Any] = {}
+
+    def _where(self, side: str, name: str) -> str:
+        w = self._sides[side]
+        parts = [f"name = {_q(name)}", f"time_ns >= {w.start_ns}", f"time_ns < {w.end_ns}"]
+        if w.version is not None:
+            parts.append(f"service_version = {_q(w.version)}")
+        if self._selection.service is not None:
+            parts.append(f"service_name = {_q(self._selection.service)}")
+        return " AND ".join(parts)
+
+    def name_for(self, signal: str) -> str | None:
+        """The canonical metric name carrying ``signal`` in these windows, or ``None``."""
+        key = ("name", signal)
+        if key not in self._cache:
+            names = METRIC_SIGNALS.get(signal, (signal,))
+            found = None
+            for name in names:
+                row = fetch_one(
+                    self._con.execute(
+                        f"SELECT count(*) FROM metric_points WHERE {self._where('baseline', name)} "
+                        f"OR {self._where('candidate', name)}"
+                    )
+                )
+                if row and row[0]:
+                    found = name
+                    break
+            self._cache[key] = found
+        result: str | None = self._cache[key]
+        return result
+
+    def has(self, signal: str) -> bool:
+        """Whether the signal has points in either window."""
+        return self.name_for(signal) is not None
+
+    def has_latency_histograms(self) -> bool:
+        """Whether any latency histogram (TTFT, ITL, e2e, queue) has points."""
+        return any(self.has(s) for s in ("ttft_seconds", "itl_seconds", "e2e_seconds", "queue_seconds"))
+
+    def gauge(self, signal: str, stat: str = "mean") -> SidePair:
+        """A gauge over each window: ``mean``, ``max``, ``p90`` of all points, or ``sum_mean``.
+
+        ``sum_mean`` sums the series at each timestamp (e.g. requests
+        running across all replicas) and averages those totals.
+        """
+        name = self.name_for(signal)
+        if name is None:
+            return SidePair(None, None)
+        agg = {"mean": "avg(value)", "max": "max(value)", "p90": "quantile_cont(value, 0.9)"}
+        values: list[float | None] = []
+        for side in ("baseline", "candidate"):
+            where = self._where(side, name) + " AND isfinite(value)"
+            if stat == "sum_mean":
+                sql = f"SELECT avg(t) FROM (SELECT sum(value) AS t FROM metric_points WHERE {where} GROUP BY time_ns)"
+            else:
+                sql = f"SELECT {agg[stat]} FROM metric_points WHERE {where}"
+            row = fetch_one(self._con.execute(sql))
+            values.append(None if row is None or row[0] is None else float(row[0]))
+        return SidePair(values[0], values[1])
+
+    def series_count(self, signal: str) -> SidePair:
+        """Distinct series (usually replicas) reporting the signal on each side."""
+        name = self.name_for(signal)
+        if name is None:
+            return SidePair(None, None)
+        out: list[float | None] = []
+        for side in ("baseline", "candidate"):
+            row = fetch_one(
+                self._con.execute(
+                    f"SELECT count(DISTINCT coalesce(service_instance, host_name, series_key)) FROM metric_points "
+                    f"WHERE {self._where(side, name)}"
+                )
+            )
+            out.append(float(row[0]) if row and row[0] else None)
+        return SidePair(out[0], out[1])
+
+    def counter_delta(self, signal: str) -> SidePair:
+        """Increase of a counter within each window, summed over series (resets handled)."""
+        name = self.name_for(signal)
+        if name is None:
+            return SidePair(None, None)
+        out: list[float | None] = []
+        for side in ("baseline", "candidate"):
+            row = fetch_one(
+                self._con.execute(
+                    f"""
+                SELECT sum(CASE WHEN temporality = 'delta' THEN value
+                                WHEN prev IS NULL THEN 0
+                                WHEN value >= prev THEN value - prev
+                                ELSE value END)  -- a reset: the counter restarted from 0
+                FROM (SELECT value, temporality,
+                        lag(value) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev
+                      FROM metric_points WHERE {self._where(side, name)} AND isfinite(value))
+                """
+                )
+            )
+            out.append(None if row is None or row[0] is None else float(row[0]))
+        return SidePair(out[0], out[1])
+
+    def counter_rate(self, signal: str) -> SidePair:
+        """:meth:`counter_delta` per second of window."""
+        delta = self.counter_delta(signal)
+        b, c = self._sides["baseline"].seconds, self._sides["candidate"].seconds
+        return SidePair(
+            None if delta.baseline is None else delta.baseline / b,
+            None if delta.candidate is None else delta.candidate / c,
+        )
+
+    def histogram(self, signal: str) -> dict[str, HistogramDelta | None]:
+        """side -> observations of a histogram metric that arrived within the window."""
+        name = self.name_for(signal)
+        key = ("hist", signal)
+        if key in self._cache:
+            cached: dict[str, HistogramDelta | None] = self._cache[key]
+            return cached
+        out: dict[str, HistogramDelta | None] = {"baseline": None, "candidate": None}
+        if name is not None:
+            for side in ("baseline", "candidate"):
+                out[side] = self._histogram_delta(side, name)
+        self._cache[key] = out
+        return out
+
+    def _histogram_delta(self, side: str, name: str) -> HistogramDelta | None:
+        rows = self._con.execute(
+            f"""
+            SELECT series_key, temporality, bounds, bucket_counts, sum FROM metric_points
+            WHERE {self._where(side, name)} AND bucket_counts IS NOT NULL ORDER BY series_key, time_ns
+            """
+        ).fetchall()
+        bounds: tuple[float, ...] | None = None
+        counts: list[float] = []
+        total = 0.0
+        prev_key: str | None = None
+        prev: tuple[list[int], float] | None = None
+        for series, temporality, raw_bounds, bc, s in rows:
+            b = tuple(float(x) for x in (raw_bounds or ()))
+            if bounds is None:
+                bounds, counts = b, [0.0] * (len(b) + 1)
+            if b != bounds or len(bc) != len(counts):
+                continue  # a series with other bounds cannot be merged; skip it
+            if series != prev_key:
+                prev_key, prev = series, None
+            cur = [int(x or 0) for x in bc]
+            if temporality == "delta":
+                inc, inc_sum = cur, float(s or 0.0)
+            elif prev is None:
+                prev = (cur, float(s or 0.0))
+                continue
+            elif sum(cur) >= sum(prev[0]):
+                inc = [max(0, a - p) for a, p in zip(cur, prev[0], strict=True)]
+                inc_sum = float(s or 0.0) - prev[1]
+            else:  # reset
+                inc, inc_sum = cur, float(s or 0.0)
+            prev = (cur, float(s or 0.0))
+            counts = [a + x for a, x in zip(counts, inc, strict=True)]
+            total += inc_sum
+        if bounds is None or sum(counts) == 0:
+            return None
+        return HistogramDelta(bounds, tuple(int(c) for c in counts), total)
+
+    def histogram_quantile(self, signal: str, q: float) -> SidePair:
+        """Quantile ``q`` of a histogram metric on each side (seconds for latency histograms)."""
+        h = self.histogram(signal)
+        return SidePair(
+            None if h["baseline"] is None else h["baseline"].quantile(q),
+            None if h["candidate"] is None else h["candidate"].quantile(q),
+        )
+
+    def histogram_mean(self, signal: str) -> SidePair:
+        """Mean observation of a histogram metric on each side."""
+        h = self.histogram(signal)
+        return SidePair(
+            None if h["baseline"] is None else h["baseline"].mean,
+            None if h["candidate"] is None else h["candidate"].mean,
+        )

@@ -1,0 +1,292 @@
+"""Statistics for comparing two latency populations.
+
+Everything here is pure (numpy arrays in, numbers out) and reused by
+diagnose and canary.
+
+* **Log-bucket histograms.** Latencies are binned on a log scale with
+  :data:`BUCKETS_PER_E` buckets per unit of ``ln(seconds)`` (about 1 % wide),
+  so a quantile read from a histogram is within ~0.5 % of the exact one.
+  DuckDB builds them per time slice in one scan; the bootstraps below resample
+  the slices, never the millions of requests.
+* **Block bootstrap.** Requests in one engine batch share their fate, so
+  requests are not independent; whole time slices are resampled with
+  replacement (a moving-block-free, non-overlapping block bootstrap), which
+  keeps the within-slice correlation in every resample.
+* **Location test.** Mann-Whitney U (normal approximation with tie
+  correction) and the Hodges-Lehmann shift, as Kayenta uses them.
+* **Tail test.** A location test misses a variance-only change in the tail,
+  so the share of candidate requests above the baseline's quantile is
+  compared with the baseline's own share, with a cluster-robust (per-slice)
+  variance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "BUCKETS_PER_E",
+    "MIN_REQUESTS",
+    "ZERO_BUCKET",
+    "QuantileComparison",
+    "SliceHistogram",
+    "bucket_value",
+    "compare_quantile",
+    "hodges_lehmann",
+    "mann_whitney",
+    "min_samples_for_quantile",
+    "normal_sf",
+    "quantile_ci",
+    "tail_test",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+#: Histogram resolution: buckets per unit of natural log (bucket width ~1 %).
+BUCKETS_PER_E: Final[int] = 100
+#: Bucket id used for exact zeros (log undefined).
+ZERO_BUCKET: Final[int] = -1_000_000
+#: Fewest requests per side for any comparison at all.
+MIN_REQUESTS: Final[int] = 20
+
+
+def min_samples_for_quantile(q: float) -> int:
+    """Fewest requests for a usable estimate of quantile ``q``.
+
+    At least five observations must lie beyond the quantile (p99 needs 500),
+    and never fewer than :data:`MIN_REQUESTS`.
+    """
+    return max(MIN_REQUESTS, math.ceil(5.0 / max(1e-9, min(q, 1.0 - q))))
+
+
+def bucket_value(buckets: npt.ArrayLike) -> FloatArray:
+    """Representative value (geometric centre, seconds) of log buckets; 0 for :data:`ZERO_BUCKET`."""
+    b = np.atleast_1d(np.asarray(buckets, dtype=np.float64))
+    out: FloatArray = np.where(b == ZERO_BUCKET, 0.0, np.exp((b + 0.5) / BUCKETS_PER_E))
+    return out
+
+
+def normal_sf(z: float) -> float:
+    """Upper tail probability of the standard normal, P(Z > z)."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+@dataclass(frozen=True)
+class SliceHistogram:
+    """Log-bucket counts per time slice for one latency on one side.
+
+    Attributes:
+        buckets: sorted bucket ids, shape (J,).
+        counts: request counts, shape (K slices, J buckets).
+    """
+
+    buckets: IntArray
+    counts: IntArray
+
+    @classmethod
+    def from_long(cls, slices: npt.ArrayLike, buckets: npt.ArrayLike, counts: npt.ArrayLike) -> SliceHistogram:
+        """Build from long-form rows ``(slice, bucket, count)`` as SQL returns them (or one row per request)."""
+        s = np.asarray(slices, dtype=np.int64)
+        b = np.asarray(buckets, dtype=np.int64)
+        c = np.asarray(counts, dtype=np.int64)
+        if s.size == 0:
+            return cls(np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.int64))
+        zero = b == ZERO_BUCKET
+        # Dense index over the occupied bucket range (plus one slot for exact zeros) via bincount,
+        # which is an order of magnitude faster than np.unique on a few hundred thousand rows.
+        b_min = int(b[~zero].min()) if (~zero).any() else 0
+        b_idx = np.where(zero, 0, b - b_min + 1)
+        width = int(b_idx.max()) + 1
+        s_min = int(s.min())
+        s_idx = s - s_min
+        n_slices = int(s_idx.max()) + 1
+        dense = np.bincount(s_idx * width + b_idx, weights=c, minlength=n_slices * width).reshape(n_slices, width)
+        dense = dense.astype(np.int64)
+        keep_cols = dense.sum(axis=0) > 0
+        keep_rows = dense.sum(axis=1) > 0
+        ids = np.arange(width, dtype=np.int64) + b_min - 1
+        ids[0] = ZERO_BUCKET
+        return cls(ids[keep_cols], dense[np.ix_(keep_rows, keep_cols)])
+
+    @property
+    def n(self) -> int:
+        """Total number of requests."""
+        return int(self.counts.sum())
+
+    @property
+    def slices(self) -> int:
+        """Number of non-empty time slices (bootstrap blocks)."""
+        return int(self.counts.shape[0])
+
+    def quantile(self, q: float) -> float | None:
+        """Quantile ``q`` in seconds, or ``None`` when empty."""
+        if self.n == 0:
+            return None
+        cum = np.cumsum(self.counts.sum(axis=0))
+        j = int(np.searchsorted(cum, q * cum[-1], side="left"))
+        return float(bucket_value(self.buckets[min(j, cum.size - 1)])[0])
+
+    def exceedances(self, threshold_s: float) -> tuple[IntArray, IntArray]:
+        """Per slice: (requests above ``threshold_s``, requests)."""
+        above = bucket_value(self.buckets) > threshold_s
+        return self.counts[:, above].sum(axis=1), self.counts.sum(axis=1)
+
+    def bootstrap_quantiles(self, q: float, resamples: int, rng: np.random.Generator) -> FloatArray:
+        """Quantile ``q`` of ``resamples`` block-bootstrap resamples (whole slices drawn with replacement)."""
+        k = self.slices
+        weights = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples).astype(np.float64)
+        cum = weights @ np.cumsum(self.counts, axis=1).astype(np.float64)  # (B, J)
+        target = q * cum[:, -1:]
+        j = (cum < target).sum(axis=1)
+        j = np.minimum(j, self.buckets.size - 1)
+        return bucket_value(self.buckets[j])
+
+
+@dataclass(frozen=True)
+class QuantileComparison:
+    """Quantile ``q`` on both sides with 95 % block-bootstrap CIs (``None`` = not estimable)."""
+
+    quantile: float
+    baseline: float | None
+    candidate: float | None
+    diff_ci: tuple[float, float] | None
+    ratio_ci: tuple[float, float] | None
+
+    @property
+    def ratio(self) -> float | None:
+        """candidate / baseline (``None`` when missing or the baseline is 0)."""
+        if self.baseline is None or self.candidate is None or self.baseline <= 0:
+            return None
+        return self.candidate / self.baseline
+
+
+def quantile_ci(
+    hist: SliceHistogram, q: float, *, resamples: int = 400, level: float = 0.95, seed: int = 0
+) -> tuple[float, float] | None:
+    """Block-bootstrap percentile CI of quantile ``q`` of one population, seconds.
+
+    ``None`` when there are fewer requests than :func:`min_samples_for_quantile`
+    or fewer than two slices.
+    """
+    if hist.n < min_samples_for_quantile(q) or hist.slices < 2:
+        return None
+    draws = hist.bootstrap_quantiles(q, resamples, np.random.default_rng(seed))
+    alpha = (1.0 - level) / 2.0
+    return float(np.quantile(draws, alpha)), float(np.quantile(draws, 1.0 - alpha))
+
+
+def compare_quantile(
+    baseline: SliceHistogram,
+    candidate: SliceHistogram,
+    q: float,
+    *,
+    resamples: int = 400,
+    level: float = 0.95,
+    seed: int = 0,
+) -> QuantileComparison:
+    """Quantile ``q`` on both sides and CIs of their difference and ratio.
+
+    The two sides are resampled independently (each by its own slices).
+    """
+    b_est, c_est = baseline.quantile(q), candidate.quantile(q)
+    need = min_samples_for_quantile(q)
+    if b_est is None or c_est is None or baseline.n < need or candidate.n < need:
+        return QuantileComparison(q, b_est, c_est, None, None)
+    if baseline.slices < 2 or candidate.slices < 2:
+        return QuantileComparison(q, b_est, c_est, None, None)
+    rng = np.random.default_rng(seed)
+    b_draws = baseline.bootstrap_quantiles(q, resamples, rng)
+    c_draws = candidate.bootstrap_quantiles(q, resamples, rng)
+    alpha = (1.0 - level) / 2.0
+    diff = c_draws - b_draws
+    diff_ci = (float(np.quantile(diff, alpha)), float(np.quantile(diff, 1.0 - alpha)))
+    ratio_ci: tuple[float, float] | None = None
+    if np.all(b_draws > 0):
+        ratio = c_draws / b_draws
+        ratio_ci = (float(np.quantile(ratio, alpha)), float(np.quantile(ratio, 1.0 - alpha)))
+    return QuantileComparison(q, b_est, c_est, diff_ci, ratio_ci)
+
+
+def mann_whitney(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> float | None:
+    """One-sided Mann-Whitney p-value for "candidate is stochastically larger".
+
+    Normal approximation with tie correction; ``None`` when a side has fewer
+    than :data:`MIN_REQUESTS` values. Treats requests as independent, so the
+    p-value is optimistic under time correlation: use it as supporting
+    evidence next to the block-bootstrap CIs, not alone.
+    """
+    x = np.asarray(baseline, dtype=np.float64)
+    y = np.asarray(candidate, dtype=np.float64)
+    n, m = x.size, y.size
+    if n < MIN_REQUESTS or m < MIN_REQUESTS:
+        return None
+    both = np.concatenate([x, y])
+    order = np.argsort(both, kind="mergesort")
+    sorted_vals = both[order]
+    # average ranks for ties
+    _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
+    avg_rank = first + (counts + 1) / 2.0
+    ranks = np.empty(both.size, dtype=np.float64)
+    ranks[order] = np.repeat(avg_rank, counts)
+    u = ranks[n:].sum() - m * (m + 1) / 2.0
+    mean = n * m / 2.0
+    tie_term = float((counts**3 - counts).sum()) / ((n + m) * (n + m - 1))
+    var = n * m / 12.0 * ((n + m + 1) - tie_term)
+    if var <= 0:
+        return 1.0
+    return normal_sf((u - mean - 0.5) / math.sqrt(var))
+
+
+def hodges_lehmann(
+    baseline: npt.ArrayLike, candidate: npt.ArrayLike, *, max_per_side: int = 1500, seed: int = 0
+) -> float | None:
+    """Hodges-Lehmann shift: median of all pairwise differences candidate - baseline, seconds.
+
+    Each side is subsampled to ``max_per_side`` values (2.25 M pairs) so the
+    cost is bounded; ``None`` when a side is empty.
+    """
+    x = np.asarray(baseline, dtype=np.float64)
+    y = np.asarray(candidate, dtype=np.float64)
+    if x.size == 0 or y.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    if x.size > max_per_side:
+        x = rng.choice(x, max_per_side, replace=False)
+    if y.size > max_per_side:
+        y = rng.choice(y, max_per_side, replace=False)
+    return float(np.median(np.subtract.outer(y, x)))
+
+
+def tail_test(baseline: SliceHistogram, candidate: SliceHistogram, q: float) -> tuple[float, float, float] | None:
+    """Does the candidate exceed the baseline's ``q`` quantile more often than the baseline does?
+
+    Returns ``(baseline_share, candidate_share, one_sided_p)`` where a share is
+    the fraction of requests above the baseline quantile; the variance of each
+    share is cluster-robust over time slices, so correlated bursts are not
+    mistaken for evidence. ``None`` when not estimable. Catches variance-only
+    tail regressions that a location test misses.
+    """
+    threshold = baseline.quantile(q)
+    if threshold is None or baseline.n < min_samples_for_quantile(q) or candidate.n < MIN_REQUESTS:
+        return None
+    shares: list[float] = []
+    variances: list[float] = []
+    for hist in (baseline, candidate):
+        above, total = hist.exceedances(threshold)
+        n = float(total.sum())
+        p = float(above.sum()) / n
+        k = total.size
+        resid = above - p * total
+        var = (k / max(1, k - 1)) * float((resid**2).sum()) / (n * n) if k > 1 else p * (1 - p) / n
+        # never claim more precision than independent sampling would give
+        var = max(var, p * (1 - p) / n, 1.0 / (n * n))
+        shares.append(p)
+        variances.append(var)
+    z = (shares[1] - shares[0]) / math.sqrt(variances[0] + variances[1])
+    return shares[0], shares[1], normal_sf(z)
