@@ -43,6 +43,8 @@ HISTOGRAM_SIGNAL: Final[dict[str, str]] = {
     "e2e": "e2e_seconds",
     "queue": "queue_seconds",
 }
+#: Requests per side the diagnosis samples for mix and slice analysis (bounds its run time).
+FINDINGS_SAMPLE_PER_SIDE: Final[int] = 20_000
 _ERROR = "(status_code = 'error' OR error_type IS NOT NULL)"
 
 
@@ -145,11 +147,10 @@ def _histogram_quantile(comparison: Comparison, need: QuantileNeed, signal: str)
 
 def gather(
     con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanarySpec
-) -> tuple[SideStats, SideStats, list[str], Comparison]:
+) -> tuple[SideStats, SideStats, list[str]]:
     """Resolve ``selection`` and summarise both sides for :func:`sre_agent.canary.judge`.
 
-    Returns ``(baseline, candidate, notes, comparison)``; the comparison is
-    kept for the diagnosis findings.
+    Returns ``(baseline, candidate, notes)``.
     """
     baseline_w, candidate_w, notes = resolve_windows(con, selection)
     comparison = Comparison(con, selection, baseline_w, candidate_w, notes=notes)
@@ -176,24 +177,26 @@ def gather(
                 window=replace(window, requests=c["requests"]).describe(selection),
             )
         )
-    return sides[0], sides[1], comparison.notes, comparison
+    return sides[0], sides[1], comparison.notes
 
 
-def top_findings(comparison: Comparison, limit: int, notes: list[str]) -> list[dict[str, Any]]:
-    """The top diagnosis findings (CONTRACTS section 3 objects) for this comparison.
+def top_findings(
+    con: duckdb.DuckDBPyConnection, selection: Selection, limit: int, notes: list[str]
+) -> list[dict[str, Any]]:
+    """The top diagnosis findings (CONTRACTS section 3 objects) for the same selection.
 
     Diagnosis is an explanation, not part of the verdict: if it fails the
-    verdict still stands, and the failure is logged and noted.
+    verdict still stands, and the failure is logged and noted. The mix and
+    slice sample is kept small so that a controller's 10 s timeout holds.
     """
     try:
-        from sre_agent import diagnose as diagnose_module
+        from sre_agent.diagnose import diagnose
     except ImportError:
         notes.append("diagnosis unavailable in this build; no findings attached")
         return []
     try:
-        report = diagnose_module.diagnose(comparison)  # type: ignore[attr-defined]
-        data = report.to_dict() if hasattr(report, "to_dict") else dict(report)
-        findings = list(data.get("findings", []))[:limit]
+        report = diagnose(con, selection, sample_per_side=FINDINGS_SAMPLE_PER_SIDE)
+        findings = list(report.to_dict().get("findings", []))[:limit]
     except Exception as exc:  # boundary: an explanation must never break the gate
         log.exception("diagnosis for the canary verdict failed")
         notes.append(f"diagnosis failed ({type(exc).__name__}: {exc}); verdict given without findings")

@@ -376,7 +376,7 @@ def _relative(r: RegressionSpec, base: SideStats, cand: SideStats, spec: CanaryS
         ratio = (c_est / b_est) if c_est is not None and b_est else None
         word = {"fail": "more than", "pass": "within", "inconclusive": "not yet distinguishable from"}[status]
         reason = (
-            f"{r.name}: candidate/baseline {_fmt(ratio, 'ratio')} (CI {_fmt(ratio_lo, 'ratio')}–"
+            f"{r.name} regression: candidate/baseline {_fmt(ratio, 'ratio')} (CI {_fmt(ratio_lo, 'ratio')}–"
             f"{_fmt(ratio_hi, 'ratio')}; {_fmt(c_est, 's')} vs {_fmt(b_est, 's')}) is {word} "
             f"the allowed +{r.max_increase * 100:.0f}%"
         )
@@ -465,7 +465,7 @@ def evaluate(con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanaryS
     from sre_agent.errors import SelectionError, StoreError
 
     try:
-        baseline, candidate, notes, comparison = gather(con, selection, spec)
+        baseline, candidate, notes = gather(con, selection, spec)
     except SelectionError as exc:
         # Early in a rollout the canary may have no traffic yet: that is "not yet", not an error.
         empty = SideStats(requests=0, window={"selection": selection.to_dict()})
@@ -476,8 +476,10 @@ def evaluate(con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanaryS
         raise StoreError(f"cannot read the store for the canary verdict: {exc}") from exc
     result = judge(replace(spec, dry_run=False), baseline, candidate)
     findings: tuple[dict[str, Any], ...] = ()
-    if spec.findings > 0 and result.verdict != "pass" and candidate.requests > 0 and baseline.requests > 0:
-        findings = tuple(top_findings(comparison, spec.findings, notes))
+    enough = min(candidate.requests, baseline.requests) >= spec.min_samples
+    # Findings explain a fail or an undecided gate; a pass needs no explanation and polls stay cheap.
+    if spec.findings > 0 and result.verdict != "pass" and enough:
+        findings = tuple(top_findings(con, selection, spec.findings, notes))
     result = replace(result, findings=findings, notes=tuple(notes))
     return apply_dry_run(result) if spec.dry_run else result
 

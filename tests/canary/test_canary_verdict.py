@@ -1,0 +1,253 @@
+"""The verdict: pass/fail/inconclusive/nodata rules, score, dry run, and evaluation on a real store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from canary_synth import NS, T0, Profile, spans_table, version_pair_store, write_store
+
+from sre_agent.canary import SideStats, evaluate, judge, quantile_estimate, render, verdict_from_dict
+from sre_agent.canary_spec import CanarySpec
+from sre_agent.schema import metric_points_arrow_schema
+from sre_agent.selection import Selection
+from sre_agent.store import Store
+
+VERSIONS = Selection(mode="versions", baseline_version="v1", candidate_version="v2")
+
+
+def _side(spec: CanarySpec, values: dict[str, np.ndarray], errors: int = 0, good: int | None = None) -> SideStats:
+    """SideStats for one side from raw per-metric arrays (every need of the spec for that side)."""
+    n = max((len(v) for v in values.values()), default=0)
+    quantiles = {}
+    for need in spec.quantile_needs():
+        if need.side == "candidate" and need.metric in values:
+            quantiles[need.key] = quantile_estimate(np.sort(values[need.metric]), need.quantile, need.alpha)
+    return SideStats(requests=n, errors=errors, good=good, quantiles=quantiles)
+
+
+def _pair(spec: CanarySpec, base: dict[str, np.ndarray], cand: dict[str, np.ndarray], **cand_counts: int) -> tuple:
+    b = SideStats(
+        requests=max(len(v) for v in base.values()),
+        quantiles={
+            n.key: quantile_estimate(np.sort(base[n.metric]), n.quantile, n.alpha)
+            for n in spec.quantile_needs()
+            if n.side == "baseline" and n.metric in base
+        },
+    )
+    return b, _side(spec, cand, **cand_counts)
+
+
+def test_clear_breach_fails_clear_margin_passes_near_threshold_is_inconclusive() -> None:
+    rng = np.random.default_rng(0)
+    ttft = rng.lognormal(np.log(0.5), 0.3, 5000)  # p99 ~ 1.0 s
+    base = {"ttft": ttft}
+    for threshold, expected in (("0.6s", "fail"), ("3s", "pass"), ("1.0s", "inconclusive")):
+        spec = CanarySpec.from_strings([f"ttft_p99={threshold}"])
+        verdict = judge(spec, *_pair(spec, base, {"ttft": ttft}))
+        assert verdict.verdict == expected, verdict.reasons
+        (check,) = verdict.slos
+        assert check.status == expected
+        assert check.ci is not None
+        assert check.ci[0] <= check.candidate <= check.ci[1]
+    assert judge(spec, *_pair(spec, base, {"ttft": ttft})).score == 50
+
+
+def test_fewer_than_min_samples_is_inconclusive_never_pass() -> None:
+    spec = CanarySpec.from_strings(["ttft_p99=100s"], min_samples=50)
+    tiny = {"ttft": np.full(20, 0.1)}
+    verdict = judge(spec, *_pair(spec, {"ttft": np.full(500, 0.1)}, tiny))
+    assert verdict.verdict == "inconclusive"
+    assert any("fewer than the minimum 50" in r for r in verdict.reasons)
+    # even a hopeless candidate is not failed on 20 requests: the minimum is a promise to the user
+    assert (
+        judge(spec, *_pair(spec, {"ttft": np.full(500, 0.1)}, {"ttft": np.full(20, 500.0)})).verdict == "inconclusive"
+    )
+
+
+def test_relative_check_accounts_for_both_sides() -> None:
+    rng = np.random.default_rng(1)
+    base = {"ttft": rng.lognormal(np.log(0.5), 0.3, 20_000)}
+    spec = CanarySpec.from_strings([], ["ttft_p99=15%"])
+    slower = {"ttft": rng.lognormal(np.log(0.5), 0.3, 20_000) * 1.6}
+    same = {"ttft": rng.lognormal(np.log(0.5), 0.3, 20_000)}
+    assert judge(spec, *_pair(spec, base, slower)).verdict == "fail"
+    ok = judge(spec, *_pair(spec, base, same))
+    assert ok.verdict == "pass", ok.reasons
+    (check,) = ok.slos
+    assert check.kind == "relative"
+    assert check.ci is not None
+    assert check.ci[0] < 1.0 < check.ci[1] <= 1.15
+
+
+def test_rates_and_goodput() -> None:
+    spec = CanarySpec.from_strings(["error_rate=1%", "goodput=0.95", "ttft_p50=10s"])
+    ttft = {"ttft": np.full(4000, 0.2)}
+    healthy = judge(spec, *_pair(spec, ttft, ttft, errors=4, good=3990))
+    assert healthy.verdict == "pass", healthy.reasons
+    broken = judge(spec, *_pair(spec, ttft, ttft, errors=200, good=3700))
+    assert broken.verdict == "fail"
+    failing = {c.name for c in broken.slos if c.status == "fail"}
+    assert failing == {"error_rate", "goodput"}
+    assert len([r for r in broken.reasons if r.startswith(("error_rate", "goodput"))]) == 2
+
+
+def test_nodata_rules_and_score() -> None:
+    spec = CanarySpec.from_strings(["ttft_p99=10s", "itl_p99=80ms"])
+    only_ttft = {"ttft": np.full(5000, 0.2)}
+    half_missing = judge(spec, *_pair(spec, only_ttft, only_ttft))
+    assert [c.status for c in half_missing.slos] == ["pass", "nodata"]
+    assert half_missing.verdict == "inconclusive"  # half or more without data: cannot pass (Kayenta's rule)
+    assert half_missing.score == 0
+    spec3 = CanarySpec.from_strings(["ttft_p99=10s", "ttft_p50=5s", "itl_p99=80ms"])
+    mostly = judge(spec3, *_pair(spec3, only_ttft, only_ttft))
+    assert mostly.verdict == "pass"
+    assert mostly.score == 100
+    assert any("itl_p99: no itl data" in r for r in mostly.reasons)
+
+
+def test_dry_run_reports_pass_and_keeps_the_real_verdict() -> None:
+    spec = CanarySpec.from_strings(["ttft_p99=0.01s"], dry_run=True)
+    data = {"ttft": np.full(1000, 1.0)}
+    verdict = judge(spec, *_pair(spec, data, data))
+    assert verdict.verdict == "pass"
+    assert verdict.exit_code == 0
+    doc = verdict.to_dict()
+    assert doc["dry_run"] is True
+    assert doc["real_verdict"] == "fail"
+    assert doc["reasons"][0].startswith("dry run: the real verdict is fail")
+    assert doc["slos"][0]["status"] == "fail"
+
+
+def test_json_contract_round_trip() -> None:
+    spec = CanarySpec.from_strings(["ttft_p99=2s"])
+    data = {"ttft": np.full(30, 0.1)}
+    doc = judge(spec, *_pair(spec, data, data)).to_dict()
+    text = json.dumps(doc, allow_nan=False)  # infinite CI bounds must not leak as Infinity
+    assert doc["schema"] == "sre-agent/canary/v1"
+    assert set(doc) >= {"schema", "verdict", "score", "dry_run", "slos", "reasons", "findings"}
+    assert set(doc["slos"][0]) >= {"name", "threshold", "baseline", "candidate", "ci", "status"}
+    assert doc["slos"][0]["ci"][1] is None  # 30 samples cannot bound p99 from above
+    back = verdict_from_dict(json.loads(text))
+    assert back.to_dict() == doc
+
+
+# ------------------------------------------------------------------ real store
+@pytest.fixture
+def regression_db(tmp_path: Path) -> Path:
+    path = tmp_path / "store.duckdb"
+    version_pair_store(path, n_baseline=4000, n_candidate=4000, candidate=Profile(ttft_scale=2.0), seed=5)
+    return path
+
+
+def test_evaluate_on_a_store_fails_a_regressed_version_and_explains(regression_db: Path) -> None:
+    spec = CanarySpec.from_strings(["ttft_p99=3s", "error_rate=1%", "goodput=0.9"], ["ttft_p99=15%"])
+    with Store.open(regression_db, read_only=True) as store:
+        verdict = evaluate(store.connection, VERSIONS, spec)
+    statuses = {c.name: c.status for c in verdict.slos}
+    assert verdict.verdict == "fail"
+    assert statuses["ttft_p99 regression"] == "fail"
+    assert statuses["error_rate"] == "pass"
+    assert verdict.exit_code == 1
+    assert verdict.baseline["requests"] == 4000
+    assert verdict.candidate["filter"] == {"service.version": "v2"}
+    text = render(verdict)
+    assert "FAIL" in text
+    assert "ttft_p99 regression" in text
+    assert "| ttft_p99 regression | fail |" in render(verdict, "markdown")
+
+
+def test_evaluate_passes_an_unchanged_version_and_reads_exact_order_statistics(tmp_path: Path) -> None:
+    path = tmp_path / "same.duckdb"
+    version_pair_store(path, n_baseline=5000, n_candidate=5000, seed=9)
+    spec = CanarySpec.from_strings(["ttft_p99=5s", "itl_p99=80ms", "error_rate=2%"], ["ttft_p50=15%"])
+    with Store.open(path, read_only=True) as store:
+        verdict = evaluate(store.connection, VERSIONS, spec)
+        ttft = sorted(v for (v,) in store.connection.execute(
+            "SELECT ttft_s FROM spans WHERE service_version = 'v2'").fetchall())  # fmt: skip
+    assert verdict.verdict == "pass", verdict.reasons
+    assert verdict.score == 100
+    expected = quantile_estimate(ttft, 0.99, spec.check_alpha)
+    (ttft_check,) = (c for c in verdict.slos if c.name == "ttft_p99")
+    assert ttft_check.candidate == pytest.approx(expected.estimate)
+    assert ttft_check.ci == pytest.approx((expected.lo, expected.hi))
+
+
+def test_candidate_without_traffic_yet_is_inconclusive_not_an_error(regression_db: Path) -> None:
+    spec = CanarySpec.from_strings(["ttft_p99=3s"])
+    with Store.open(regression_db, read_only=True) as store:
+        verdict = evaluate(
+            store.connection, Selection(mode="versions", baseline_version="v1", candidate_version="v3"), spec
+        )
+    assert verdict.verdict == "inconclusive"
+    assert "v3" in verdict.reasons[0]
+    assert "versions present: v1, v2" in verdict.reasons[0]
+
+
+def test_low_traffic_store_is_inconclusive_with_a_reason(tmp_path: Path) -> None:
+    path = tmp_path / "low.duckdb"
+    version_pair_store(path, n_baseline=2000, n_candidate=30, seed=2)
+    spec = CanarySpec.from_strings(["ttft_p99=30s", "error_rate=5%"])
+    with Store.open(path, read_only=True) as store:
+        verdict = evaluate(store.connection, VERSIONS, spec)
+    assert verdict.verdict == "inconclusive"
+    assert verdict.exit_code == 3
+    assert verdict.reasons[0].startswith("the candidate has 30 requests, fewer than the minimum 50")
+
+
+def _itl_histograms(version: str, counts: list[int], start_ns: int) -> pa.Table:
+    """Two cumulative scrapes of vllm:inter_token_latency_seconds for one version."""
+    bounds = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2]
+    schema = metric_points_arrow_schema()
+    rows = {
+        "name": ["vllm:inter_token_latency_seconds"] * 2,
+        "source_name": ["vllm:inter_token_latency_seconds"] * 2,
+        "kind": ["histogram"] * 2,
+        "time_ns": [start_ns + 10 * NS, start_ns + 500 * NS],
+        "start_time_ns": [start_ns, start_ns],
+        "temporality": ["cumulative"] * 2,
+        "count": [sum(counts) // 10, sum(counts)],
+        "sum": [0.0, 0.0],
+        "bounds": [bounds, bounds],
+        "bucket_counts": [[c // 10 for c in counts], counts],
+        "service_name": ["vllm"] * 2,
+        "service_version": [version] * 2,
+        "series_key": [f"itl-{version}"] * 2,
+    }
+    arrays = [pa.array(rows[f.name], type=f.type) if f.name in rows else pa.nulls(2, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def test_itl_comes_from_the_vllm_histogram_when_present(tmp_path: Path) -> None:
+    path = tmp_path / "itl.duckdb"
+    rng = np.random.default_rng(4)
+    write_store(path, [spans_table(rng, 3000, "v1", Profile()), spans_table(rng, 3000, "v2", Profile())])
+    with Store.open(path) as store:
+        store.append_metric_points(_itl_histograms("v1", [0, 5000, 90000, 4000, 1000, 0, 0, 0], T0))
+        # the candidate's per-token latency regressed into the 100-150 ms bucket
+        store.append_metric_points(_itl_histograms("v2", [0, 1000, 40000, 20000, 20000, 19000, 0, 0], T0))
+    spec = CanarySpec.from_strings(["itl_p99=80ms", "tpot_p99=80ms"])
+    with Store.open(path, read_only=True) as store:
+        verdict = evaluate(store.connection, VERSIONS, spec)
+    itl, tpot = verdict.slos
+    assert itl.status == "fail"
+    assert itl.ci == (0.1, 0.15)  # the CS widened to bucket edges
+    assert "inter_token_latency_seconds" in itl.reason
+    assert itl.n_candidate == 100_000 - 10_000  # counter delta between the two scrapes
+    assert tpot.status == "pass"  # per-request TPOT from spans is unchanged
+    assert verdict.verdict == "fail"
+
+
+def test_store_errors_are_store_errors(tmp_path: Path) -> None:
+    from sre_agent.errors import StoreError
+
+    path = tmp_path / "empty.duckdb"
+    duckdb.connect(str(path)).close()
+    con = duckdb.connect(str(path))
+    with pytest.raises(StoreError):
+        evaluate(con, VERSIONS, CanarySpec.from_strings(["ttft_p99=2s"]))
+    con.close()
