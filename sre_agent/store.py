@@ -1,0 +1,348 @@
+"""The DuckDB store: canonical spans, metric points and deploy markers.
+
+One process owns a store file for writing (normally ``sre-agent serve``);
+other processes either go through its HTTP API (``--url``) or open the file
+read-only while no writer holds it. DuckDB enforces this with a file lock;
+:meth:`Store.open` turns the lock failure into
+:class:`~sre_agent.errors.StoreLockedError` with a message saying what to do.
+
+Writes are Arrow appends, one statement per batch. Ingest is idempotent:
+a span re-sent with the same ``(trace_id, span_id)`` (OTLP delivery is
+at-least-once) and a metric point with the same ``(series_key, time_ns)``
+are never stored twice. Rows are appended sorted by time within each batch
+so that DuckDB's per-row-group min/max (zone maps) prune time ranges.
+
+Nothing is deleted at ingest, whatever the timestamps: retention runs only
+when :meth:`Store.apply_retention` is called.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sre_agent.errors import StoreError, StoreLockedError
+from sre_agent.schema import DEPLOYS_DDL, METRIC_POINTS_DDL, SPANS_DDL
+
+__all__ = ["SCHEMA_VERSION", "Deploy", "Store"]
+
+SCHEMA_VERSION = "1"
+
+_META_DDL = "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)"
+# First and last start time of every (service, version) seen in spans; the
+# source of automatically detected deploys. Small: one row per version.
+_VERSIONS_DDL = """CREATE TABLE IF NOT EXISTS service_versions (
+    service_name VARCHAR NOT NULL,
+    version VARCHAR NOT NULL,
+    first_ns BIGINT NOT NULL,
+    PRIMARY KEY (service_name, version)
+)"""
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """A deploy marker.
+
+    Attributes:
+        time_ns: when the version started serving, Unix epoch nanoseconds.
+        service_name: the ``service.name`` deployed.
+        version: the new ``service.version``.
+        previous_version: the version it replaced (``None`` when unknown).
+        source: ``"mark"`` for explicit marks, ``"auto"`` when detected from spans.
+        note: free text given with an explicit mark, else ``None``.
+    """
+
+    time_ns: int
+    service_name: str
+    version: str
+    previous_version: str | None
+    source: str
+    note: str | None = None
+
+
+def _locked_message(path: str, exc: Exception) -> str:
+    return (
+        f"the store {path} is locked by another process ({exc}). Stop that process, or talk to it "
+        "with --url http://HOST:4318 (e.g. `sre-agent ingest --url ...`), or open the file read-only "
+        "when no writer holds it."
+    )
+
+
+class Store:
+    """A DuckDB store file. Create with :meth:`open`; close with :meth:`close` or ``with``."""
+
+    def __init__(self, connection: duckdb.DuckDBPyConnection, path: str, *, read_only: bool) -> None:
+        self._con = connection
+        self.path = path
+        self.read_only = read_only
+        self._lock = threading.Lock()
+        self._closed = False
+        self._versions: dict[tuple[str, str], int] = {}
+        if not read_only:
+            self._create()
+        self._hash_key = self._load_hash_key()
+        if self._has_table("service_versions"):
+            rows = self._con.execute("SELECT service_name, version, first_ns FROM service_versions").fetchall()
+            self._versions = {(s, v): t for s, v, t in rows}
+
+    # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def open(cls, path: str | Path, *, read_only: bool = False) -> Store:
+        """Open (creating if needed, unless ``read_only``) the store at ``path``.
+
+        ``":memory:"`` opens a private in-memory store (tests, demos).
+
+        Raises:
+            StoreLockedError: another process holds the file.
+            StoreError: read-only open of a missing file, or any other failure.
+        """
+        text = str(path)
+        if text != ":memory:":
+            file = Path(text)
+            if read_only and not file.exists():
+                raise StoreError(f"no store at {text}: nothing has been ingested there yet (read-only open)")
+            if not read_only and file.parent and not file.parent.exists():
+                raise StoreError(f"cannot create the store {text}: directory {file.parent} does not exist")
+        try:
+            connection = duckdb.connect(text, read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise StoreLockedError(_locked_message(text, exc)) from exc
+            raise StoreError(f"cannot open the store {text}: {exc}") from exc
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open the store {text}: {exc}") from exc
+        try:
+            return cls(connection, text, read_only=read_only)
+        except duckdb.Error as exc:
+            connection.close()
+            raise StoreError(f"cannot initialise the store {text}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The store's connection, for read queries on the owning thread."""
+        return self._con
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new connection to the same database, for use on another thread."""
+        return self._con.cursor()
+
+    @property
+    def hash_key(self) -> bytes:
+        """The HMAC key for redacted attribute values, random per store."""
+        return self._hash_key
+
+    # ------------------------------------------------------------ schema
+
+    def _create(self) -> None:
+        con = self._con
+        for ddl in (SPANS_DDL, METRIC_POINTS_DDL, DEPLOYS_DDL, _META_DDL, _VERSIONS_DDL):
+            con.execute(ddl)
+        con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
+        con.execute("INSERT OR IGNORE INTO meta VALUES ('hash_key', ?)", [secrets.token_hex(32)])
+
+    def _has_table(self, name: str) -> bool:
+        row = self._con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
+        ).fetchone()
+        return bool(row and row[0])
+
+    def _load_hash_key(self) -> bytes:
+        if not self._has_table("meta"):
+            return b""
+        row = self._con.execute("SELECT value FROM meta WHERE key = 'hash_key'").fetchone()
+        return bytes.fromhex(row[0]) if row else b""
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"the store {self.path} is open read-only")
+        if self._closed:
+            raise StoreError(f"the store {self.path} is closed")
+
+    # ------------------------------------------------------------ appends
+
+    def append_spans(self, table: pa.Table) -> int:
+        """Append canonical spans; returns how many were new.
+
+        Spans whose ``(trace_id, span_id)`` is already stored, or repeated
+        within the batch, are skipped. Also records automatically detected
+        deploys (a new ``service.version`` for a ``service.name``).
+        """
+        if table.num_rows == 0:
+            return 0
+        batch = table.sort_by("start_ns")
+        with self._lock:
+            self._writable()
+            inserted = self._insert(
+                "spans",
+                batch,
+                ("trace_id", "span_id"),
+                "start_ns",
+                int(batch["start_ns"][0].as_py()),
+                int(batch["start_ns"][-1].as_py()),
+            )
+            self._detect_versions(batch)
+        return inserted
+
+    def append_metric_points(self, table: pa.Table) -> int:
+        """Append canonical metric points; returns how many were new.
+
+        Points whose ``(series_key, time_ns)`` is already stored are skipped.
+        """
+        if table.num_rows == 0:
+            return 0
+        batch = table.sort_by("time_ns")
+        with self._lock:
+            self._writable()
+            return self._insert(
+                "metric_points",
+                batch,
+                ("series_key", "time_ns"),
+                "time_ns",
+                int(batch["time_ns"][0].as_py()),
+                int(batch["time_ns"][-1].as_py()),
+            )
+
+    def _insert(
+        self, table_name: str, batch: pa.Table, key: tuple[str, str], time_column: str, lo: int, hi: int
+    ) -> int:
+        """One INSERT ... SELECT from the Arrow batch, skipping known keys.
+
+        A resent row is identical to the stored one, so its time lies in the
+        batch's [lo, hi] range: the existence check scans only that range,
+        which the zone maps make cheap.
+        """
+        con = self._con
+        con.register("_sre_batch", batch)
+        try:
+            joined = " AND ".join(f"s.{k} = b.{k}" for k in key)
+            partition = ", ".join(key)
+            result = con.execute(
+                f"""INSERT INTO {table_name}
+                SELECT * EXCLUDE (_rn) FROM (
+                    SELECT *, row_number() OVER (PARTITION BY {partition}) AS _rn FROM _sre_batch
+                ) b
+                WHERE _rn = 1 AND NOT EXISTS (
+                    SELECT 1 FROM {table_name} s WHERE s.{time_column} BETWEEN ? AND ? AND {joined}
+                )
+                ORDER BY {time_column}""",
+                [lo, hi],
+            ).fetchone()
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot append to {table_name} in {self.path}: {exc}") from exc
+        finally:
+            con.unregister("_sre_batch")
+        return int(result[0]) if result else 0
+
+    # ------------------------------------------------------------ deploys
+
+    def _detect_versions(self, batch: pa.Table) -> None:
+        versions = batch.select(["service_name", "service_version", "start_ns"]).filter(
+            pc.and_(pc.is_valid(batch["service_name"]), pc.is_valid(batch["service_version"]))
+        )
+        if versions.num_rows == 0:
+            return
+        grouped = versions.group_by(["service_name", "service_version"]).aggregate([("start_ns", "min")])
+        changed: set[str] = set()
+        for service, version, first in zip(
+            grouped["service_name"].to_pylist(),
+            grouped["service_version"].to_pylist(),
+            grouped["start_ns_min"].to_pylist(),
+            strict=True,
+        ):
+            known = self._versions.get((service, version))
+            if known is None or first < known:
+                self._versions[(service, version)] = first
+                self._con.execute("INSERT OR REPLACE INTO service_versions VALUES (?, ?, ?)", [service, version, first])
+                changed.add(service)
+        for service in changed:
+            self._rebuild_auto_deploys(service)
+
+    def _rebuild_auto_deploys(self, service: str) -> None:
+        """Auto deploys of a service follow its versions ordered by first appearance."""
+        ordered = sorted((first, version) for (s, version), first in self._versions.items() if s == service)
+        self._con.execute("DELETE FROM deploys WHERE service_name = ? AND source = 'auto'", [service])
+        rows = [
+            (first, service, version, ordered[i - 1][1], "auto", None)
+            for i, (first, version) in enumerate(ordered)
+            if i > 0
+        ]
+        if rows:
+            self._con.executemany("INSERT OR IGNORE INTO deploys VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    def mark_deploy(self, service: str, version: str, time_ns: int, note: str | None = None) -> Deploy:
+        """Record an explicit deploy marker; the previous version is taken from the spans seen."""
+        with self._lock:
+            self._writable()
+            before = sorted(
+                (first, v)
+                for (s, v), first in self._versions.items()
+                if s == service and v != version and first <= time_ns
+            )
+            deploy = Deploy(time_ns, service, version, before[-1][1] if before else None, "mark", note)
+            self._con.execute(
+                "INSERT OR REPLACE INTO deploys VALUES (?, ?, ?, ?, ?, ?)",
+                [time_ns, service, version, deploy.previous_version, "mark", note],
+            )
+        return deploy
+
+    def deploys(self, service: str | None = None) -> list[Deploy]:
+        """Deploy markers (explicit and automatic), oldest first; ``service=None`` means all."""
+        query = "SELECT time_ns, service_name, version, previous_version, source, note FROM deploys"
+        params: list[Any] = []
+        if service is not None:
+            query += " WHERE service_name = ?"
+            params.append(service)
+        rows = self.cursor().execute(query + " ORDER BY time_ns, service_name, source", params).fetchall()
+        return [Deploy(*row) for row in rows]
+
+    # ------------------------------------------------------------ retention
+
+    def apply_retention(self, max_age_s: float, *, now_ns: int | None = None) -> int:
+        """Delete spans and metric points older than ``max_age_s`` seconds; returns rows deleted.
+
+        Args:
+            max_age_s: age limit in seconds, measured back from ``now_ns``.
+            now_ns: the current time, Unix epoch ns (``None`` = the wall clock).
+        """
+        cutoff = (time.time_ns() if now_ns is None else now_ns) - int(max_age_s * 1e9)
+        deleted = 0
+        with self._lock:
+            self._writable()
+            for table_name, column in (("spans", "start_ns"), ("metric_points", "time_ns")):
+                row = self._con.execute(f"DELETE FROM {table_name} WHERE {column} < ?", [cutoff]).fetchone()
+                deleted += int(row[0]) if row else 0
+        return deleted
+
+    def counts(self) -> dict[str, int]:
+        """Row counts of the spans, metric_points and deploys tables."""
+        con = self.cursor()
+        result: dict[str, int] = {}
+        for name in ("spans", "metric_points", "deploys"):
+            row = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+            result[name] = int(row[0]) if row else 0
+        return result
