@@ -20,10 +20,13 @@ _LAZY: dict[str, str] = {
     "Comparison": "sre_agent.compare",
     "Config": "sre_agent.config",
     "ConfigError": "sre_agent.errors",
+    "Deploy": "sre_agent.store",
     "Evidence": "sre_agent.rules_api",
+    "FileResult": "sre_agent.files",
     "Finding": "sre_agent.rules_api",
     "IngestError": "sre_agent.errors",
     "InsufficientDataError": "sre_agent.errors",
+    "Normaliser": "sre_agent.normalise",
     "OverloadedError": "sre_agent.errors",
     "PayloadTooLargeError": "sre_agent.errors",
     "PolicyError": "sre_agent.errors",
@@ -33,11 +36,15 @@ _LAZY: dict[str, str] = {
     "Selection": "sre_agent.selection",
     "SelectionError": "sre_agent.errors",
     "SreAgentError": "sre_agent.errors",
+    "Store": "sre_agent.store",
     "StoreError": "sre_agent.errors",
     "StoreLockedError": "sre_agent.errors",
+    "StoreMetricExporter": "sre_agent.exporter",
+    "StoreSpanExporter": "sre_agent.exporter",
     "UsageError": "sre_agent.errors",
     "Window": "sre_agent.selection",
     "diagnose": "sre_agent.diagnose",
+    "ingest_files": "sre_agent.files",
     "load_config": "sre_agent.config",
 }
 
@@ -63,9 +70,13 @@ if TYPE_CHECKING:
         StoreLockedError,
         UsageError,
     )
+    from sre_agent.exporter import StoreMetricExporter, StoreSpanExporter
+    from sre_agent.files import FileResult, ingest_files
+    from sre_agent.normalise import Normaliser
     from sre_agent.report import Report
     from sre_agent.rules_api import CAUSES, Evidence, Finding
     from sre_agent.selection import Selection, Window
+    from sre_agent.store import Deploy, Store
 
 
 def __getattr__(name: str) -> Any:

@@ -58,6 +58,7 @@ from sre_agent.schema import ENGINE_SPAN_NAMES, metric_points_arrow_schema, span
 __all__ = [
     "DecodedMetrics",
     "DecodedSpans",
+    "decode_json_document",
     "decode_metrics",
     "decode_traces",
     "metrics_from_proto",
@@ -472,6 +473,30 @@ def parse_json_document(document: Any, message_class: type[Message], fix_ids: An
     except (json_format.ParseError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
         raise BadPayloadError(f"invalid OTLP JSON: {exc}") from exc
     return message
+
+
+def decode_json_document(document: Any, normaliser: Normaliser) -> DecodedSpans | DecodedMetrics:
+    """Decode an already parsed OTLP/JSON document, dispatching on its top-level key.
+
+    ``{"resourceSpans": [...]}`` gives spans, ``{"resourceMetrics": [...]}``
+    metric points (snake_case keys accepted too), as the collector's file
+    exporter writes them.
+
+    Raises:
+        BadPayloadError: not an object, another signal (e.g. logs), or invalid OTLP.
+    """
+    if isinstance(document, dict):
+        if "resourceSpans" in document or "resource_spans" in document:
+            request = parse_json_document(document, trace_service_pb2.ExportTraceServiceRequest, _fix_trace_ids)
+            return spans_from_proto(request, normaliser)
+        if "resourceMetrics" in document or "resource_metrics" in document:
+            request = parse_json_document(document, metrics_service_pb2.ExportMetricsServiceRequest, _fix_metric_ids)
+            return metrics_from_proto(request, normaliser)
+        if "resourceLogs" in document or "resource_logs" in document:
+            raise BadPayloadError("OTLP logs are not ingested (only traces and metrics)")
+        keys = ", ".join(sorted(str(k) for k in document)[:5]) or "none"
+        raise BadPayloadError(f"not an OTLP traces or metrics document (top-level keys: {keys})")
+    raise BadPayloadError(f"OTLP JSON must be an object, not {type(document).__name__}")
 
 
 def _hex_id_to_base64(value: Any) -> Any:
