@@ -273,6 +273,7 @@ class Comparison:
         self._hist_cache: dict[tuple[str, str], stats.SliceHistogram] = {}
         self._dimensions: list[str] = []
         self._dimension_maps: dict[str, tuple[str, ...]] = {}
+        self._trace_cache: pl.DataFrame | None = None
 
     @classmethod
     def open(
@@ -480,7 +481,7 @@ class Comparison:
         ``parent_span_id``, token counts, the cleaned latencies of
         :data:`LATENCIES` plus ``inference_s``, ``finish_reason``,
         ``attempt``, ``error_type``, ``status_code``, ``service_name``,
-        ``service_version``, and one string column per dimension (see
+        ``service_version``, ``service_instance``, ``host_name``, and one string column per dimension (see
         :attr:`dimensions`). The sample keeps the same leading share of every
         time slice, so it is independent of latency and spread over the window.
         """
@@ -490,15 +491,28 @@ class Comparison:
         dim_sql = "".join(f", {self._dimension_expr(d)} AS {_ident(d)}" for d in keys)
         base_cols = (
             "side, slice, start_ns, trace_id, span_id, parent_span_id, service_name, service_version, "
+            "service_instance, host_name, "
             "input_tokens, output_tokens, cached_tokens, queue_s, ttft_s, prefill_s, decode_s, inference_s, "
             "e2e_s, tpot_s, finish_reason, attempt, error_type, status_code"
         )
         table = self.con.sql(f"SELECT * FROM {self.engine_sql(base_cols + dim_sql, sampled=True)}").to_arrow_table()
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
+        if self.has_other_spans and frame.height:
+            # Gateways put tenant, route and model on the root span, not on the engine span:
+            # lift the root span's low-cardinality attributes onto each request.
+            roots = self._trace_frame(frame)
+            root_dims = [c for c in roots.columns if c.startswith("root:")]
+            frame = frame.join(roots.select("trace_id", *root_dims).unique("trace_id"), on="trace_id", how="left")
+            for col in root_dims:
+                key = col.removeprefix("root:")
+                if key in frame.columns:
+                    frame = frame.with_columns(pl.coalesce(key, col).alias(key)).drop(col)
+                else:
+                    frame = frame.rename({col: key})
+                    keys.append(key)
         # Cardinality was judged on a small head sample; re-check it on the whole sample.
-        self._dimensions = [d for d in keys if 2 <= frame[d].n_unique() - frame[d].null_count() > 0 and
-                            frame[d].n_unique() <= MAX_DIMENSION_VALUES + 1]  # fmt: skip
+        self._dimensions = sorted(d for d in keys if 2 <= frame[d].drop_nulls().n_unique() <= MAX_DIMENSION_VALUES)
         return frame.drop([d for d in keys if d not in self._dimensions])
 
     def _dimension_expr(self, key: str) -> str:
@@ -569,56 +583,95 @@ class Comparison:
         )
         return bool(row and row[0])
 
+    def _trace_frame(self, requests: pl.DataFrame) -> pl.DataFrame:
+        """Per trace of the sampled requests: root/dependency/engine time and the root span's dimensions."""
+        import polars as pl
+
+        if self._trace_cache is not None:
+            return self._trace_cache
+        reg, temp = f"sre_req_{self._tag}", f"sre_roots_{self._tag}"
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        # Other services' spans may start a little earlier or later (queues, clock skew): widen the
+        # time bound by an hour so zone maps still prune the scan.
+        lo, hi = min(b.start_ns, c.start_ns) - 3600 * _NS, max(b.end_ns, c.end_ns) + 3600 * _NS
+        self.con.register(reg, requests.select("trace_id").unique().to_arrow())
+        try:
+            self.con.execute(
+                f"""
+                CREATE OR REPLACE TEMP TABLE {temp} AS
+                WITH t AS (
+                  SELECT trace_id, span_id, parent_span_id, coalesce(is_engine, false) AS engine,
+                    CASE WHEN duration_s >= 0 AND isfinite(duration_s) THEN duration_s END AS dur,
+                    attributes, resource_attributes
+                  FROM spans s WHERE start_ns >= {lo} AND start_ns < {hi}
+                    AND trace_id IN (SELECT trace_id FROM {reg})
+                ),
+                engine_parents AS (SELECT DISTINCT trace_id, parent_span_id AS span_id FROM t WHERE engine)
+                SELECT t.trace_id,
+                  max(CASE WHEN t.parent_span_id IS NULL AND NOT t.engine THEN t.dur END) AS trace_s,
+                  coalesce(sum(CASE WHEN NOT t.engine AND t.parent_span_id IS NOT NULL AND ep.span_id IS NULL
+                               THEN t.dur END), 0) AS dependency_s,
+                  count(*) FILTER (WHERE t.engine) AS attempts,
+                  coalesce(sum(CASE WHEN t.engine THEN t.dur END), 0) AS engine_s,
+                  any_value(t.attributes) FILTER (WHERE t.parent_span_id IS NULL AND NOT t.engine) AS root_attributes,
+                  any_value(t.resource_attributes) FILTER (WHERE t.parent_span_id IS NULL AND NOT t.engine)
+                    AS root_resource
+                FROM t LEFT JOIN engine_parents ep ON t.trace_id = ep.trace_id AND t.span_id = ep.span_id
+                GROUP BY t.trace_id
+                """
+            )
+            rows = self.con.sql(
+                f"""
+                SELECT key, count(DISTINCT value) FROM (
+                  SELECT unnest(map_entries(root_attributes), recursive := true) FROM {temp}
+                  UNION ALL SELECT unnest(map_entries(root_resource), recursive := true) FROM {temp})
+                GROUP BY key
+                """
+            ).fetchall()
+            keys = sorted(
+                str(k)
+                for k, n in rows
+                if 2 <= int(n) <= MAX_DIMENSION_VALUES and not str(k).startswith(_NOT_DIMENSION_PREFIXES)
+            )
+            dims = "".join(
+                f", coalesce(root_attributes[{_q(k)}], root_resource[{_q(k)}]) AS {_ident('root:' + k)}" for k in keys
+            )
+            table = self.con.sql(
+                f"SELECT trace_id, trace_s, dependency_s, attempts, engine_s, "
+                f"CASE WHEN trace_s IS NOT NULL THEN greatest(0, trace_s - engine_s - dependency_s) END AS gateway_s"
+                f"{dims} FROM {temp}"
+            ).to_arrow_table()
+        finally:
+            self.con.unregister(reg)
+            self.con.execute(f"DROP TABLE IF EXISTS {temp}")
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        self._trace_cache = frame
+        return frame
+
     @cached_property
     def traces(self) -> pl.DataFrame:
         """Per sampled engine request: its trace's root, gateway and dependency time.
 
         Columns: ``trace_id``, ``span_id``, ``side``, ``trace_s`` (root span
-        duration, or None when the engine span is the root), ``gateway_s``
-        (root minus engine calls minus dependencies, >= 0), ``dependency_s``
-        (summed durations of non-engine spans that do not wrap an engine
-        call), ``attempts`` (engine spans in the trace). Durations come from
-        each span's own clock, so clock skew between services does not bias
-        them. Empty when there are no non-engine spans.
+        duration; None when the engine span is the root), ``gateway_s`` (root
+        minus engine calls minus dependencies, >= 0), ``dependency_s`` (summed
+        durations of non-engine spans that do not wrap an engine call),
+        ``attempts`` (engine spans in the trace). Durations come from each
+        span's own clock, so clock skew between services does not bias them.
+        Empty when the windows hold no non-engine spans.
         """
         import polars as pl
 
-        if not self.has_other_spans or self.requests.height == 0:
-            return pl.DataFrame(
-                schema={"trace_id": pl.String, "span_id": pl.String, "side": pl.String, "trace_s": pl.Float64,
-                        "gateway_s": pl.Float64, "dependency_s": pl.Float64, "attempts": pl.Int64}
-            )  # fmt: skip
-        reg = f"sre_req_{self._tag}"
-        self.con.register(reg, self.requests.select("trace_id", "span_id", "side", "e2e_s").to_arrow())
-        try:
-            table = self.con.execute(
-                f"""
-                WITH t AS (SELECT s.* FROM spans s SEMI JOIN {reg} r ON s.trace_id = r.trace_id),
-                engine_parents AS (SELECT DISTINCT trace_id, parent_span_id AS span_id FROM t WHERE is_engine),
-                per_trace AS (
-                  SELECT t.trace_id,
-                    max(CASE WHEN t.parent_span_id IS NULL AND NOT coalesce(t.is_engine, false)
-                             AND t.duration_s >= 0 THEN t.duration_s END) AS trace_s,
-                    sum(CASE WHEN NOT coalesce(t.is_engine, false) AND t.parent_span_id IS NOT NULL
-                             AND ep.span_id IS NULL AND t.duration_s >= 0 THEN t.duration_s ELSE 0 END)
-                      AS dependency_s,
-                    count(*) FILTER (WHERE t.is_engine) AS attempts,
-                    sum(CASE WHEN t.is_engine AND t.duration_s >= 0 THEN t.duration_s ELSE 0 END) AS engine_s
-                  FROM t LEFT JOIN engine_parents ep ON t.trace_id = ep.trace_id AND t.span_id = ep.span_id
-                  GROUP BY t.trace_id
-                )
-                SELECT r.trace_id, r.span_id, r.side, p.trace_s,
-                  CASE WHEN p.trace_s IS NOT NULL THEN greatest(0, p.trace_s - p.engine_s - p.dependency_s) END
-                    AS gateway_s,
-                  p.dependency_s, p.attempts
-                FROM {reg} r JOIN per_trace p USING (trace_id)
-                """
-            ).to_arrow_table()
-        finally:
-            self.con.unregister(reg)
-        frame = pl.from_arrow(table)
-        assert isinstance(frame, pl.DataFrame)
-        return frame
+        schema = {"trace_id": pl.String, "span_id": pl.String, "side": pl.String, "trace_s": pl.Float64,
+                  "gateway_s": pl.Float64, "dependency_s": pl.Float64, "attempts": pl.Int64}  # fmt: skip
+        requests = self.requests
+        if not self.has_other_spans or requests.height == 0:
+            return pl.DataFrame(schema=schema)
+        per_trace = self._trace_frame(requests).select(
+            "trace_id", "trace_s", "gateway_s", "dependency_s", pl.col("attempts").cast(pl.Int64)
+        )
+        return requests.select("trace_id", "span_id", "side").join(per_trace, on="trace_id", how="inner")
 
     @cached_property
     def spans(self) -> pl.DataFrame:

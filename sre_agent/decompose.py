@@ -62,15 +62,20 @@ class StageDecomposition:
         return self.candidate.get(stage, 0.0) - self.baseline.get(stage, 0.0)
 
 
-def stage_decomposition(comparison: Comparison, regression: Regression) -> StageDecomposition:
-    """Decompose the tail of ``regression.metric`` into stages (see module docstring)."""
+def stage_decomposition(
+    comparison: Comparison, regression: Regression, where: pl.Expr | None = None
+) -> StageDecomposition:
+    """Decompose the tail of ``regression.metric`` into stages (see module docstring).
+
+    ``where`` restricts both sides to a slice of the requests (e.g. one host).
+    """
     import polars as pl
 
     metric = regression.metric if regression.metric in LATENCIES else "e2e"
     stages = STAGES_OF.get(regression.metric, STAGES_OF["e2e"])
     col = LATENCIES[metric]
     q = regression.quantile if regression.quantile >= 0.5 else 0.9
-    frame = comparison.requests
+    frame = comparison.requests if where is None else comparison.requests.filter(where)
     traces = comparison.traces
     with_trace = metric == "e2e" and traces.height > 0
     if with_trace:

@@ -14,6 +14,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -21,6 +22,7 @@ from sre_agent import stats
 from sre_agent.compare import LATENCIES, SIDES, Comparison
 from sre_agent.decompose import stage_decomposition
 from sre_agent.errors import StoreError
+from sre_agent.localise import Localisation, localise
 from sre_agent.report import Report
 from sre_agent.rules_api import CONTEXT_NAMES, Finding, MetricEstimate, Regression, Rule, RuleSkipped
 from sre_agent.rules_registry import LoadFailure, load_rules
@@ -136,48 +138,61 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
     )
 
 
-def _context(
-    comparison: Comparison, regression: Regression, estimates: list[MetricEstimate]
-) -> dict[str, Callable[[], Any]]:
-    """Context name -> zero-argument factory (evaluated only when a rule asks for the name)."""
-    return {
-        "comparison": lambda: comparison,
-        "regression": lambda: regression,
-        "estimates": lambda: estimates,
-        "requests": comparison.lazy,
-        "baseline": lambda: comparison.lazy("baseline"),
-        "candidate": lambda: comparison.lazy("candidate"),
-        "dimensions": lambda: list(comparison.dimensions),
-        "metrics": lambda: comparison.metrics,
-        "spans": lambda: comparison.spans,
-        "traces": lambda: comparison.traces.lazy(),  # noqa: PLW0108 - traces is computed on first use
-        "windows": lambda: comparison.windows,
-        "arrival_rate": lambda: comparison.arrival_rate,
-        "stages": lambda: stage_decomposition(comparison, regression),
-    }
+class RuleContext:
+    """Context values by name, each built on first request and then shared by every rule."""
+
+    def __init__(self, factories: dict[str, Callable[[], Any]]) -> None:
+        self._factories = factories
+        self._values: dict[str, Any] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._factories
+
+    def get(self, name: str) -> Any:
+        """The value for ``name`` (KeyError when unknown)."""
+        if name not in self._values:
+            self._values[name] = self._factories[name]()
+        return self._values[name]
+
+
+def _context(comparison: Comparison, regression: Regression, estimates: list[MetricEstimate]) -> RuleContext:
+    """The context of CONTEXT_NAMES, evaluated only when a rule asks for a name."""
+    return RuleContext(
+        {
+            "comparison": lambda: comparison,
+            "regression": lambda: regression,
+            "estimates": lambda: estimates,
+            "requests": comparison.lazy,
+            "baseline": lambda: comparison.lazy("baseline"),
+            "candidate": lambda: comparison.lazy("candidate"),
+            "dimensions": lambda: list(comparison.dimensions),
+            "metrics": lambda: comparison.metrics,
+            "spans": lambda: comparison.spans,
+            "traces": lambda: comparison.traces.lazy(),  # noqa: PLW0108 - traces is computed on first use
+            "windows": lambda: comparison.windows,
+            "arrival_rate": lambda: comparison.arrival_rate,
+            "stages": lambda: stage_decomposition(comparison, regression),
+            "localisation": lambda: localise(comparison, regression),
+        }
+    )
 
 
 def run_rules(
-    rules: Iterable[tuple[str, Rule]], context: dict[str, Callable[[], Any]]
+    rules: Iterable[tuple[str, Rule]], context: RuleContext
 ) -> tuple[list[Finding], list[LoadFailure], list[str], dict[str, float]]:
     """Call each rule with the context it names; collect findings, failures, skip notes and timings (s)."""
     findings: list[Finding] = []
     failures: list[LoadFailure] = []
     notes: list[str] = []
     timings: dict[str, float] = {}
-    cache: dict[str, Any] = {}
     for name, rule in rules:
         started = time.perf_counter()
         try:
             params = inspect.signature(rule).parameters
-            unknown = [p for p in params if p not in CONTEXT_NAMES]
+            unknown = [p for p in params if p not in CONTEXT_NAMES or p not in context]
             if unknown:
                 raise TypeError(f"asks for unknown context {', '.join(unknown)}; known: {', '.join(CONTEXT_NAMES)}")
-            kwargs = {}
-            for p in params:
-                if p not in cache:
-                    cache[p] = context[p]()
-                kwargs[p] = cache[p]
+            kwargs = {p: context.get(p) for p in params}
             result = rule(**kwargs)
             produced = [result] if isinstance(result, Finding) else list(result or [])
             for f in produced:
@@ -195,7 +210,13 @@ def run_rules(
     return findings, failures, notes, timings
 
 
-def _rank(findings: list[Finding], regression: Regression, order: dict[str, int]) -> list[Finding]:
+def _rank(
+    findings: list[Finding], regression: Regression, order: dict[str, int], localisation: Localisation | None
+) -> list[Finding]:
+    if localisation is not None and localisation.scope and regression.significant:
+        # The regression lives in one slice, so every explanation without a scope of its own
+        # is about that slice.
+        findings = [f if f.scope else replace(f, scope=dict(localisation.scope)) for f in findings]
     ranked = sorted(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
     if not regression.significant:
         # Nothing regressed: say so first; whatever moved is listed after, for context.
@@ -279,9 +300,13 @@ def diagnose(
         estimates = estimate_metrics(comparison)
         regression = headline(comparison, estimates)
         loaded, failures = load_rules(rules)
-        findings, run_failures, skip_notes, timings = run_rules(loaded, _context(comparison, regression, estimates))
+        context = _context(comparison, regression, estimates)
+        findings, run_failures, skip_notes, timings = run_rules(loaded, context)
         order = {name: i for i, (name, _) in enumerate(loaded)}
-        ranked = _rank(findings, regression, order)
+        localisation = None
+        if regression.significant and all(comparison.request_counts[s] for s in SIDES):
+            localisation = context.get("localisation")
+        ranked = _rank(findings, regression, order, localisation)
         notes = [*comparison.notes, *skip_notes]
         if comparison.sampled:
             notes.append(

@@ -104,6 +104,7 @@ CONTEXT_NAMES: Final[dict[str, str]] = {
     "windows": "dict side -> (start_ns, end_ns, seconds, requests)",
     "arrival_rate": "SidePair: engine requests per second in each window (full data, not sampled)",
     "stages": "sre_agent.decompose.StageDecomposition: tail excess per stage and each stage's share",
+    "localisation": "sre_agent.localise.Localisation: slices scored by their share of the excess slow requests",
 }
 
 

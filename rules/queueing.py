@@ -1,0 +1,197 @@
+"""Queueing and its drivers: offered load versus capacity.
+
+Mechanism (Little's law, per replica): requests in the engine L = (lambda / R) x W.
+Queueing grows when the offered load per replica lambda / R grows relative
+to what the replicas can serve. Its change splits into
+
+* arrival rate lambda (``load``): more requests per second at the same work each;
+* replicas R or slots (``capacity``): fewer replicas, or a lower cap on
+  running requests (``max_num_seqs``) while requests wait;
+* work per request (traffic mix: more tokens each), left to ``traffic_mix``.
+
+The part of the regression at stake is the queue's share of the tail excess,
+plus the prefill/decode share when the running batch grew with the load
+(continuous batching absorbs load into larger, slower batches before it
+queues). Engine slowdowns at the same load are other rules' business, so they
+do not enter the split.
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from sre_agent.decompose import StageDecomposition
+from sre_agent.metric_view import MetricView
+from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
+
+#: Relative change below which a driver is treated as unchanged (10 %).
+MIN_CHANGE = 0.10
+#: Running-request concurrency growth that means batches grew with the load.
+BATCH_GROWTH = 1.10
+
+
+def _log_up(ratio: float | None) -> float:
+    """log(ratio) when the ratio rose, else 0."""
+    return math.log(ratio) if ratio is not None and ratio > 1 else 0.0
+
+
+def _replicas(requests: pl.LazyFrame, metrics: MetricView) -> SidePair:
+    """Replicas serving on each side: distinct engine instances in the spans, else metric series."""
+    frame = (
+        requests.group_by("side")
+        .agg(pl.coalesce("service_instance", "host_name").drop_nulls().n_unique().alias("r"))
+        .collect()
+    )
+    got = {row["side"]: float(row["r"]) for row in frame.to_dicts()}
+    if got.get("baseline") and got.get("candidate"):
+        return SidePair(got["baseline"], got["candidate"])
+    return metrics.series_count("running_requests")
+
+
+def _concurrency(
+    requests: pl.LazyFrame, windows: dict[str, tuple[int, int, float, int]], metrics: MetricView
+) -> SidePair:
+    """Mean running requests per replica: the running gauge, else Little's law over the spans."""
+    gauge = metrics.gauge("running_requests")
+    if gauge.baseline is not None and gauge.candidate is not None:
+        return gauge
+    sums = (
+        requests.group_by("side")
+        .agg(pl.col("inference_s").fill_null(pl.col("e2e_s")).sum().alias("busy"), pl.len().alias("n"))
+        .collect()
+    )
+    out: dict[str, float] = {}
+    for row in sums.to_dicts():
+        _, _, seconds, total = windows[row["side"]]
+        if row["n"] and seconds > 0:
+            # The sample holds n of the side's `total` requests; scale its busy time back up.
+            out[row["side"]] = float(row["busy"]) * (total / row["n"]) / seconds
+    return SidePair(out.get("baseline"), out.get("candidate"))
+
+
+def queueing(
+    *,
+    regression: Regression,
+    stages: StageDecomposition,
+    arrival_rate: SidePair,
+    requests: pl.LazyFrame,
+    metrics: MetricView,
+    windows: dict[str, tuple[int, int, float, int]],
+) -> list[Finding]:
+    """``load`` and/or ``capacity`` findings when queueing (or load-grown batches) carries the regression."""
+    if not regression.significant or not stages.shares:
+        return []
+    replicas = _replicas(requests, metrics)
+    concurrency = _concurrency(requests, windows, metrics)
+    waiting = metrics.gauge("waiting_requests")
+    running_max = metrics.gauge("running_requests", "max")
+    work = (
+        requests.group_by("side")
+        .agg((pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0)).mean().alias("w"))
+        .collect()
+    )
+    work_by_side = {r["side"]: r["w"] for r in work.to_dicts()}
+    work_ratio = SidePair(work_by_side.get("baseline"), work_by_side.get("candidate")).ratio
+
+    queue_share = stages.shares.get("queue", 0.0)
+    engine_share = stages.shares.get("prefill", 0.0) + stages.shares.get("decode", 0.0)
+    batches_grew = (concurrency.ratio or 0.0) >= BATCH_GROWTH
+    at_stake = queue_share + (engine_share if batches_grew else 0.0)
+    if at_stake <= 0.05:
+        return []
+
+    load_term = _log_up(arrival_rate.ratio) if (arrival_rate.ratio or 0) >= 1 + MIN_CHANGE else 0.0
+    replica_term = _log_up(1 / replicas.ratio) if replicas.ratio and replicas.ratio <= 1 - MIN_CHANGE else 0.0
+    slot_term = 0.0
+    if (
+        running_max.ratio is not None
+        and running_max.ratio <= 1 - MIN_CHANGE
+        and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
+    ):
+        slot_term = _log_up(1 / running_max.ratio)  # a lower cap on running requests while requests wait
+    work_term = _log_up(work_ratio) if (work_ratio or 0) >= 1 + MIN_CHANGE else 0.0
+    total = load_term + replica_term + slot_term + work_term
+    if total <= 0:
+        return []
+
+    evidence = [
+        Evidence(
+            "arrival_rate_rps", _r(arrival_rate.baseline), _r(arrival_rate.candidate), "engine requests per second"
+        ),
+        Evidence("replicas", replicas.baseline, replicas.candidate, "distinct engine instances serving"),
+        Evidence(
+            "running_per_replica",
+            _r(concurrency.baseline),
+            _r(concurrency.candidate),
+            "running gauge, else Little's law over span durations",
+        ),
+        Evidence(
+            "tail_mean_queue_s",
+            _r(stages.baseline.get("queue")),
+            _r(stages.candidate.get("queue")),
+            f"{queue_share:.0%} of the tail excess is queueing",
+        ),
+    ]
+    if waiting.baseline is not None:
+        evidence.append(Evidence("waiting_requests", _r(waiting.baseline), _r(waiting.candidate), "mean waiting gauge"))
+    if work_ratio is not None:
+        evidence.append(
+            Evidence(
+                "tokens_per_request",
+                _r(work_by_side.get("baseline")),
+                _r(work_by_side.get("candidate")),
+                "input + output tokens (work per request)",
+            )
+        )
+    stage = "queue" if queue_share >= engine_share or not batches_grew else None
+    findings: list[Finding] = []
+    if load_term > 0:
+        rise = (arrival_rate.ratio or 1.0) - 1.0
+        findings.append(
+            Finding(
+                cause="load",
+                title=f"Offered load rose {rise:.0%} "
+                f"({_r(arrival_rate.baseline)} -> {_r(arrival_rate.candidate)} req/s) and "
+                + ("queueing and batch size grew with it" if batches_grew else "queueing grew with it"),
+                explained=at_stake * load_term / total,
+                confidence=0.95 * min(1.0, rise / 0.25),
+                stage=stage,
+                evidence=tuple(evidence),
+                next_check="replay the candidate's version at the baseline's arrival rate; if latency returns, "
+                "scale out or rate-limit the tenant whose traffic grew",
+            )
+        )
+    if replica_term + slot_term > 0:
+        what = (
+            f"replicas {replicas.baseline:.0f} -> {replicas.candidate:.0f}"
+            if replica_term > 0 and replicas.baseline is not None and replicas.candidate is not None
+            else f"max running requests {running_max.baseline:.0f} -> {running_max.candidate:.0f} while requests wait"
+        )
+        if slot_term > 0:
+            evidence.append(
+                Evidence(
+                    "max_running_requests",
+                    running_max.baseline,
+                    running_max.candidate,
+                    "peak of the running gauge: the effective max_num_seqs",
+                )
+            )
+        findings.append(
+            Finding(
+                cause="capacity",
+                title=f"Capacity fell for the same offered load: {what}",
+                explained=at_stake * (replica_term + slot_term) / total,
+                confidence=0.9,
+                stage=stage,
+                evidence=tuple(evidence),
+                next_check="compare replica count and the engine's max_num_seqs / max_num_batched_tokens before and "
+                "after the deploy; restore the baseline's and replay",
+            )
+        )
+    return findings
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 4)

@@ -1,0 +1,108 @@
+"""Slice localisation as a finding: one host, model, tenant or route holds the regression.
+
+Mechanism: a fault confined to one replica (a bad GPU, a noisy neighbour, a
+misconfigured pod) or one kind of request makes that slice's requests slow
+while the rest stay as they were; the candidate's excess slow requests then
+concentrate in the slice far beyond its share of traffic
+(:mod:`sre_agent.localise`). Why the slice is slow is read from the same
+stage decomposition restricted to the slice; a slice that did not get slower
+itself but grew its share of traffic is a mix change instead.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from sre_agent.compare import Comparison
+from sre_agent.decompose import stage_decomposition
+from sre_agent.localise import Localisation
+from sre_agent.rules_api import Evidence, Finding, Regression
+
+#: A slice-level stage explanation is localisation plus a stage, not a mechanism: damp it.
+SLICE_CONFIDENCE = 0.6
+
+_STAGE_CAUSE = {
+    "prefill": ("prefill_slowdown", "compare prefill time per uncached prompt token on this slice with the others"),
+    "decode": (
+        "decode_slowdown",
+        "compare decode step time on this slice with the others at equal batch size "
+        "(GPU clocks, CUDA graphs, kernels, noisy neighbours)",
+    ),
+    "dependency": ("dependency", "list the non-engine spans of this slice's slowest traces"),
+    "gateway": ("dependency", "compare gateway time for this slice (auth, routing, network path)"),
+}
+
+
+def slices(regression: Regression, localisation: Localisation, comparison: Comparison) -> Finding | None:
+    """The slice that holds the regression, with the mechanism its own stages point at."""
+    if not regression.significant or not localisation.scope or localisation.best is None:
+        return None
+    best = localisation.best
+    scope = dict(localisation.scope)
+    label = ", ".join(f"{k}={v}" for k, v in scope.items())
+    evidence = [
+        Evidence(
+            "traffic_share",
+            round(best.traffic_baseline, 4),
+            round(best.traffic_candidate, 4),
+            f"share of requests with {best.dimension}={best.value}",
+        ),
+        Evidence(
+            "slow_rate",
+            round(best.slow_rate_baseline, 4),
+            round(best.slow_rate_candidate, 4),
+            f"share of the slice's requests above the baseline's {regression.metric} "
+            f"p{round(regression.quantile * 100)} ({localisation.threshold_s:.4g} s)",
+        ),
+        Evidence("excess_slow_share", None, round(best.excess_share, 4), "the slice's part of the extra slow requests"),
+    ]
+    strength = min(1.0, best.z / 6.0)
+    grew = best.traffic_baseline > 0 and best.traffic_candidate / best.traffic_baseline >= 1.3
+    own_rate_rose = best.slow_rate_candidate > 1.5 * max(best.slow_rate_baseline, 1e-9)
+    if grew and not own_rate_rose:
+        return Finding(
+            cause="traffic_mix",
+            title=f"More traffic from a slow slice: {label} grew from {best.traffic_baseline:.0%} to "
+            f"{best.traffic_candidate:.0%} of requests and holds {best.excess_share:.0%} of the extra slow requests",
+            explained=best.excess_share,
+            confidence=SLICE_CONFIDENCE * strength,
+            scope=scope,
+            evidence=tuple(evidence),
+            next_check=f"compare {best.dimension}={best.value}'s request lengths and rate before and after; "
+            "replay the baseline with the candidate's mix",
+        )
+    expr = pl.lit(True)
+    for key, value in scope.items():
+        expr = expr & (pl.col(key) == value)
+    decomposition = stage_decomposition(comparison, regression, expr)
+    stage = decomposition.dominant
+    if stage is None:
+        return None
+    share = decomposition.shares[stage]
+    evidence.extend(
+        Evidence(
+            f"slice_tail_mean_{s}_s",
+            round(decomposition.baseline.get(s, 0.0), 6),
+            round(decomposition.candidate.get(s, 0.0), 6),
+            f"{decomposition.shares.get(s, 0.0):.0%} of the slice's tail excess",
+        )
+        for s in decomposition.baseline
+    )
+    if stage == "queue":
+        cause = "load" if grew else "capacity"
+        check = (
+            f"compare arrival rate and running requests on {label} with the other replicas; check its scheduler limits"
+        )
+    else:
+        cause, check = _STAGE_CAUSE[stage]
+    return Finding(
+        cause=cause,
+        title=f"The regression is confined to {label}: {best.excess_share:.0%} of the extra slow requests on "
+        f"{best.traffic_candidate:.0%} of the traffic, mostly {stage} time",
+        explained=best.excess_share * share,
+        confidence=SLICE_CONFIDENCE * strength,
+        stage=stage,
+        scope=scope,
+        evidence=tuple(evidence),
+        next_check=check,
+    )

@@ -1,0 +1,152 @@
+"""Slice localisation: which attribute value holds the candidate's extra slow requests?
+
+BubbleUp-style, made additive so that it answers "how much of the
+regression": a request is *slow* when the headline metric exceeds the
+baseline's quantile T. Without a regression a share ``1 - q`` of requests is
+slow in each slice; the candidate's *excess slow* requests in a slice are
+``slow_c(v) - n_c(v) * rate_b(v)``, where ``rate_b(v)`` is that slice's own
+baseline slow rate (the overall rate when the slice is new or tiny). A slice
+that holds most of the excess while carrying a small share of the traffic is
+where the regression lives. Aliased attributes (``host.name`` and
+``service.instance.id`` naming the same replica) are reported together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from sre_agent.compare import LATENCIES
+
+if TYPE_CHECKING:
+    from sre_agent.compare import Comparison
+    from sre_agent.rules_api import Regression
+
+__all__ = ["Localisation", "SliceScore", "localise"]
+
+#: A slice is "the" scope when it holds at least this share of the excess slow requests...
+MIN_EXCESS_SHARE: Final[float] = 0.6
+#: ...while carrying at most this share of the candidate's traffic.
+MAX_TRAFFIC_SHARE: Final[float] = 0.5
+#: Baseline requests a slice needs before its own slow rate is trusted.
+MIN_SLICE_BASELINE: Final[int] = 50
+
+
+@dataclass(frozen=True)
+class SliceScore:
+    """One attribute value.
+
+    Attributes:
+        dimension / value: the attribute as received and its value.
+        traffic_baseline / traffic_candidate: share of each side's requests in the slice.
+        slow_rate_baseline / slow_rate_candidate: share of the slice's requests above T.
+        excess_share: the slice's part of the candidate's excess slow requests (0..1).
+        z: standardised difference of the slice's slow rate, candidate vs its expectation.
+    """
+
+    dimension: str
+    value: str
+    traffic_baseline: float
+    traffic_candidate: float
+    slow_rate_baseline: float
+    slow_rate_candidate: float
+    excess_share: float
+    z: float
+
+
+@dataclass(frozen=True)
+class Localisation:
+    """Scores of every slice, best first, and the scope they point at (empty = everywhere)."""
+
+    metric: str
+    threshold_s: float | None
+    slices: tuple[SliceScore, ...] = ()
+    scope: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def best(self) -> SliceScore | None:
+        """The highest-scoring slice, or ``None``."""
+        return self.slices[0] if self.slices else None
+
+
+def localise(comparison: Comparison, regression: Regression, dimensions: list[str] | None = None) -> Localisation:
+    """Score every value of every low-cardinality dimension (see module docstring)."""
+    import polars as pl
+
+    metric = regression.metric if regression.metric in LATENCIES else "e2e"
+    col = LATENCIES[metric]
+    frame = comparison.requests.filter(pl.col(col).is_not_null())
+    dims = [d for d in (dimensions if dimensions is not None else comparison.dimensions) if d in frame.columns]
+    base = frame.filter(pl.col("side") == "baseline")
+    cand = frame.filter(pl.col("side") == "candidate")
+    if base.height < MIN_SLICE_BASELINE or cand.height < MIN_SLICE_BASELINE or not dims:
+        return Localisation(metric, None)
+    q = regression.quantile if regression.quantile >= 0.5 else 0.9
+    threshold = base[col].quantile(q, interpolation="linear")
+    if threshold is None:
+        return Localisation(metric, None)
+    frame = frame.with_columns((pl.col(col) > threshold).alias("_slow"))
+    slow_mean = frame.filter(pl.col("side") == "baseline")["_slow"].mean()
+    overall_rate = float(slow_mean) if isinstance(slow_mean, int | float) else 0.0
+    n_b, n_c = base.height, cand.height
+    scores: list[SliceScore] = []
+    for dim in dims:
+        stats = (
+            frame.group_by(pl.col(dim).fill_null("(missing)").alias("value"))
+            .agg(
+                (pl.col("side") == "baseline").sum().alias("nb"),
+                (pl.col("side") == "candidate").sum().alias("nc"),
+                ((pl.col("side") == "baseline") & pl.col("_slow")).sum().alias("sb"),
+                ((pl.col("side") == "candidate") & pl.col("_slow")).sum().alias("sc"),
+            )
+            .to_dicts()
+        )
+        if sum(1 for r in stats if r["nc"] > 0) < 2:
+            continue  # one value on the candidate side: nothing to localise on
+        excess: dict[str, float] = {}
+        rows = {}
+        for r in stats:
+            nb, nc, sb, sc = int(r["nb"]), int(r["nc"]), int(r["sb"]), int(r["sc"])
+            rate_b = sb / nb if nb >= MIN_SLICE_BASELINE else overall_rate
+            excess[str(r["value"])] = sc - nc * rate_b
+            rows[str(r["value"])] = (nb, nc, sb, sc, rate_b)
+        total = sum(max(0.0, e) for e in excess.values())
+        if total <= 0:
+            continue
+        for value, (nb, nc, sb, sc, rate_b) in rows.items():
+            if nc == 0:
+                continue
+            expected_var = max(nc * rate_b * (1 - rate_b), 1.0)
+            scores.append(
+                SliceScore(
+                    dimension=dim,
+                    value=value,
+                    traffic_baseline=nb / n_b,
+                    traffic_candidate=nc / n_c,
+                    slow_rate_baseline=sb / nb if nb else math.nan,
+                    slow_rate_candidate=sc / nc,
+                    excess_share=max(0.0, excess[value]) / total,
+                    z=(sc - nc * rate_b) / math.sqrt(expected_var),
+                )
+            )
+    # Concentration beats size: prefer the slice whose excess share most exceeds its traffic share.
+    scores.sort(key=lambda s: (s.excess_share - s.traffic_candidate, s.excess_share), reverse=True)
+    scope: dict[str, str] = {}
+    best = scores[0] if scores else None
+    if (
+        best is not None
+        and best.excess_share >= MIN_EXCESS_SHARE
+        and best.traffic_candidate <= MAX_TRAFFIC_SHARE
+        and best.z >= 3.0
+    ):
+        scope[best.dimension] = best.value
+        # Attributes that select the same requests (host and instance of one replica) name the same slice.
+        for other in scores[1:]:
+            if (
+                other.dimension not in scope
+                and abs(other.excess_share - best.excess_share) < 0.02
+                and abs(other.traffic_candidate - best.traffic_candidate) < 0.01
+            ):
+                scope[other.dimension] = other.value
+    return Localisation(metric, float(threshold), tuple(scores), scope)
