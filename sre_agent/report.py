@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from sre_agent.rules_api import Finding, MetricEstimate, Regression
+from sre_agent.rules_api import Evidence, Finding, MetricEstimate, Regression
 from sre_agent.selection import Selection
 
-__all__ = ["SCHEMA", "Report"]
+__all__ = ["SCHEMA", "Report", "render_dict"]
 
 SCHEMA: Final[str] = "sre-agent/diagnosis/v1"
 #: Quantiles listed in the report's ``metrics`` array (CONTRACTS: 0.5 and 0.99).
@@ -61,7 +61,7 @@ class Report:
         timings: seconds spent, total and per rule.
     """
 
-    selection: Selection
+    selection: Selection | None
     baseline: dict[str, Any]
     candidate: dict[str, Any]
     regression: Regression
@@ -70,6 +70,38 @@ class Report:
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        """Rebuild a report from its :meth:`to_dict` JSON (e.g. an HTTP API answer) for rendering."""
+        r = data.get("regression") or {}
+        regression = Regression(
+            str(r.get("metric", "e2e")), float(r.get("quantile", 0.99)), r.get("baseline"), r.get("candidate"),
+            tuple(r["ci"]) if r.get("ci") else None, bool(r.get("significant")),
+        )  # fmt: skip
+        estimates = [
+            MetricEstimate(str(m["name"]), float(m["quantile"]), m.get("baseline"), m.get("candidate"),
+                           tuple(m["ci"]) if m.get("ci") else None)
+            for m in data.get("metrics", [])
+        ]  # fmt: skip
+        findings = []
+        for f in data.get("findings", []):
+            confidence = float(f.get("confidence") or 0.0)
+            findings.append(
+                Finding(
+                    cause=str(f["cause"]), title=str(f.get("title", "")),
+                    explained=float(f.get("score") or 0.0) / confidence if confidence else 0.0,
+                    confidence=confidence, stage=f.get("stage"), scope=dict(f.get("scope") or {}),
+                    evidence=tuple(Evidence(str(e.get("signal")), e.get("baseline"), e.get("candidate"),
+                                            str(e.get("detail") or "")) for e in f.get("evidence", [])),
+                    next_check=str(f.get("next_check") or ""),
+                )
+            )  # fmt: skip
+        return cls(
+            selection=None, baseline=dict(data.get("baseline") or {}), candidate=dict(data.get("candidate") or {}),
+            regression=regression, estimates=estimates, findings=findings,
+            notes=list(data.get("notes") or []), errors=list(data.get("errors") or []),
+        )  # fmt: skip
 
     @property
     def top(self) -> Finding | None:
@@ -209,3 +241,8 @@ class Report:
         if self.errors:
             lines += ["", "### Rule errors", "", *(f"- {e}" for e in self.errors)]
         return "\n".join(lines) + "\n"
+
+
+def render_dict(data: dict[str, Any], fmt: Literal["text", "json", "markdown"] = "text") -> str:
+    """Render a report received as JSON (the ``--url`` path of the CLI)."""
+    return Report.from_dict(data).render(fmt)
