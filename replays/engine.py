@@ -293,8 +293,7 @@ class Replica:
     # ------------------------------------------------------------------ the step
     def run(self, horizon_s: float) -> None:
         """Execute one step (or a run of identical decode steps ending at the first boundary >= horizon_s)."""
-        if self._steady:
-            self._decode_run(horizon_s)
+        if self._steady and self._decode_run(horizon_s, first_reserved=False):
             return
         config = self.config
         pool = self.pool
@@ -355,7 +354,7 @@ class Replica:
             else:
                 prefill_tokens += n
         if prefill_tokens == 0 and not preempted and len(sched) == len(running):
-            self._decode_run(horizon_s)
+            self._decode_run(horizon_s, first_reserved=True)
         else:
             cost = self.profile.cost
             step_s = cost.step_s(prefill_tokens, decode_seqs, decode_ctx, config.prefill_factor, config.decode_factor)
@@ -391,14 +390,16 @@ class Replica:
         for seq in done:
             self._finish(seq, end)
 
-    def _decode_run(self, horizon_s: float) -> None:
+    def _decode_run(self, horizon_s: float, first_reserved: bool) -> bool:
         """Commit ``j`` decode-only steps at once; step k lasts ``first + ramp * (k - 1)``.
 
         Called when every running request is decoding and nothing can be
         admitted; the run stops at the first finish, before any possible block
         shortage, and at the first step boundary at or after ``horizon_s``.
-        Blocks already reserved for the first step are counted, so the call is
-        valid whether or not the scheduler has reserved them.
+        ``first_reserved``: the scheduler has already reserved the first
+        step's blocks. Without that, a run is only taken when every request's
+        growth is sure to fit; otherwise returns False and does nothing (the
+        full scheduler then decides who is preempted).
         """
         running = self.running
         config = self.config
@@ -414,7 +415,12 @@ class Replica:
                 left = remaining
         first = cost.step_s(0, n, context, config.prefill_factor, config.decode_factor)
         ramp = config.decode_factor * cost.context_token_s * n
-        kv_room = max(1, (self.pool.available() // n) * bs)
+        kv_room = (self.pool.available() // n) * bs
+        if kv_room == 0:
+            if not first_reserved:
+                self._steady = False
+                return False
+            kv_room = 1
         limit = max(1, min(left, kv_room))
         gap = horizon_s - self.clock
         if gap <= first:
@@ -451,6 +457,7 @@ class Replica:
         self._steady = not done
         for seq in done:
             self._finish(seq, end)
+        return True
 
     def _finish(self, seq: Seq, now_s: float) -> None:
         self.running.remove(seq)

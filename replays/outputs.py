@@ -36,6 +36,7 @@ __all__ = [
     "JsonLinesOutput",
     "MemoryOutput",
     "OtlpEndpointOutput",
+    "StoreOutput",
     "TelemetryOutput",
     "metrics_to_otlp_json",
     "spans_to_otlp_json",
@@ -314,3 +315,65 @@ class OtlpEndpointOutput:
             self._closed = True
             self.spans.shutdown()
             self.metrics.shutdown()
+
+
+class StoreOutput:
+    """Straight into a DuckDB store, through the same decoding path as ``sre-agent ingest``.
+
+    The SDK objects go through the SDK's OTLP protobuf encoder and the
+    ingest decoder (``sre_agent.otlp``), so what lands in the store is exactly
+    what a receiver would have stored. ``rejected`` counts items the decoder
+    refused (a replay should produce none).
+    """
+
+    def __init__(self, store: Any) -> None:
+        from sre_agent.normalise import Normaliser
+
+        self.store = store
+        self.normaliser = Normaliser(hash_key=store.hash_key)
+        self.rejected = 0
+        self.spans_written = 0
+        self.points_written = 0
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | Path) -> StoreOutput:
+        """Open (or create) the store file at ``path``; :meth:`shutdown` closes it."""
+        from sre_agent.store import Store
+
+        out = cls(Store.open(path))
+        out._owns = True
+        return out
+
+    _owns = False
+
+    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        """Encode, decode and append a batch of spans."""
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        from sre_agent.otlp import spans_from_proto
+
+        if not spans:
+            return
+        decoded = spans_from_proto(encode_spans(spans), self.normaliser)
+        self.rejected += decoded.rejected
+        self.spans_written += self.store.append_spans(decoded.table)
+
+    def export_metrics(self, data: MetricsData) -> None:
+        """Encode, decode and append one scrape."""
+        from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+        from sre_agent.otlp import metrics_from_proto
+
+        if not data.resource_metrics:
+            return
+        decoded = metrics_from_proto(encode_metrics(data), self.normaliser)
+        self.rejected += decoded.rejected
+        self.points_written += self.store.append_metric_points(decoded.table)
+
+    def shutdown(self) -> None:
+        """Close the store if this output opened it."""
+        if not self._closed:
+            self._closed = True
+            if self._owns:
+                self.store.close()

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from sre_agent.errors import ScenarioError
 from sre_agent.replays.costmodel import PROFILES
 from sre_agent.replays.engine import Replica
 from sre_agent.replays.gateway import Fault, GatewayConfig, LatencyDist, RequestRecord, Simulation, TelemetrySink
+from sre_agent.replays.outputs import TelemetryOutput
 from sre_agent.replays.scenario import Change, Scenario
+from sre_agent.replays.stats import Histogram as EngineHistogram
+from sre_agent.replays.telemetry import TelemetryEmitter
 from sre_agent.replays.workload import (
     MixShift,
     RateChange,
@@ -28,7 +31,7 @@ from sre_agent.replays.workload import (
     synthetic_rows,
 )
 
-__all__ = ["ReplayResult", "build_workload_for", "epoch_ns", "quantile", "run_scenario"]
+__all__ = ["ReplayResult", "build_workload_for", "epoch_ns", "quantile", "replay", "run_scenario"]
 
 _ENGINE_METRICS = ("engine_e2e", "ttft", "tpot", "queue", "prefill", "decode")
 
@@ -91,6 +94,7 @@ def build_workload_for(scenario: Scenario) -> list[WorkloadRequest]:
         seed=scenario.seed,
         start_s=spec.start_s,
         rate_scale=spec.rate_scale,
+        loop_s=spec.loop_s,
         rate_changes=rate_changes,
         mix_shifts=mix_shifts,
         template_breaks_at_s=template_at,
@@ -170,6 +174,8 @@ class ReplayResult:
     replicas: list[Replica]
     wall_s: float
     sim_s: float
+    started: float = 0.0
+    itl_at_deploy: dict[str, EngineHistogram] = field(default_factory=dict)
 
     def windows(self) -> tuple[tuple[float, float], tuple[float, float]]:
         """Baseline and candidate windows of equal length around the deploy, seconds."""
@@ -233,10 +239,33 @@ class ReplayResult:
         stage, _, q = metric.rpartition("_")
         return quantile(self._values(records, stage), 0.5 if q == "p50" else 0.99)
 
+    def _itl(self, scope: dict[str, str]) -> tuple[float, float]:
+        """ITL p99 from the replicas' ``vllm:inter_token_latency_seconds`` before and after the deploy."""
+        before: EngineHistogram | None = None
+        after: EngineHistogram | None = None
+        for r in self.replicas:
+            if "host.name" in scope and r.name != scope["host.name"]:
+                continue
+            snap = self.itl_at_deploy[r.name]
+            final = r.stats.itl
+            if before is None or after is None:
+                before, after = EngineHistogram(final.bounds), EngineHistogram(final.bounds)
+            for i, (b, f) in enumerate(zip(snap.counts, final.counts, strict=True)):
+                before.counts[i] += b
+                after.counts[i] += f - b
+            before.count += snap.count
+            after.count += final.count - snap.count
+        if before is None or after is None:
+            return float("nan"), float("nan")
+        return before.quantile(0.99), after.quantile(0.99)
+
     def compare(self, metric: str, scope: dict[str, str] | None = None) -> tuple[float, float, float]:
         """``(baseline, candidate, change)``: change is a ratio, or a difference for ``error_rate``."""
         (b_lo, b_hi), (c_lo, c_hi) = self.windows()
         scope = scope or {}
+        if metric == "itl_p99":
+            base, cand = self._itl(scope)
+            return base, cand, cand / base if base > 0 else float("nan")
         base = self.value(metric, self._select(b_lo, b_hi, scope))
         cand = self.value(metric, self._select(c_lo, c_hi, scope))
         if metric == "error_rate":
@@ -261,6 +290,12 @@ def run_scenario(scenario: Scenario, sink: TelemetrySink | None = None) -> Repla
         retry=scenario.retry,
     )
     events, faults = _runtime_changes(scenario)
+    itl_at_deploy: dict[str, EngineHistogram] = {}
+
+    def snapshot(sim: Simulation) -> None:
+        itl_at_deploy.update((r.name, r.stats.itl.copy()) for r in sim.replicas)
+
+    events.insert(0, (scenario.deploy.at_s, snapshot))
     sim = Simulation(
         workload,
         replicas,
@@ -272,4 +307,35 @@ def run_scenario(scenario: Scenario, sink: TelemetrySink | None = None) -> Repla
         faults=faults,
     )
     records = sim.run()
-    return ReplayResult(scenario, records, replicas, time.perf_counter() - started, scenario.workload.duration_s)
+    return ReplayResult(
+        scenario, records, replicas, time.perf_counter() - started, scenario.workload.duration_s, started, itl_at_deploy
+    )
+
+
+def replay(
+    scenario: Scenario,
+    output: TelemetryOutput | None = None,
+    *,
+    speed: float | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> ReplayResult:
+    """Replay ``scenario`` with its telemetry sent to ``output``.
+
+    Args:
+        output: where spans and metrics go (``None``: nowhere, measurement only).
+        speed: pace the export at ``speed`` x real time, timestamps starting now
+            (a live feed for a running server); ``None`` = as fast as possible,
+            timestamps from the scenario's ``start_time``.
+        progress: called with the simulated time (s) at every metric scrape.
+    """
+    if output is None:
+        return run_scenario(scenario)
+    epoch = time.time_ns() if speed else epoch_ns(scenario)
+    emitter = TelemetryEmitter(output, epoch, scenario.seed, scenario.attribute_set, speed=speed)
+    emitter.progress = progress
+    try:
+        result = run_scenario(scenario, emitter)
+    finally:
+        emitter.close()
+    result.wall_s = time.perf_counter() - result.started
+    return result

@@ -60,7 +60,7 @@ CHANGE_KINDS = frozenset({"rate", "mix", "dependency", "remove_replica", "fault"
 # Metrics a scenario may claim; "<stage>_p50|p99" are ratios, "error_rate" is an absolute delta.
 REGRESSION_METRICS = frozenset(
     {f"{m}_{q}" for m in ("e2e", "engine_e2e", "ttft", "tpot", "queue", "prefill", "decode", "dependency") for q in ("p50", "p99")}
-    | {"error_rate", "attempts_per_request", "preemptions_per_request", "prefix_hit_ratio"}
+    | {"error_rate", "attempts_per_request", "preemptions_per_request", "prefix_hit_ratio", "itl_p99"}
 )
 
 DEFAULT_ROUTES: dict[str, Route] = {
@@ -87,6 +87,7 @@ class WorkloadSpec:
     start_s: float = 0.0
     duration_s: float = 1200.0
     rate_scale: float = 1.0
+    loop_s: float | None = None
     # for trace = "synthetic"
     rate_per_s: float = 5.0
     input_mean: int = 1000
@@ -160,7 +161,11 @@ class Scenario:
         """The same scenario over ``factor`` of its duration (deploy and change times scale too)."""
         return replace(
             self,
-            workload=replace(self.workload, duration_s=self.workload.duration_s * factor),
+            workload=replace(
+                self.workload,
+                duration_s=self.workload.duration_s * factor,
+                loop_s=self.workload.loop_s * factor if self.workload.loop_s else None,
+            ),
             deploy=replace(self.deploy, at_s=self.deploy.at_s * factor),
             changes=tuple(replace(c, at_s=c.at_s * factor) for c in self.changes),
         )
@@ -311,6 +316,7 @@ def load_scenario(path: str | Path) -> Scenario:
         start_s=wl.take("start_s", float, 0.0),
         duration_s=wl.take("duration_s", float, 1200.0),
         rate_scale=wl.take("rate_scale", float, 1.0),
+        loop_s=wl.take("loop_s", float, None),
         rate_per_s=wl.take("rate_per_s", float, 5.0),
         input_mean=wl.take("input_mean", int, 1000),
         output_mean=wl.take("output_mean", int, 200),

@@ -259,25 +259,31 @@ def _mu(mean: float, sigma: float) -> float:
 
 
 def _warped_rows(
-    rows: Sequence[TraceRow], duration_s: float, start_s: float, rate_scale: float, changes: Sequence[RateChange]
+    rows: Sequence[TraceRow],
+    duration_s: float,
+    start_s: float,
+    rate_scale: float,
+    changes: Sequence[RateChange],
+    loop_s: float | None = None,
 ) -> Iterator[tuple[float, TraceRow]]:
     """Yield ``(sim_time_s, row)`` with inter-arrival gaps divided by the rate multiplier in force.
 
-    The trace is entered at ``start_s`` and looped when exhausted, so a
-    replay can outlast the trace or compress it.
+    The trace is entered at ``start_s`` and looped when exhausted (or every
+    ``loop_s`` seconds of trace time, so that the traffic before and after a
+    deploy can be the very same slice of real traffic).
     """
     ordered = sorted(changes, key=lambda c: c.at_s)
-    span = rows[-1].arrival_s
-    mean_gap = span / max(1, len(rows) - 1)
+    end = start_s + loop_s if loop_s else float("inf")
+    window = [r for r in rows if start_s <= r.arrival_s < end]
+    if not window:
+        raise ScenarioError(f"no trace rows between {start_s} s and {end} s")
+    period = loop_s if loop_s else (window[-1].arrival_s - window[0].arrival_s) * len(window) / max(1, len(window) - 1)
     idx = 0
-    while idx < len(rows) and rows[idx].arrival_s < start_s:
-        idx += 1
-    idx %= len(rows)
-    prev_tau = rows[idx].arrival_s
+    prev_tau = window[0].arrival_s
     loop_offset = 0.0
     t = 0.0
     while True:
-        row = rows[idx]
+        row = window[idx]
         tau = row.arrival_s + loop_offset
         multiplier = rate_scale
         for change in ordered:
@@ -289,9 +295,9 @@ def _warped_rows(
         yield t, row
         prev_tau = tau
         idx += 1
-        if idx == len(rows):
+        if idx == len(window):
             idx = 0
-            loop_offset += span + mean_gap
+            loop_offset += period
 
 
 # --------------------------------------------------------------------------- prefixes
@@ -394,12 +400,14 @@ def build_workload(
     seed: int,
     start_s: float = 0.0,
     rate_scale: float = 1.0,
+    loop_s: float | None = None,
     rate_changes: Sequence[RateChange] = (),
     mix_shifts: Sequence[MixShift] = (),
     template_breaks_at_s: float | None = None,
 ) -> list[WorkloadRequest]:
     """Turn trace rows into gateway requests for ``duration_s`` seconds of replay.
 
+    ``loop_s``: replay only ``loop_s`` seconds of the trace from ``start_s``, over and over.
     ``template_breaks_at_s``: from then on the prompt template puts a
     per-request value (a timestamp, a request id) at the top of the prompt,
     so the first chunk of every chain becomes unique and no prefix is shared.
@@ -412,7 +420,7 @@ def build_workload(
     base_weights = {t.name: t.weight for t in tenants}
     shifts = sorted(mix_shifts, key=lambda m: m.at_s)
     out: list[WorkloadRequest] = []
-    for rid, (t, row) in enumerate(_warped_rows(rows, duration_s, start_s, rate_scale, rate_changes)):
+    for rid, (t, row) in enumerate(_warped_rows(rows, duration_s, start_s, rate_scale, rate_changes, loop_s)):
         weights = dict(base_weights)
         for shift in shifts:
             if shift.at_s <= t:
