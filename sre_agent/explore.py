@@ -44,6 +44,8 @@ __all__ = [
     "from_json_dict",
     "overview",
     "resolve_scope",
+    "selection_from_query",
+    "selection_to_query",
     "slices",
     "stage_breakdown",
     "timeline",
@@ -215,6 +217,37 @@ def _hhmm(ns: int) -> str:
     return format_time(ns)[11:16]
 
 
+def selection_to_query(selection: Selection) -> list[tuple[str, str]]:
+    """Query-string pairs for a selection (``where`` repeats as ``where=KEY=VALUE``)."""
+    pairs: list[tuple[str, str]] = []
+    for key, value in selection.to_dict().items():
+        if key == "where":
+            pairs += [("where", f"{k}={v}") for k, v in value.items()]
+        else:
+            pairs.append((key, str(value)))
+    return pairs
+
+
+def selection_from_query(pairs: Iterable[tuple[str, str]]) -> Selection:
+    """Inverse of :func:`selection_to_query`; unrelated keys are left to the caller.
+
+    Raises :class:`~sre_agent.errors.UsageError` on a malformed selection.
+    """
+    known = {"mode", "deploy_at", "window_s", "window", "baseline_version", "candidate_version"}
+    known |= {"baseline", "candidate", "service"}
+    data: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for key, value in pairs:
+        if key == "where":
+            name, _, wanted = value.partition("=")
+            where[name] = wanted
+        elif key in known:
+            data[key] = value
+    if where:
+        data["where"] = where
+    return Selection.from_dict(data)
+
+
 # ----------------------------------------------------------------- SQL helpers
 
 
@@ -237,20 +270,49 @@ def _side_condition(side: Side, params: dict[str, Any]) -> str:
     return cond
 
 
-def _scoped(scope: Scope, params: dict[str, Any]) -> tuple[str, str]:
-    """``(side_expr, where_sql)``: a CASE naming each row's side, and the WHERE clause for both."""
-    b = _side_condition(scope.baseline, params)
-    c = _side_condition(scope.candidate, params)
-    # Candidate wins where windows overlap (version comparisons over the same span of time).
-    side_expr = f"CASE WHEN {c} THEN 'candidate' WHEN {b} THEN 'baseline' END"
-    clauses = ["is_engine", f"(({b}) OR ({c}))"]
+def _filters(scope: Scope, params: dict[str, Any]) -> list[str]:
+    clauses = ["is_engine"]
     if scope.service is not None:
         params["service"] = scope.service
         clauses.append("service_name = $service")
     for i, (key, value) in enumerate(scope.where):
         params[f"w{i}"] = value
         clauses.append(f"{_attr_expr(key)} = $w{i}")
-    return side_expr, " AND ".join(clauses)
+    return clauses
+
+
+def _side_where(scope: Scope, side: Side, params: dict[str, Any]) -> str:
+    """The WHERE clause of one side: its window (zone maps prune the rest), version and filters."""
+    return " AND ".join([*_filters(scope, params), _side_condition(side, params)])
+
+
+def _per_side(scope: Scope, params: dict[str, Any], select: str, tail: str = "") -> str:
+    """``select`` run once per side (``UNION ALL``), each row led by the side's name.
+
+    Separate scans per side let DuckDB prune by time and keep quantiles ungrouped,
+    which is several times faster than one scan grouped by a CASE on the side.
+    """
+    parts = []
+    for side in (scope.baseline, scope.candidate):
+        where = _side_where(scope, side, params)
+        parts.append(f"SELECT '{side.name}' AS side, {select} FROM spans WHERE {where} {tail}")
+    return " UNION ALL ".join(f"({p})" for p in parts)
+
+
+def _scoped(scope: Scope, params: dict[str, Any]) -> tuple[str, str]:
+    """``(side_expr, where_sql)``: a CASE naming each row's side, and the WHERE clause for both."""
+    b = _side_condition(scope.baseline, params)
+    c = _side_condition(scope.candidate, params)
+    # Candidate wins where windows overlap (version comparisons over the same span of time).
+    side_expr = f"CASE WHEN {c} THEN 'candidate' WHEN {b} THEN 'baseline' END"
+    return side_expr, " AND ".join([*_filters(scope, params), f"(({b}) OR ({c}))"])
+
+
+def _quantiles(cur: Cursor, scope: Scope, column: str, q: float) -> dict[str, float | None]:
+    """The ``q`` quantile of ``column`` on each side."""
+    params: dict[str, Any] = {"q": q}
+    rows = cur.execute(_per_side(scope, params, f"quantile_cont({column}, $q)"), params).fetchall()
+    return {name: _num(value) for name, value in rows}
 
 
 def _metric_column(metric: str) -> str:
@@ -323,16 +385,12 @@ def overview(cur: Cursor, scope: Scope, slos: Mapping[str, float] | None = None)
     """SLO tiles for TTFT, TPOT/ITL, e2e and queue, plus request rate, error rate and goodput; one scan."""
     targets = {**DEFAULT_SLOS, **(slos or {})}
     params: dict[str, Any] = {"slo_ttft": targets["ttft"], "slo_tpot": targets["tpot"]}
-    side_expr, where = _scoped(scope, params)
     quantiles = ", ".join(f"quantile_cont({col}, [0.5, 0.99])" for col, _ in LATENCY_METRICS.values())
-    sql = f"""
-        SELECT {side_expr} AS side, count(*) AS n,
-               count(*) FILTER (WHERE status_code = 'error' OR error_type IS NOT NULL) AS errors,
-               count(*) FILTER (WHERE NOT (status_code = 'error' OR error_type IS NOT NULL)
-                                AND coalesce(ttft_s, 0) <= $slo_ttft AND coalesce(tpot_s, 0) <= $slo_tpot) AS good,
-               {quantiles}
-        FROM spans WHERE {where} GROUP BY side"""
-    rows = {row[0]: row for row in cur.execute(sql, params).fetchall()}
+    failed = "(status_code = 'error' OR error_type IS NOT NULL)"
+    select = f"""count(*) AS n, count(*) FILTER (WHERE {failed}) AS errors,
+        count(*) FILTER (WHERE NOT {failed} AND coalesce(ttft_s, 0) <= $slo_ttft
+                         AND coalesce(tpot_s, 0) <= $slo_tpot) AS good, {quantiles}"""
+    rows = {row[0]: row for row in cur.execute(_per_side(scope, params, select), params).fetchall()}
     empty = (None, 0, 0, 0) + (None,) * len(LATENCY_METRICS)
     b, c = rows.get("baseline", empty), rows.get("candidate", empty)
     tiles = []
@@ -427,7 +485,10 @@ class StageBreakdown:
     The tail is each side's requests at or above that side's p99 of ``metric``.
     ``gateway`` is the root span's time not covered by engine or dependency
     spans; ``dependency`` is time in leaf spans outside the engine (retrieval,
-    tools, guardrails). Either is 0.0 when traces carry no such spans.
+    tools, guardrails). Either is 0.0 when traces carry no such spans. Engine
+    stages average every tail request; gateway and dependency average a
+    deterministic sample of at most ``traces_per_side`` tail traces per side,
+    because gathering a trace's other spans means scanning trace ids.
     """
 
     metric: str
@@ -439,54 +500,67 @@ class StageBreakdown:
     candidate: dict[str, float]
 
 
-def stage_breakdown(cur: Cursor, scope: Scope, metric: str = "e2e", quantile: float = 0.99) -> StageBreakdown:
-    """Where the tail's time goes, per side: one scan for thresholds, one join over the tail's traces."""
+def stage_breakdown(
+    cur: Cursor, scope: Scope, metric: str = "e2e", quantile: float = 0.99, traces_per_side: int = 500
+) -> StageBreakdown:
+    """Where the tail's time goes, per side: one scan for thresholds, one over the tail's traces."""
     col = _metric_column(metric)
-    params: dict[str, Any] = {"q": quantile}
-    side_expr, where = _scoped(scope, params)
-    sql = f"""
-        WITH scoped AS (SELECT {side_expr} AS side, * FROM spans WHERE {where}),
-        thresholds AS (SELECT side, quantile_cont({col}, $q) AS t FROM scoped GROUP BY side),
-        tail AS (
-            SELECT s.side, s.trace_id, s.start_ns, coalesce(s.queue_s, 0) AS queue_s,
-                   coalesce(s.prefill_s, s.ttft_s - coalesce(s.queue_s, 0), 0) AS prefill_s,
-                   coalesce(s.decode_s, 0) AS decode_s, coalesce(s.e2e_s, s.duration_s, 0) AS engine_s
-            FROM scoped s JOIN thresholds t USING (side) WHERE s.{col} >= t.t
-        ),
-        tail_traces AS (SELECT DISTINCT trace_id FROM tail),
-        trace_spans AS (
-            SELECT sp.trace_id, sp.span_id, sp.parent_span_id, sp.duration_s, sp.is_engine
-            FROM spans sp SEMI JOIN tail_traces tt ON sp.trace_id = tt.trace_id
-            WHERE sp.start_ns >= $lo AND sp.start_ns < $hi
-        ),
-        per_trace AS (
-            SELECT trace_id,
-                   max(duration_s) FILTER (WHERE parent_span_id IS NULL AND NOT is_engine) AS root_s,
-                   sum(duration_s) FILTER (WHERE NOT is_engine AND parent_span_id IS NOT NULL AND NOT EXISTS (
-                       SELECT 1 FROM trace_spans c WHERE c.trace_id = p.trace_id AND c.parent_span_id = p.span_id
-                   )) AS dependency_s
-            FROM trace_spans p GROUP BY trace_id
+    thresholds = _quantiles(cur, scope, col, quantile)
+    params: dict[str, Any] = {}
+    tails = []
+    for side in (scope.baseline, scope.candidate):
+        if thresholds.get(side.name) is None:
+            continue
+        params[f"t_{side.name}"] = thresholds[side.name]
+        tails.append(
+            f"""SELECT '{side.name}' AS side, trace_id, coalesce(queue_s, 0) AS queue_s,
+                   coalesce(prefill_s, ttft_s - coalesce(queue_s, 0), 0) AS prefill_s,
+                   coalesce(decode_s, 0) AS decode_s, coalesce(e2e_s, duration_s, 0) AS engine_s
+            FROM spans WHERE {_side_where(scope, side, params)} AND {col} >= $t_{side.name}"""
         )
-        SELECT t.side, count(*), avg(queue_s), avg(prefill_s), avg(decode_s),
-               avg(greatest(coalesce(root_s, engine_s) - engine_s - coalesce(dependency_s, 0), 0)),
-               avg(coalesce(dependency_s, 0)), any_value(th.t)
-        FROM tail t LEFT JOIN per_trace USING (trace_id) JOIN thresholds th USING (side)
-        GROUP BY t.side"""
-    # Traces of the tail start near their engine span; a margin of an hour bounds the join's scan.
-    params["lo"] = min(scope.baseline.start_ns, scope.candidate.start_ns) - 3600 * _NS
-    params["hi"] = max(scope.baseline.end_ns, scope.candidate.end_ns) + 3600 * _NS
-    rows = {r[0]: r for r in cur.execute(sql, params).fetchall()}
+    rows: dict[str, tuple[Any, ...]] = {}
+    params["traces_per_side"] = traces_per_side
+    if tails:
+        # Traces of the tail start near their engine span; an hour's margin bounds the scan of their spans.
+        params["lo"] = min(scope.baseline.start_ns, scope.candidate.start_ns) - 3600 * _NS
+        params["hi"] = max(scope.baseline.end_ns, scope.candidate.end_ns) + 3600 * _NS
+        sql = f"""
+            WITH tail AS MATERIALIZED ({" UNION ALL ".join(tails)}),
+            sampled AS MATERIALIZED (
+                SELECT trace_id FROM tail
+                QUALIFY row_number() OVER (PARTITION BY side ORDER BY hash(trace_id)) <= $traces_per_side
+            ),
+            trace_spans AS MATERIALIZED (
+                SELECT trace_id, span_id, parent_span_id, duration_s, coalesce(is_engine, false) AS is_engine
+                FROM spans WHERE start_ns >= $lo AND start_ns < $hi AND trace_id IN (SELECT trace_id FROM sampled)
+            ),
+            per_trace AS (
+                SELECT p.trace_id,
+                       max(p.duration_s) FILTER (WHERE p.parent_span_id IS NULL AND NOT p.is_engine) AS root_s,
+                       sum(p.duration_s) FILTER (
+                           WHERE NOT p.is_engine AND p.parent_span_id IS NOT NULL AND c.span_id IS NULL
+                       ) AS dependency_s
+                FROM trace_spans p
+                LEFT JOIN (SELECT DISTINCT trace_id, parent_span_id AS span_id FROM trace_spans) c
+                       ON c.trace_id = p.trace_id AND c.span_id = p.span_id
+                GROUP BY p.trace_id
+            )
+            SELECT side, count(*), avg(queue_s), avg(prefill_s), avg(decode_s),
+                   avg(greatest(coalesce(root_s, engine_s) - engine_s - coalesce(dependency_s, 0), 0))
+                       FILTER (WHERE per_trace.trace_id IS NOT NULL),
+                   avg(coalesce(dependency_s, 0)) FILTER (WHERE per_trace.trace_id IS NOT NULL)
+            FROM tail LEFT JOIN per_trace USING (trace_id) GROUP BY side"""
+        rows = {r[0]: r for r in cur.execute(sql, params).fetchall()}
     out: dict[str, dict[str, float]] = {}
     for name in ("baseline", "candidate"):
         r = rows.get(name)
         out[name] = {stage: float(r[2 + i] or 0.0) if r else 0.0 for i, stage in enumerate(STAGES)}
-    b, c = rows.get("baseline"), rows.get("candidate")
     return StageBreakdown(
         metric,
-        _num(b[7]) if b else None,
-        _num(c[7]) if c else None,
-        int(b[1]) if b else 0,
-        int(c[1]) if c else 0,
+        thresholds.get("baseline"),
+        thresholds.get("candidate"),
+        int(rows["baseline"][1]) if "baseline" in rows else 0,
+        int(rows["candidate"][1]) if "candidate" in rows else 0,
         out["baseline"],
         out["candidate"],
     )
@@ -499,7 +573,10 @@ def stage_breakdown(cur: Cursor, scope: Scope, metric: str = "e2e", quantile: fl
 class SliceRow:
     """One value of one dimension and how much of the tail regression it holds.
 
-    ``excess_slow`` counts candidate requests above the baseline's overall p99
+    A request is slow above ``threshold`` (the baseline's overall p99);
+    ``slow_share_*`` is the fraction of the slice's requests that are slow on
+    each side (``None`` for a side with no requests of the slice).
+    ``excess_slow`` counts candidate requests above that threshold
     beyond what the baseline's slow rate in the same slice predicts;
     ``contribution`` is that excess over the positive excess of all values of
     the same dimension (at most 1; negative for a slice that improved;
@@ -510,8 +587,8 @@ class SliceRow:
     value: str
     requests_baseline: int
     requests_candidate: int
-    p99_baseline: float | None
-    p99_candidate: float | None
+    slow_share_baseline: float | None
+    slow_share_candidate: float | None
     excess_slow: float
     contribution: float | None
 
@@ -526,41 +603,42 @@ def slices(
     """Slices of every dimension, sorted by contribution; one GROUPING SETS scan."""
     col = _metric_column(metric)
     dims = list(dimensions)
-    params: dict[str, Any] = {}
+    threshold = _quantiles(cur, scope, col, 0.99).get("baseline")
+    if threshold is None:
+        return []
+    params: dict[str, Any] = {"t": threshold}
     side_expr, where = _scoped(scope, params)
     cols = ", ".join(f"{_attr_expr(d)} AS d{i}" for i, d in enumerate(dims))
     sets = ", ".join(f"(d{i})" for i in range(len(dims)))
     sql = f"""
-        WITH scoped AS (SELECT {side_expr} AS side, {col} AS v, {cols} FROM spans WHERE {where}),
-        threshold AS (SELECT quantile_cont(v, 0.99) AS t FROM scoped WHERE side = 'baseline')
+        WITH scoped AS (SELECT {side_expr} AS side, {col} AS v, {cols} FROM spans WHERE {where})
         SELECT {", ".join(f"d{i}" for i in range(len(dims)))}, {", ".join(f"grouping(d{i})" for i in range(len(dims)))},
                count(*) FILTER (WHERE side = 'baseline') AS nb,
                count(*) FILTER (WHERE side = 'candidate') AS nc,
-               count(*) FILTER (WHERE side = 'baseline' AND v > t) AS sb,
-               count(*) FILTER (WHERE side = 'candidate' AND v > t) AS sc,
-               quantile_cont(v, 0.99) FILTER (WHERE side = 'baseline'),
-               quantile_cont(v, 0.99) FILTER (WHERE side = 'candidate')
-        FROM scoped, threshold GROUP BY GROUPING SETS ({sets}, ())"""
+               count(*) FILTER (WHERE side = 'baseline' AND v > $t) AS sb,
+               count(*) FILTER (WHERE side = 'candidate' AND v > $t) AS sc
+        FROM scoped GROUP BY GROUPING SETS ({sets}, ())"""
     n = len(dims)
     grouped = cur.execute(sql, params).fetchall()
     total = next((r[2 * n :] for r in grouped if all(r[n : 2 * n])), None)
     if total is None:
         return []
-    nb_all, nc_all, sb_all, _sc_all, _pb, _pc = total
+    nb_all, nc_all, sb_all, _sc_all = total
     global_slow_rate = sb_all / nb_all if nb_all else 0.0
     raw: list[tuple[str, str, int, int, float | None, float | None, float]] = []
     for row in grouped:
         values, groupings = row[:n], row[n : 2 * n]
         if all(groupings):
             continue
-        nb, nc, sb, sc, p99_b, p99_c = row[2 * n :]
+        nb, nc, sb, sc = row[2 * n :]
         i = next(j for j, g in enumerate(groupings) if not g)
         # A slice that is a whole side (the new version in a before/after comparison) localises nothing.
-        if values[i] is None or (nc == nc_all and nb in (0, nb_all)):
+        if values[i] is None or (nc == nc_all and nb in (0, nb_all)) or (nb == nb_all and nc in (0, nc_all)):
             continue
         # Expected slow count at the slice's baseline slow rate; a slice new in the candidate uses the global rate.
         excess = sc - nc * (sb / nb if nb else global_slow_rate)
-        raw.append((dims[i], str(values[i]), int(nb), int(nc), _num(p99_b), _num(p99_c), float(excess)))
+        share_b, share_c = sb / nb if nb else None, sc / nc if nc else None
+        raw.append((dims[i], str(values[i]), int(nb), int(nc), share_b, share_c, float(excess)))
     positive: dict[str, float] = {}
     for d, *_rest, ex in raw:
         positive[d] = positive.get(d, 0.0) + max(ex, 0.0)
@@ -594,14 +672,8 @@ def exemplars(cur: Cursor, scope: Scope, metric: str = "e2e", per_side: int = 5)
     """The slowest requests of each side by ``metric`` (top-k in SQL, ``per_side`` rows each)."""
     col = _metric_column(metric)
     params: dict[str, Any] = {"k": per_side}
-    side_expr, where = _scoped(scope, params)
-    sql = f"""
-        SELECT side, trace_id, start_ns, e2e_s, ttft_s, queue_s, host_name, model, service_version FROM (
-            SELECT {side_expr} AS side, *,
-                   row_number() OVER (PARTITION BY {side_expr} ORDER BY {col} DESC NULLS LAST) AS rk
-            FROM spans WHERE {where} AND {col} IS NOT NULL
-            QUALIFY rk <= $k
-        ) ORDER BY side, rk"""
+    select = "trace_id, start_ns, e2e_s, ttft_s, queue_s, host_name, model, service_version"
+    sql = _per_side(scope, params, select, tail=f"AND {col} IS NOT NULL ORDER BY {col} DESC LIMIT $k")
     return [
         Exemplar(r[0], r[1], int(r[2]), _num(r[3]), _num(r[4]), _num(r[5]), r[6], r[7], r[8])
         for r in cur.execute(sql, params).fetchall()
@@ -627,8 +699,9 @@ class WaterfallSpan:
 def waterfall(cur: Cursor, trace_id: str, around_ns: int | None = None) -> list[WaterfallSpan]:
     """The spans of one trace in tree order (parents before children, siblings by start).
 
-    ``around_ns`` (a time inside the trace) bounds the scan to a day either
-    side so the lookup uses zone maps instead of reading every span.
+    ``around_ns`` (the start of one of its spans) bounds the scan to 5 minutes
+    either side, so zone maps skip most of a large store; spans of the trace
+    further away are left out. ``None`` scans every span.
     """
     sql = (
         "SELECT span_id, parent_span_id, name, service_name, kind, start_ns, "
@@ -637,7 +710,7 @@ def waterfall(cur: Cursor, trace_id: str, around_ns: int | None = None) -> list[
     params: list[Any] = [trace_id]
     if around_ns is not None:
         sql += " AND start_ns BETWEEN ? AND ?"
-        params += [around_ns - 86400 * _NS, around_ns + 86400 * _NS]
+        params += [around_ns - 300 * _NS, around_ns + 300 * _NS]
     rows = cur.execute(sql, params).fetchall()
     if not rows:
         return []

@@ -61,7 +61,7 @@ def build_store(path: Path, n_requests: int = 20_000, *, incident: bool = True) 
             {"t0": T0_NS, "hour": HOUR_NS, "n": n_requests, "deploy": DEPLOY_NS},
         )
         common = """
-            printf('%032x', i) AS trace_id, {span_id} AS span_id, {parent} AS parent_span_id, {name} AS name,
+            md5(i::VARCHAR) AS trace_id, {span_id} AS span_id, {parent} AS parent_span_id, {name} AS name,
             {kind} AS kind, {start} AS start_ns, {start} + ({dur} * 1e9)::BIGINT AS end_ns, {dur} AS duration_s,
             CASE WHEN failed THEN 'error' ELSE 'ok' END AS status_code, NULL AS status_message,
             {service} AS service_name, {version} AS service_version, {instance} AS service_instance,

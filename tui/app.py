@@ -1,0 +1,414 @@
+"""The incident console: what regressed, since which deploy, where, and why.
+
+The app never queries on its event loop: every question to the data source
+runs in a thread worker that posts a past-tense message (``OverviewLoaded``,
+``ReportLoaded``...). The overview tiles are asked first so figures paint
+fast; the timeline, diagnosis and drill-down follow once they are in.
+Failures open an :class:`ErrorScreen`; in live mode an unreachable server
+shows a banner instead and the interval keeps retrying.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+
+from sre_agent.errors import RemoteError, SreAgentError
+from sre_agent.explore import DEFAULT_SLOS, LATENCY_METRICS, Overview
+from sre_agent.selection import Selection
+from sre_agent.tui.findings import FindingsTree, finding_markdown, finding_title, regression_line, report_markdown
+from sre_agent.tui.messages import (
+    DrilldownLoaded,
+    ExemplarsLoaded,
+    OverviewLoaded,
+    QueryFailed,
+    ReportLoaded,
+    SourceReachable,
+    SourceUnreachable,
+    TimelineLoaded,
+    WaterfallLoaded,
+)
+from sre_agent.tui.screens import ComparisonScreen, ErrorScreen, HelpScreen
+from sre_agent.tui.source import DataSource, DiagnosisUnavailableError
+from sre_agent.tui.widgets import (
+    RateTile,
+    StagesView,
+    TileView,
+    TimelineView,
+    WaterfallView,
+    fmt_s,
+    fmt_share,
+    rate_texts,
+)
+
+__all__ = ["IncidentApp"]
+
+log = logging.getLogger(__name__)
+
+_TABS = {"o": "overview", "f": "findings", "s": "drilldown", "t": "traces"}
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A transport failure (refused, timed out) rather than an answer the user must read."""
+    return isinstance(exc, RemoteError) and isinstance(exc.__cause__, httpx.TransportError)
+
+
+class IncidentApp(App[int]):
+    """The console. ``source`` answers the queries; ``selection`` is the comparison to start with.
+
+    Args:
+        source: a LocalSource (``--db``) or RemoteSource (``--url``).
+        selection: the initial comparison (``--since-last-deploy`` by default).
+        slos: p99 targets in seconds per latency metric (see ``explore.DEFAULT_SLOS``).
+        refresh_s: live-mode refresh interval in seconds (``None`` = only on ``r``).
+        export_dir: where ``c`` also writes the Markdown it copies (default: the temp dir).
+    """
+
+    CSS_PATH = "app.tcss"
+    TITLE = "sre-agent"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("o", "show_tab('overview')", "overview"),
+        Binding("f", "show_tab('findings')", "findings"),
+        Binding("s", "show_tab('drilldown')", "slices"),
+        Binding("t", "show_tab('traces')", "traces"),
+        Binding("c", "copy", "copy md"),
+        Binding("b", "compare('deploy')", "deploy"),
+        Binding("v", "compare('versions')", "versions"),
+        Binding("x", "clear_scope", "unscope", show=False),
+        Binding("r", "refresh", "refresh"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(
+        self,
+        source: DataSource,
+        selection: Selection | None = None,
+        *,
+        slos: Mapping[str, float] | None = None,
+        refresh_s: float | None = 10.0,
+        export_dir: Path | None = None,
+        metric: str = "e2e",
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.selection = selection or Selection(mode="since_last_deploy")
+        self.slos = {**DEFAULT_SLOS, **(slos or {})}
+        self.refresh_s = refresh_s if source.live else None
+        self.export_dir = export_dir or Path(tempfile.gettempdir())
+        self.metric = metric
+        self.generation = 0
+        self.overview: Overview | None = None
+        self.report: dict[str, Any] | None = None
+        self.report_reason = "diagnosing…"
+        self.top_slice = ""
+        self.unreachable: str | None = None
+        self.started = time.perf_counter()
+        self.first_paint_s: float | None = None
+        self.last_export: Path | None = None
+        # Imports and the store open overlap Textual's own start-up instead of following it.
+        threading.Thread(target=source.warm, name="sre-agent-warm", daemon=True).start()
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield Static("sre-agent", id="title")
+        yield Static("", id="banner")
+        with TabbedContent(initial="overview"):
+            with TabPane("Overview", id="overview"):
+                with Horizontal(id="tiles"):
+                    for metric in LATENCY_METRICS:
+                        yield TileView("…", id=f"tile-{metric}")
+                with Horizontal(id="rates"):
+                    for name in ("rate", "errors", "goodput"):
+                        yield RateTile("…", id=f"tile-{name}")
+                yield TimelineView("loading timeline…", id="timeline")
+                yield Static("", id="headline")
+            with TabPane("Findings", id="findings"):
+                yield Static("diagnosing…", id="regression")
+                yield FindingsTree(id="findings-tree")
+            with TabPane("Drill-down", id="drilldown"):
+                yield StagesView("loading stage breakdown…", id="stages")
+                yield DataTable(id="slices-table", cursor_type="row", zebra_stripes=True)
+            with TabPane("Traces", id="traces"):
+                yield DataTable(id="exemplars-table", cursor_type="row", zebra_stripes=True)
+                yield WaterfallView("select a trace", id="waterfall")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#slices-table", DataTable).add_columns(
+            "dimension", "value", "share", "base n", "cand n", "slow base", "slow cand"
+        )
+        self.query_one("#exemplars-table", DataTable).add_columns(
+            "side", "trace", "e2e", "ttft", "queue", "host", "model", "version"
+        )
+        self.query_one("#findings-tree").loading = True
+        self._update_title()
+        self.load_all()
+        if self.refresh_s:
+            self.set_interval(self.refresh_s, self._tick)
+
+    # --------------------------------------------------------------- workers
+
+    def _fetch(self, what: str, query: Callable[[], Message | Iterator[Message]]) -> None:
+        """Run ``query`` in a thread worker and post its message(s), or the failure."""
+
+        def run() -> None:
+            try:
+                result = query()
+                for message in [result] if isinstance(result, Message) else result:
+                    self.post_message(message)
+            except DiagnosisUnavailableError as exc:
+                self.post_message(ReportLoaded(self.generation, None, str(exc)))
+                return
+            except SreAgentError as exc:
+                if _unreachable(exc):
+                    self.post_message(SourceUnreachable(str(exc)))
+                else:
+                    self.post_message(QueryFailed(what, str(exc)))
+                return
+            except Exception as exc:  # a bug must not kill the console: show it, log it
+                log.exception("%s failed", what)
+                self.post_message(QueryFailed(what, f"{type(exc).__name__}: {exc}"))
+                return
+            if self.source.live:
+                self.post_message(SourceReachable())
+
+        self.run_worker(run, name=what, group=what, thread=True, exclusive=True, exit_on_error=False)
+
+    def load_all(self) -> None:
+        """Ask for the overview first; the rest follows when it arrives."""
+        self.generation += 1
+        g, sel = self.generation, self.selection
+        self._fetch("overview", lambda: OverviewLoaded(g, self.source.overview(sel, self.slos)))
+
+    def _load_rest(self, g: int) -> None:
+        sel, metric, source = self.selection, self.metric, self.source
+
+        def drill() -> Iterator[Message]:
+            # One query at a time, cheapest first: each fills its pane as soon as it is in,
+            # and the event loop keeps a core while the diagnosis runs beside it.
+            yield TimelineLoaded(g, source.timeline(sel, metric, 60))
+            yield ExemplarsLoaded(g, source.exemplars(sel, metric))
+            slices = source.slices(sel, metric)
+            yield DrilldownLoaded(g, source.stages(sel, metric), slices)
+
+        self._fetch("diagnosis", lambda: ReportLoaded(g, source.diagnose(sel)))
+        self._fetch("drill-down", drill)
+
+    def _tick(self) -> None:
+        if not any(w.group == "overview" and w.is_running for w in self.workers):
+            self.load_all()
+
+    # -------------------------------------------------------------- messages
+
+    def on_overview_loaded(self, message: OverviewLoaded) -> None:
+        if message.generation != self.generation:
+            return
+        ov = self.overview = message.overview
+        for tile in ov.tiles:
+            self.query_one(f"#tile-{tile.metric}", TileView).show(tile)
+        for name, (label, text, worse) in zip(("rate", "errors", "goodput"), rate_texts(ov), strict=True):
+            self.query_one(f"#tile-{name}", RateTile).show(label, text, worse)
+        if self.first_paint_s is None:
+            self.first_paint_s = time.perf_counter() - self.started
+        self._update_title()
+        self._update_headline()
+        self._load_rest(message.generation)
+
+    def on_timeline_loaded(self, message: TimelineLoaded) -> None:
+        if message.generation == self.generation:
+            self.query_one(TimelineView).show(message.timeline, LATENCY_METRICS[self.metric][1])
+
+    def on_report_loaded(self, message: ReportLoaded) -> None:
+        if message.generation != self.generation:
+            return
+        tree = self.query_one(FindingsTree)
+        tree.loading = False
+        self.report = message.report
+        if message.report is None:
+            self.report_reason = message.reason or "diagnosis unavailable"
+            self.query_one("#regression", Static).update(self.report_reason)
+            tree.clear()
+        else:
+            self.query_one("#regression", Static).update(regression_line(message.report) or "no regression summary")
+            tree.show_report(message.report)
+        self._update_headline()
+
+    def on_drilldown_loaded(self, message: DrilldownLoaded) -> None:
+        if message.generation != self.generation:
+            return
+        self.query_one(StagesView).show(message.stages)
+        table = self.query_one("#slices-table", DataTable)
+        keep = table.cursor_row
+        table.clear()
+        for row in message.slices:
+            share = fmt_share(row.contribution)
+            table.add_row(
+                row.dimension,
+                row.value,
+                share,
+                str(row.requests_baseline),
+                str(row.requests_candidate),
+                fmt_share(row.slow_share_baseline),
+                fmt_share(row.slow_share_candidate),
+                key=f"{row.dimension}\x1f{row.value}",
+            )
+        if message.slices:
+            table.move_cursor(row=min(keep, len(message.slices) - 1))
+            top = message.slices[0]
+            if top.contribution is not None and top.contribution > 0:
+                self.top_slice = f"{top.dimension}={top.value} holds {top.contribution * 100:.0f}% of the slow excess"
+        self._update_headline()
+
+    def on_exemplars_loaded(self, message: ExemplarsLoaded) -> None:
+        if message.generation != self.generation:
+            return
+        table = self.query_one("#exemplars-table", DataTable)
+        keep = table.cursor_row
+        table.clear()
+        for ex in message.exemplars:
+            table.add_row(
+                ex.side,
+                ex.trace_id[:12],
+                fmt_s(ex.e2e_s),
+                fmt_s(ex.ttft_s),
+                fmt_s(ex.queue_s),
+                ex.host_name or "–",
+                ex.model or "–",
+                ex.version or "–",
+                key=f"{ex.trace_id}\x1f{ex.start_ns}",
+            )
+        if message.exemplars:
+            table.move_cursor(row=min(keep, len(message.exemplars) - 1))
+
+    def on_waterfall_loaded(self, message: WaterfallLoaded) -> None:
+        self.query_one(WaterfallView).show(message.trace_id, message.spans)
+
+    def on_query_failed(self, message: QueryFailed) -> None:
+        if message.what == "diagnosis":
+            self.query_one(FindingsTree).loading = False
+            self.report_reason = "diagnosis failed"
+            self.query_one("#regression", Static).update(f"diagnosis failed: {message.error}")
+        self.push_screen(ErrorScreen(f"{message.what} failed", message.error))
+
+    def on_source_unreachable(self, message: SourceUnreachable) -> None:
+        self.unreachable = message.error
+        banner = self.query_one("#banner", Static)
+        every = f"retrying every {self.refresh_s:g} s; " if self.refresh_s else ""
+        banner.update(f"⚠ {self.source.description} unreachable: {message.error} — {every}press r to retry now")
+        banner.add_class("-shown")
+
+    def on_source_reachable(self, message: SourceReachable) -> None:
+        if self.unreachable is not None:
+            self.unreachable = None
+            self.query_one("#banner", Static).remove_class("-shown")
+
+    @on(DataTable.RowSelected, "#slices-table")
+    def _slice_selected(self, event: DataTable.RowSelected) -> None:
+        dimension, value = str(event.row_key.value).split("\x1f", 1)
+        where = (*((k, v) for k, v in self.selection.where if k != dimension), (dimension, value))
+        self._reselect(dataclasses.replace(self.selection, where=where))
+        self.notify(f"scoped to {dimension}={value} (x clears)", timeout=3)
+
+    @on(DataTable.RowHighlighted, "#exemplars-table")
+    def _exemplar_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key.value is None:
+            return
+        trace_id, start = str(event.row_key.value).split("\x1f", 1)
+        self.query_one(WaterfallView).update(f"loading trace {trace_id[:16]}…")
+        self._fetch("trace", lambda: WaterfallLoaded(trace_id, self.source.waterfall(trace_id, int(start))))
+
+    # --------------------------------------------------------------- actions
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        focus = {"findings": "#findings-tree", "drilldown": "#slices-table", "traces": "#exemplars-table"}
+        if tab in focus:
+            self.query_one(focus[tab]).focus()
+
+    def action_refresh(self) -> None:
+        self.notify("refreshing…", timeout=1)
+        self.load_all()
+
+    def action_clear_scope(self) -> None:
+        if self.selection.where:
+            self._reselect(dataclasses.replace(self.selection, where=()))
+
+    def action_compare(self, mode: str) -> None:
+        def apply(selection: Selection | None) -> None:
+            if selection is not None:
+                self._reselect(selection)
+
+        self.push_screen(ComparisonScreen(mode, self.selection), apply)
+
+    def action_copy(self) -> None:
+        if self.report is None:
+            self.notify(f"nothing to copy yet: {self.report_reason}", severity="warning")
+            return
+        tabs = self.query_one(TabbedContent)
+        finding = self.query_one(FindingsTree).selected_finding if tabs.active == "findings" else None
+        if finding is not None:
+            text, what = finding_markdown(finding), f"finding #{finding.get('rank')}"
+        else:
+            label = self.overview.scope.label if self.overview else ""
+            text, what = report_markdown(self.report, label), "the diagnosis"
+        self.copy_to_clipboard(text)
+        path = self.export_dir / f"sre-agent-diagnosis-{time.strftime('%Y%m%dT%H%M%S')}.md"
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            self.notify(f"copied {what}; could not save {path}: {exc}", severity="warning")
+            return
+        self.last_export = path
+        self.notify(f"copied {what} as Markdown; also saved to {path}", timeout=6)
+
+    # --------------------------------------------------------------- helpers
+
+    def _reselect(self, selection: Selection) -> None:
+        self.selection = selection
+        self.report = None
+        self.report_reason = "diagnosing…"
+        self.top_slice = ""
+        self.query_one(FindingsTree).loading = True
+        self._update_title()
+        self.load_all()
+
+    def _update_title(self) -> None:
+        scope = " ".join(f"{k}={v}" for k, v in self.selection.where) or "all traffic"
+        self.query_one("#title", Static).update(f"sre-agent │ {scope} │ {self.source.description} │ ? help")
+
+    def _update_headline(self) -> None:
+        """What regressed, why, where and since when: the four answers at a glance."""
+        if self.overview is None:
+            return
+        ov = self.overview
+        worst = max(ov.tiles, key=lambda t: t.p99_ratio or 0.0)
+        what = f"What:  {worst.label} p99 {fmt_s(worst.p99_baseline)}→{fmt_s(worst.p99_candidate)}"
+        if worst.p99_ratio is not None:
+            what += f" ×{worst.p99_ratio:.2f}" + (" (SLO breach)" if worst.status == "breach" else "")
+        findings = (self.report or {}).get("findings") or []
+        why = f"Why:   {finding_title(findings[0])}" if findings else f"Why:   {self.report_reason}"
+        where = f"Where: {self.top_slice}" if self.top_slice else "Where: …"
+        since = f"Since: {ov.scope.label} · {ov.requests_baseline} vs {ov.requests_candidate} req"
+        self.query_one("#headline", Static).update(
+            Text("\n".join((what, why, where, since)), no_wrap=True, overflow="ellipsis")
+        )

@@ -1,0 +1,272 @@
+"""Where the console's figures come from: a local store file or a running server.
+
+Both sources answer the same questions with the same dataclasses, so every
+screen works identically with ``--db`` and ``--url``. Methods block (DuckDB
+queries, HTTP calls): the app calls them from thread workers only. A
+:class:`LocalSource` opens the file read-only and gives each call its own
+cursor, so concurrent workers never share a DuckDB connection.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import httpx
+
+from sre_agent import explore
+from sre_agent.config import Config
+from sre_agent.errors import SreAgentError
+from sre_agent.explore import Exemplar, Overview, SliceRow, StageBreakdown, Timeline, WaterfallSpan
+from sre_agent.selection import Selection
+
+__all__ = ["DataSource", "DiagnosisUnavailableError", "LocalSource", "RemoteSource"]
+
+log = logging.getLogger(__name__)
+
+
+class DiagnosisUnavailableError(SreAgentError):
+    """The diagnose engine is not installed (or not served); the console shows the rest."""
+
+
+class DataSource(Protocol):
+    """The questions the console asks. Every method may raise :class:`SreAgentError`."""
+
+    description: str
+    live: bool
+
+    def overview(self, selection: Selection, slos: Mapping[str, float]) -> Overview: ...
+    def timeline(self, selection: Selection, metric: str, buckets: int) -> Timeline: ...
+    def stages(self, selection: Selection, metric: str) -> StageBreakdown: ...
+    def slices(self, selection: Selection, metric: str) -> list[SliceRow]: ...
+    def exemplars(self, selection: Selection, metric: str) -> list[Exemplar]: ...
+    def waterfall(self, trace_id: str, around_ns: int | None) -> list[WaterfallSpan]: ...
+    def diagnose(self, selection: Selection) -> dict[str, Any]: ...
+    def warm(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class LocalSource:
+    """A DuckDB store file opened read-only (the file does not change while the console runs)."""
+
+    live = False
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.description = f"db {path}"
+        self._store: Any = None
+        self._lock = threading.Lock()
+        self._scopes: dict[Selection, explore.Scope] = {}
+        self._children: set[Any] = set()
+
+    def warm(self) -> None:
+        """Open the store ahead of the first query (errors surface on that query instead)."""
+        try:
+            self._cursor().close()
+        except Exception:  # reported by the first real query, with its context
+            log.debug("warm-up of %s failed", self.path, exc_info=True)
+
+    def _cursor(self) -> Any:
+        with self._lock:
+            if self._store is None:
+                from sre_agent.store import Store
+
+                self._store = Store.open(self.path, read_only=True)
+            cursor = self._store.cursor()
+        # DuckDB draws a progress bar on the terminal for long queries: it would tear the screen.
+        cursor.execute("SET enable_progress_bar = false")
+        return cursor
+
+    def _run(self, selection: Selection, query: Any) -> Any:
+        cur = self._cursor()
+        try:
+            scope = self._scopes.get(selection)
+            if scope is None:
+                scope = self._scopes[selection] = explore.resolve_scope(cur, selection)
+            return query(cur, scope)
+        except SreAgentError:
+            raise
+        except Exception as exc:  # duckdb errors: a store problem shown in a modal
+            raise SreAgentError(f"query failed on {self.path}: {exc}") from exc
+        finally:
+            cur.close()
+
+    def overview(self, selection: Selection, slos: Mapping[str, float]) -> Overview:
+        result: Overview = self._run(selection, lambda cur, scope: explore.overview(cur, scope, slos))
+        return result
+
+    def timeline(self, selection: Selection, metric: str, buckets: int) -> Timeline:
+        result: Timeline = self._run(selection, lambda cur, scope: explore.timeline(cur, scope, metric, buckets))
+        return result
+
+    def stages(self, selection: Selection, metric: str) -> StageBreakdown:
+        result: StageBreakdown = self._run(selection, lambda cur, scope: explore.stage_breakdown(cur, scope, metric))
+        return result
+
+    def slices(self, selection: Selection, metric: str) -> list[SliceRow]:
+        result: list[SliceRow] = self._run(selection, lambda cur, scope: explore.slices(cur, scope, metric))
+        return result
+
+    def exemplars(self, selection: Selection, metric: str) -> list[Exemplar]:
+        result: list[Exemplar] = self._run(selection, lambda cur, scope: explore.exemplars(cur, scope, metric))
+        return result
+
+    def waterfall(self, trace_id: str, around_ns: int | None) -> list[WaterfallSpan]:
+        cur = self._cursor()
+        try:
+            return explore.waterfall(cur, trace_id, around_ns)
+        finally:
+            cur.close()
+
+    def diagnose(self, selection: Selection) -> dict[str, Any]:
+        """Run the diagnose engine in a child process and return the report's JSON form.
+
+        The engine is CPU-heavy Python (bootstraps, rules); in a thread it would
+        hold the GIL and make every key press wait, in a process it cannot.
+        """
+        if importlib.util.find_spec("sre_agent.diagnose") is None:
+            raise DiagnosisUnavailableError("the diagnose engine is not installed")
+        request = json.dumps({"path": self.path, "selection": selection.to_dict()})
+        # Pipes for all three streams: the console owns the terminal, and a child must not draw on it.
+        child = subprocess.Popen(
+            [sys.executable, "-c", "from sre_agent.tui.source import diagnose_child; diagnose_child()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        with self._lock:
+            self._children.add(child)
+        try:
+            out, err = child.communicate(request)
+        finally:
+            with self._lock:
+                self._children.discard(child)
+        try:
+            status, payload = json.loads(out)
+        except ValueError:
+            tail = err.strip().splitlines()[-1:] or [f"exit code {child.returncode}"]
+            raise SreAgentError(f"the diagnosis process failed: {tail[0]}") from None
+        if status == "ok":
+            return dict(payload)
+        if status == "unavailable":
+            raise DiagnosisUnavailableError(str(payload))
+        raise SreAgentError(str(payload))
+
+    def close(self) -> None:
+        with self._lock:
+            for child in self._children:
+                child.terminate()  # a diagnosis still running when the user quits
+            self._children.clear()
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+
+def diagnose_child() -> None:
+    """Child-process body of :meth:`LocalSource.diagnose`.
+
+    Reads ``{"path", "selection"}`` as JSON on stdin and writes one JSON
+    ``[status, payload]`` line on stdout: ``["ok", report]``,
+    ``["unavailable", reason]`` or ``["error", message]``.
+    """
+    answer: list[Any]
+    try:
+        request = json.loads(sys.stdin.read())
+        selection = Selection.from_dict(request["selection"])
+        try:
+            from sre_agent.diagnose import diagnose
+        except ImportError as exc:
+            answer = ["unavailable", f"the diagnose engine cannot load: {exc}"]
+        else:
+            answer = ["ok", diagnose(request["path"], selection).to_dict()]
+    except SreAgentError as exc:
+        answer = ["error", str(exc)]
+    except Exception as exc:  # the boundary of the child: report, never leave the parent waiting
+        answer = ["error", f"{type(exc).__name__}: {exc}"]
+    sys.stdout.write(json.dumps(answer) + "\n")
+
+
+class RemoteSource:
+    """A running ``sre-agent serve``, through the explore and diagnose routes.
+
+    ``client`` is injectable (tests pass an ``httpx.Client`` over a real
+    loopback server or a MockTransport); it must be safe for concurrent use,
+    which ``httpx.Client`` is.
+    """
+
+    live = True
+
+    def __init__(self, config: Config, client: httpx.Client | None = None, timeout_s: float = 30.0) -> None:
+        self.config = config
+        self.description = f"url {config.url}"
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self._owned = client is None
+        self._timeout_s = timeout_s
+
+    def warm(self) -> None:
+        """Nothing to prepare: the first request connects."""
+
+    def _get(self, name: str, selection: Selection | None, **extra: Any) -> dict[str, Any]:
+        from sre_agent.client import get_json
+
+        params: list[tuple[str, str]] = explore.selection_to_query(selection) if selection else []
+        for key, value in extra.items():
+            values = value if isinstance(value, list) else [value]
+            params += [(key, str(v)) for v in values if v is not None]
+        return get_json(
+            self.config,
+            f"/api/v1/explore/{name}",
+            params,  # type: ignore[arg-type]  # httpx accepts a list of pairs
+            client=self._client,
+            timeout_s=self._timeout_s,
+        )
+
+    def overview(self, selection: Selection, slos: Mapping[str, float]) -> Overview:
+        body = self._get("overview", selection, slo=[f"{k}={v}" for k, v in slos.items()])
+        return explore.from_json_dict(Overview, body)
+
+    def timeline(self, selection: Selection, metric: str, buckets: int) -> Timeline:
+        return explore.from_json_dict(Timeline, self._get("timeline", selection, metric=metric, buckets=buckets))
+
+    def stages(self, selection: Selection, metric: str) -> StageBreakdown:
+        return explore.from_json_dict(StageBreakdown, self._get("stages", selection, metric=metric))
+
+    def slices(self, selection: Selection, metric: str) -> list[SliceRow]:
+        body = self._get("slices", selection, metric=metric)
+        return [explore.from_json_dict(SliceRow, row) for row in body["slices"]]
+
+    def exemplars(self, selection: Selection, metric: str) -> list[Exemplar]:
+        body = self._get("exemplars", selection, metric=metric)
+        return [explore.from_json_dict(Exemplar, row) for row in body["exemplars"]]
+
+    def waterfall(self, trace_id: str, around_ns: int | None) -> list[WaterfallSpan]:
+        body = self._get("waterfall", None, trace_id=trace_id, around_ns=around_ns)
+        return [explore.from_json_dict(WaterfallSpan, row) for row in body["spans"]]
+
+    def diagnose(self, selection: Selection) -> dict[str, Any]:
+        from sre_agent.client import post_json
+        from sre_agent.errors import RemoteError
+
+        try:
+            return post_json(
+                self.config,
+                "/api/v1/diagnose",
+                {"selection": selection.to_dict()},
+                client=self._client,
+                timeout_s=self._timeout_s,
+            )
+        except RemoteError as exc:
+            if "HTTP 404" in str(exc) or "HTTP 405" in str(exc):
+                raise DiagnosisUnavailableError("this server does not serve /api/v1/diagnose") from exc
+            raise
+
+    def close(self) -> None:
+        if self._owned:
+            self._client.close()
