@@ -71,6 +71,7 @@ OPTIONAL_ROUTE_MODULES: Final[tuple[str, ...]] = (
     "sre_agent.api_diagnose",
     "sre_agent.api_canary",
     "sre_agent.api_explore",
+    "sre_agent.explore_api",
 )
 
 # Bodies above this size are decoded in a worker thread so /healthz stays responsive.
