@@ -179,6 +179,13 @@ class ReceiverStats:
         return "\n".join(lines) + "\n"
 
 
+def _failure(exc: BaseException) -> StoreError:
+    """A StoreError (retryable for the client) wrapping ``exc``."""
+    failure = StoreError(f"commit failed: {exc}")
+    failure.__cause__ = exc
+    return failure
+
+
 @dataclass
 class _Item:
     """One queued submission: an Arrow table to append, or a call to run on the store."""
@@ -352,41 +359,22 @@ class Writer:
             self._commit(batch)
 
     def _commit(self, batch: list[_Item]) -> None:
-        import pyarrow as pa
-
         started = self._clock()
         results: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
         rows_by_table: dict[str, int] = {}
-        try:
-            for kind, append in (
-                ("spans", self.store.append_spans),
-                ("metric_points", self.store.append_metric_points),
-            ):
-                members = [item for item in batch if item.kind == kind and item.table is not None]
-                if not members:
-                    continue
-                tables = [item.table for item in members if item.table is not None]
-                merged = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
-                inserted = append(merged)
-                rows_by_table[kind] = inserted
-                # The store reports new rows for the merged batch only; each
-                # request's acknowledgement is its own row count.
-                for item in members:
-                    results[id(item)] = item.rows
-            for item in batch:
-                if item.call is not None:
-                    try:
-                        results[id(item)] = item.call(self.store)
-                    except SreAgentError as exc:
-                        errors[id(item)] = exc
-        except Exception as exc:  # boundary: a failed commit fails its requests, not the server
-            log.exception("commit of %d queued requests failed", len(batch))
-            self.stats.add(commit_failures=1)
-            failure = StoreError(f"commit failed: {exc}")
-            failure.__cause__ = exc
-            self._finish(batch, {}, {id(item): failure for item in batch})
-            return
+        appenders = (("spans", self.store.append_spans), ("metric_points", self.store.append_metric_points))
+        for kind, append in appenders:
+            members = [item for item in batch if item.kind == kind and item.table is not None]
+            if members:
+                rows_by_table[kind] = self._append(append, members, results, errors)
+        for item in batch:
+            if item.call is not None:
+                try:
+                    results[id(item)] = item.call(self.store)
+                except Exception as exc:  # boundary: the writer thread must survive a failing call
+                    log.exception("writer call failed")
+                    errors[id(item)] = exc if isinstance(exc, SreAgentError) else _failure(exc)
         elapsed = self._clock() - started
         committed = sum(rows_by_table.values())
         batch_rows = sum(item.rows for item in batch)
@@ -396,6 +384,38 @@ class Writer:
         self.stats.observe_commit(elapsed, rows_by_table)
         log.debug("committed %d rows (%d new) in %.3f s", batch_rows, committed, elapsed)
         self._finish(batch, results, errors)
+
+    def _append(
+        self,
+        append: Callable[[pa.Table], int],
+        members: list[_Item],
+        results: dict[int, Any],
+        errors: dict[int, BaseException],
+    ) -> int:
+        """Append the members' tables as one batch; returns rows newly inserted.
+
+        When the merged append fails, each request is retried alone so that
+        one bad request fails only itself, not the requests it was batched with.
+        """
+        import pyarrow as pa
+
+        tables = [item.table for item in members if item.table is not None]
+        try:
+            merged = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
+            inserted = append(merged)
+        except Exception as exc:  # boundary: a failed commit fails its requests, never the writer thread
+            if len(members) > 1:
+                log.warning("append of %d batched requests failed (%s); retrying one by one", len(members), exc)
+                return sum(self._append(append, [item], results, errors) for item in members)
+            log.error("append of one request (%d rows) failed: %s", members[0].rows, exc)
+            self.stats.add(commit_failures=1)
+            errors[id(members[0])] = _failure(exc)
+            return 0
+        # Each request is acknowledged with its own row count (the store only
+        # reports new rows for the merged batch).
+        for item in members:
+            results[id(item)] = item.rows
+        return int(inserted)
 
     def _finish(self, batch: list[_Item], results: dict[int, Any], errors: dict[int, BaseException]) -> None:
         with self._cond:

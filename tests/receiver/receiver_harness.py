@@ -21,6 +21,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 READY_TIMEOUT_S = 30.0
+T0_NS = 1_790_000_000_000_000_000  # 2026-09-21, Unix ns
 
 
 def free_port() -> int:
@@ -171,7 +172,8 @@ def vllm_request(
     resource_spans.resource.attributes.extend(_kv(k, v) for k, v in resource.items())
     scope_spans = resource_spans.scope_spans.add()
     scope_spans.scope.name = "vllm.llm_engine"
-    base = start_ns if start_ns is not None else time.time_ns() - 60_000_000_000
+    # Deterministic: a re-sent request is byte-identical, as an OTLP retry is.
+    base = start_ns if start_ns is not None else T0_NS
     for i in range(n_spans):
         index = first_index + i
         span = scope_spans.spans.add()
