@@ -1,0 +1,140 @@
+"""The engine's batch mix changed: tokens per step, prefill chunking, running batch.
+
+Mechanism: continuous batching packs prefill chunks and decode tokens into
+steps of at most ``max_num_batched_tokens``. With the same arrivals and the
+same work per request, changing that budget or chunked prefill changes the
+steps themselves: a small budget spreads each prompt over many steps (TTFT
+rises, vllm#14845); no chunking runs whole long prompts in one step and
+stalls every decode sharing it (ITL/TPOT tails rise, vllm RFC#3130).
+
+Signals:
+
+* ``vllm:iteration_tokens`` histogram: mean and p99 tokens per step per
+  window. Its p99 carries the step budget. Both are divided by the change
+  in uncached prompt tokens per request (prompt-token counter per request x
+  (1 - prefix-cache hit rate)), because a cache-hit drop or longer prompts
+  make prefill steps bigger without any change in batching;
+* running batch: ``vllm:num_requests_running`` gauge, else the mean number
+  of requests running on the same replica (span overlap);
+* prefill share of processed tokens (prompt vs generation token counters),
+  arrival rate and tokens per request, which must stay put: if arrivals rose
+  by 15 % or more, bigger batches are ``load``'s doing; if work per request
+  changed by 20 % or more, ``traffic_mix``'s.
+
+``explained`` (0..1): the engine stages' (queue + prefill + decode) share of
+the headline's tail excess x ``min(1, |ln(work-adjusted p99 ratio)| / ln 4)``
+(a 4x change in the step cap counts as the whole engine excess).
+
+``confidence``: 0.9 x ``min(1, |ln ratio| / ln 2)`` with the histogram.
+Without it (spans only): a running batch that moved by 30 % or more at the
+same arrival rate and mix while queueing did not carry the excess gives at
+most 0.3, since span overlap alone cannot tell batching from a slowdown.
+
+Quiet when the work-adjusted step shape moved by less than x1.5, or when
+arrivals or work per request changed (then other rules own the change).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+import polars as pl
+
+from sre_agent.compare import Comparison
+from sre_agent.decompose import StageDecomposition
+from sre_agent.metric_view import MetricView
+from sre_agent.rules._mechanism import batch_shape, clip01, engine_share, rnd, running_batch, side
+from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
+
+#: Arrival-rate change beyond which batch changes are load's doing.
+MAX_RATE_CHANGE: Final[float] = 0.15
+#: Work-per-request change beyond which batch changes are traffic mix's doing.
+MAX_WORK_CHANGE: Final[float] = 0.20
+#: Running-batch change that counts on spans alone.
+SPAN_BATCH_CHANGE: Final[float] = 1.3
+#: Confidence ceiling on spans alone.
+SPANS_ONLY_CONFIDENCE: Final[float] = 0.3
+
+NEXT_CHECK: Final[str] = (
+    "diff the resolved max_num_batched_tokens, enable_chunked_prefill and max_num_seqs in the engine start-up "
+    "logs (defaults depend on GPU and version); replay the candidate with the baseline's values"
+)
+
+
+def _changed(ratio: float | None, limit: float) -> bool:
+    return ratio is not None and abs(ratio - 1.0) >= limit
+
+
+def batch_composition(
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    stages: StageDecomposition,
+    arrival_rate: SidePair,
+) -> Finding | None:
+    """A ``batch_composition`` finding when steps changed shape at the same load (see module docstring)."""
+    frame = comparison.requests
+    work = {
+        s: side(frame, s)
+        .select((pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0)).mean())
+        .item()
+        for s in ("baseline", "candidate")
+    }
+    work_pair = SidePair(*(float(v) if v is not None else None for v in work.values()))
+    if _changed(arrival_rate.ratio, MAX_RATE_CHANGE) or _changed(work_pair.ratio, MAX_WORK_CHANGE):
+        return None
+    running = metrics.gauge("running_requests")
+    running_how = "num_requests_running gauge, window mean"
+    if running.baseline is None or running.candidate is None:
+        overlap = frame.select("span_id", "side").join(running_batch(comparison, "decode"), on="span_id")
+        means = [side(overlap, s)["running"].mean() for s in ("baseline", "candidate")]
+        running = SidePair(*(float(m) if isinstance(m, int | float) else None for m in means))
+        running_how = "requests running on the same replica (span overlap)"
+    evidence = [
+        Evidence("arrival_rate_rps", rnd(arrival_rate.baseline), rnd(arrival_rate.candidate), "unchanged load"),
+        Evidence("tokens_per_request", rnd(work_pair.baseline, 1), rnd(work_pair.candidate, 1), "input + output"),
+        Evidence("running_batch", rnd(running.baseline, 2), rnd(running.candidate, 2), running_how),
+    ]
+    prompt, generated = metrics.counter_delta("prompt_tokens"), metrics.counter_delta("generation_tokens")
+    if prompt.baseline and prompt.candidate and generated.baseline and generated.candidate:
+        evidence.append(
+            Evidence("prompt_token_share", rnd(prompt.baseline / (prompt.baseline + generated.baseline)),
+                     rnd(prompt.candidate / (prompt.candidate + generated.candidate)),
+                     "prompt tokens / all tokens processed (counter deltas)")
+        )  # fmt: skip
+    at_stake = engine_share(stages, regression)
+    shape = batch_shape(metrics, comparison.request_counts)
+    if shape is not None:
+        cap = shape.cap_ratio
+        if not shape.changed or cap is None or cap <= 0:
+            return None
+        strength = abs(math.log(cap))
+        evidence = [*shape.evidence(), *evidence]
+        direction = "rose" if cap > 1 else "fell"
+        stage = "decode" if cap > 1 else "prefill"  # bigger steps stall decodes; smaller ones stretch prefills
+        return Finding(
+            cause="batch_composition",
+            title=f"Tokens per engine step {direction} at the same load (p99 {shape.p99.baseline:.0f} -> "
+            f"{shape.p99.candidate:.0f}): the step budget or chunked prefill changed",
+            explained=at_stake * clip01(strength / math.log(4.0)),
+            confidence=0.9 * clip01(strength / math.log(2.0)),
+            stage=stage,
+            evidence=tuple(evidence),
+            next_check=NEXT_CHECK,
+        )
+    ratio = running.ratio
+    queue_share = stages.shares.get("queue", 0.0) if stages.shares else 0.0
+    if ratio is None or not (ratio >= SPAN_BATCH_CHANGE or ratio <= 1 / SPAN_BATCH_CHANGE) or queue_share >= 0.5:
+        return None
+    strength = abs(math.log(ratio))
+    return Finding(
+        cause="batch_composition",
+        title=f"Running batch changed {running.baseline:.1f} -> {running.candidate:.1f} requests at the same "
+        "load and mix (no tokens-per-step metric to confirm)",
+        explained=at_stake * clip01(strength / math.log(4.0)),
+        confidence=SPANS_ONLY_CONFIDENCE * clip01(strength / math.log(2.0)),
+        stage=None,
+        evidence=tuple(evidence),
+        next_check=NEXT_CHECK + "; export vllm:iteration_tokens to confirm",
+    )

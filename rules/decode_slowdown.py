@@ -1,0 +1,76 @@
+"""Time per output token rose at a comparable batch size.
+
+Mechanism: a decode step's time depends on how many sequences share it (the
+running batch) and how long their contexts are. When TPOT rises with the
+batch, that is load or capacity; when it rises *at the same batch size and
+context length*, the step itself got slower (a kernel or library change,
+lost CUDA-graph coverage, a sampler or detokeniser regression, eager mode).
+
+Signal: ``tpot_s`` per request (decode time / (output tokens - 1)),
+compared as ``log(tpot)`` within buckets of running batch (requests running on
+the same replica at the midpoint of the request's decode, from span overlap
+over every selected request) x prompt length (factor-4 buckets); buckets need
+20 requests per side. The per-bucket changes are averaged with the
+candidate's request counts as weights.
+
+``explained`` (0..1): the decode stage's share of the headline's tail excess
+(1 for a TPOT/ITL headline) times the share of the raw log change of TPOT that
+remains at equal buckets (``conditional / raw``).
+
+``confidence``: significance of the conditional change's z score x
+``min(1, rise / 30 %)`` x bucket coverage (``min(1, covered share / 0.5)``),
+damped x 0.4 when the tokens-per-step distribution changed too (that is
+``batch_composition``'s mechanism, which then explains the slower steps).
+
+Quiet (``None``) below a 10 % rise at equal buckets or z < 2.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import polars as pl
+
+from sre_agent.compare import Comparison
+from sre_agent.decompose import StageDecomposition
+from sre_agent.metric_view import MetricView
+from sre_agent.rules._mechanism import assess_slowdown, batch_shape, stage_share, with_running
+from sre_agent.rules_api import Finding, Regression, RuleSkipped
+
+NEXT_CHECK: Final[str] = (
+    "compare decode step time at equal running batch size before and after (engine logs or a fixed-batch "
+    "benchmark); check CUDA-graph capture sizes vs max_num_seqs, enforce_eager, attention backend and "
+    "kernel/library versions in the new image"
+)
+
+
+def decode_slowdown(
+    comparison: Comparison, regression: Regression, stages: StageDecomposition, metrics: MetricView
+) -> Finding | None:
+    """A ``decode_slowdown`` finding when TPOT rose at equal batch size (see module docstring)."""
+    frame = comparison.requests.filter(pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1))
+    if (
+        frame.filter(pl.col("side") == "baseline").height == 0
+        or frame.filter(pl.col("side") == "candidate").height == 0
+    ):
+        raise RuleSkipped("no per-request decode timing (tpot) on one side")
+    frame, running = with_running(comparison, frame, "decode", pl.col("input_tokens").fill_null(1))
+    verdict = assess_slowdown(
+        frame,
+        cost="tpot_s",
+        unit="s/token",
+        share=stage_share(stages, "decode", regression),
+        batch=batch_shape(metrics, comparison.request_counts),
+        running=running,
+    )
+    if verdict is None:
+        return None
+    return Finding(
+        cause="decode_slowdown",
+        title=f"Time per output token rose {verdict.rise:.0%} at the same running batch size and prompt length",
+        explained=verdict.explained,
+        confidence=verdict.confidence,
+        stage="decode",
+        evidence=verdict.evidence,
+        next_check=NEXT_CHECK,
+    )

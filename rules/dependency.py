@@ -1,0 +1,206 @@
+"""A span outside the engine got slower (retrieval, tool, guardrail, tokenizer, network).
+
+Mechanism: a request's trace is the gateway's own work, the engine call(s)
+and the calls to dependencies. When one dependency (a span group: service,
+name, kind) slows down, every trace that calls it is longer by its calls
+per trace x the shift of its mean duration, whatever the engine does.
+
+Signals: every non-engine span that is neither a trace root nor a wrapper
+of an engine call (gateway attempt spans), grouped by (service, name, kind);
+per side its mean duration with a cluster-robust SE over time slices, its
+p99 and its calls per logical request (root spans). A group counts as shifted
+when its mean rose by 20 % and 5 ms or more with z >= 2. Its scope is the
+one attribute value (tenant.id, route, ...) holding >= 70 % of the shift
+with <= 50 % of the traffic, found on the traces of the sampled requests.
+
+``explained`` (0..1): in trace terms. The tail of root-span durations (at
+the headline quantile) is compared between sides; the dependency time of
+tail traces rose by D seconds while the tail's trace time rose by T, so all
+dependencies explain ``D / T``; the shifted group gets its part of that,
+``calls per request x mean shift`` over the sum of every group's positive
+``calls x shift``. Without root spans: the group's added seconds per request
+over the headline's excess.
+
+``confidence``: significance of the group's z x ``min(1, relative rise / 0.5)``.
+
+Quiet when no group shifted; :class:`RuleSkipped` without non-engine spans,
+or when the windows overlap (version mode: sides cannot be told by time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import polars as pl
+
+from sre_agent.compare import Comparison
+from sre_agent.rules._mechanism import (
+    clip01,
+    confined_slice,
+    other_spans_sql,
+    ratio_estimate,
+    rnd,
+    side,
+    significance,
+    z_change,
+)
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
+
+#: Smallest relative rise of a group's mean duration.
+MIN_RISE: Final[float] = 0.20
+#: Smallest absolute rise of a group's mean duration, seconds.
+MIN_RISE_S: Final[float] = 0.005
+#: Fewest spans per side in a group.
+MIN_SPANS: Final[int] = 20
+#: Relative rise counted as unmistakable.
+FULL_RISE: Final[float] = 0.5
+
+
+@dataclass(frozen=True)
+class _Shift:
+    """One span group whose mean duration rose."""
+
+    service: str
+    name: str
+    kind: str
+    mean_b: float
+    mean_c: float
+    spans: tuple[int, int]
+    calls: float
+    z: float
+
+    @property
+    def rise(self) -> float:
+        return self.mean_c / self.mean_b - 1.0 if self.mean_b > 0 else float("inf")
+
+    @property
+    def added(self) -> float:
+        """Seconds added per logical request."""
+        return self.calls * (self.mean_c - self.mean_b)
+
+
+def _windows_overlap(comparison: Comparison) -> bool:
+    b, c = comparison.window("baseline"), comparison.window("candidate")
+    return b.start_ns < c.end_ns and c.start_ns < b.end_ns
+
+
+def dependency(comparison: Comparison, regression: Regression, dimensions: list[str]) -> list[Finding] | None:
+    """A ``dependency`` finding per non-engine span group whose duration rose (see module docstring)."""
+    if not comparison.has_other_spans:
+        raise RuleSkipped("no spans outside the engine (no gateway or dependency instrumentation)")
+    if _windows_overlap(comparison):
+        raise RuleSkipped("the windows overlap (version comparison): dependency spans cannot be assigned a side")
+    sql = other_spans_sql(comparison)
+    slices = comparison.con.sql(
+        f"""SELECT side, slice, service_name, name, kind, count(*) AS n, sum(duration_s) AS total_s
+            FROM {sql} WHERE NOT is_root AND NOT wraps_engine AND duration_s IS NOT NULL GROUP BY ALL"""
+    ).pl()
+    roots = comparison.con.sql(f"SELECT side, count(*) AS n FROM {sql} WHERE is_root GROUP BY side").pl()
+    root_n = {r["side"]: int(r["n"]) for r in roots.to_dicts()}
+    if slices.height == 0:
+        raise RuleSkipped("no dependency spans (only gateway roots and engine-call wrappers)")
+    p99 = comparison.con.sql(
+        f"""SELECT side, service_name, name, kind, quantile_cont(duration_s, 0.99) AS p99_s FROM {sql}
+            WHERE NOT is_root AND NOT wraps_engine GROUP BY ALL"""
+    ).pl()
+    shifted: list[_Shift] = []
+    positive_total = 0.0
+    for key, group in slices.group_by("service_name", "name", "kind"):
+        eb = ratio_estimate(side(group, "baseline"), pl.col("total_s"), pl.col("n"))
+        ec = ratio_estimate(side(group, "candidate"), pl.col("total_s"), pl.col("n"))
+        n_b, n_c = int(side(group, "baseline")["n"].sum()), int(side(group, "candidate")["n"].sum())
+        if eb.value is None or ec.value is None or n_b < MIN_SPANS or n_c < MIN_SPANS:
+            continue
+        calls = n_c / root_n["candidate"] if root_n.get("candidate") else 1.0
+        shift = _Shift(str(key[0]), str(key[1]), str(key[2]), eb.value, ec.value, (n_b, n_c), calls, z_change(eb, ec))
+        positive_total += max(0.0, shift.added)
+        if shift.z >= 2.0 and shift.rise >= MIN_RISE and shift.mean_c - shift.mean_b >= MIN_RISE_S:
+            shifted.append(shift)
+    if not shifted:
+        return None
+    all_deps = _dependency_share_of_tail(comparison, regression)
+    findings = []
+    for shift in sorted(shifted, key=lambda s: -s.added):
+        service, name, kind, z, rise = shift.service, shift.name, shift.kind, shift.z, shift.rise
+        mean_b, mean_c, added = shift.mean_b, shift.mean_c, shift.added
+        group_p99 = p99.filter(
+            (pl.col("service_name") == service) & (pl.col("name") == name) & (pl.col("kind") == kind)
+        )
+        p99_by_side = {r["side"]: r["p99_s"] for r in group_p99.to_dicts()}
+        share_of_deps = added / positive_total if positive_total > 0 else 0.0
+        if all_deps is not None:
+            explained = clip01(all_deps[0]) * share_of_deps
+            detail = f"dependencies hold {all_deps[0]:.0%} of the trace p{round(all_deps[1] * 100)} tail excess"
+        else:
+            excess = regression.excess or 0.0
+            explained = clip01(added / excess) if excess > 0 else 0.0
+            detail = "no root spans: added seconds per request over the headline excess"
+        evidence = [
+            Evidence(f"{name}_mean_s", rnd(mean_b, 5), rnd(mean_c, 5),
+                     f"{service}/{kind}; {shift.spans[0]} -> {shift.spans[1]} spans; z = {z:.1f}"),
+            Evidence(f"{name}_p99_s", rnd(p99_by_side.get("baseline"), 5), rnd(p99_by_side.get("candidate"), 5),
+                     "99th percentile of the span duration"),
+            Evidence("added_s_per_request", 0.0, rnd(added, 5),
+                     f"{shift.calls:.2f} calls per request x mean shift; {share_of_deps:.0%} of all dependency "
+                     f"shifts; {detail}"),
+        ]  # fmt: skip
+        scope = _scope(comparison, sql, (service, name, kind), dimensions)
+        if scope is not None:
+            evidence.append(Evidence(f"shift_share[{scope[0]}={scope[1]}]", None, rnd(scope[2]),
+                                     f"share of the added time; {scope[3]:.0%} of the traffic"))  # fmt: skip
+        where = f" for {scope[0]}={scope[1]}" if scope else ""
+        findings.append(
+            Finding(
+                cause="dependency",
+                title=f"Dependency span {name!r} ({service}) got {rise:.0%} slower{where}: "
+                f"{mean_b * 1e3:.1f} -> {mean_c * 1e3:.1f} ms mean",
+                explained=explained,
+                confidence=significance(z) * min(1.0, rise / FULL_RISE),
+                stage="dependency",
+                scope={scope[0]: scope[1]} if scope else {},
+                evidence=tuple(evidence),
+                next_check=f"open the slowest candidate traces and compare {name!r} spans with the baseline's "
+                f"(by {', '.join(dimensions[:3]) or 'attribute'}); check {service}'s own deploys, "
+                "saturation and timeouts",
+            )
+        )
+    return findings
+
+
+def _dependency_share_of_tail(comparison: Comparison, regression: Regression) -> tuple[float, float] | None:
+    """(tail excess of dependency time / tail excess of trace time, quantile), from the sampled traces."""
+    traces = comparison.traces.filter(pl.col("trace_s").is_not_null())
+    q = regression.quantile if regression.quantile >= 0.5 else 0.9
+    means: dict[str, tuple[float, float]] = {}
+    for s in ("baseline", "candidate"):
+        part = side(traces, s)
+        if part.height < 20:
+            return None
+        threshold = part["trace_s"].quantile(q, interpolation="lower")
+        tail = part.filter(pl.col("trace_s") >= threshold)
+        means[s] = (float(tail["trace_s"].mean()), float(tail["dependency_s"].fill_null(0).mean()))  # type: ignore[arg-type]
+    trace_excess = means["candidate"][0] - means["baseline"][0]
+    if trace_excess <= 0:
+        return 0.0, q
+    return (means["candidate"][1] - means["baseline"][1]) / trace_excess, q
+
+
+def _scope(
+    comparison: Comparison, sql: str, group: tuple[str, str, str], dimensions: list[str]
+) -> tuple[str, str, float, float] | None:
+    """The attribute value confining the group's shift, from the sampled requests' lifted dimensions."""
+    dims = [d for d in dimensions if d in comparison.requests.columns]
+    if not dims:
+        return None
+    spans = comparison.con.sql(
+        f"""SELECT side, trace_id, duration_s FROM {sql} WHERE service_name IS NOT DISTINCT FROM ?
+            AND name IS NOT DISTINCT FROM ? AND kind IS NOT DISTINCT FROM ? AND duration_s IS NOT NULL
+            AND NOT is_root AND NOT wraps_engine""",
+        params=list(group),
+    ).pl()
+    per_trace = comparison.requests.select("trace_id", *dims).unique("trace_id")
+    joined = spans.join(per_trace, on="trace_id", how="inner")
+    if joined.height == 0:
+        return None
+    return confined_slice(joined, dims, pl.col("duration_s"), pl.lit(1.0), direction=1)

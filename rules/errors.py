@@ -1,0 +1,161 @@
+"""The error, abort or finish-reason mix changed.
+
+Mechanism: a deploy that rejects requests (a lower ``max_model_len``, a bad
+route), aborts or times them out, or truncates them (``finish_reason =
+length`` from a lower max-tokens default) changes what users get and what the
+latency population holds: failed requests are often slow (timeouts) or
+fast (early rejections), so the tail moves with them.
+
+Signals (shares per side, each with a cluster-robust SE over time slices and
+a two-sample proportion z test):
+
+* logical requests (trace root spans): ``error_rate`` (status ERROR) and the
+  share of each ``error.type``;
+* engine requests: status ERROR share and the share of each finish reason
+  (``length``, ``abort``, ``error``, ...); engine requests that never ran leave
+  no span, so the root spans are the first source.
+
+A category has moved when its share rose by 1 point or more, at least x1.5,
+with z >= 3 (many categories are tested, so the bar is higher than 2).
+
+``explained`` (0..1): how much of the tail is newly made of the category,
+``(tail_share_c - tail_share_b) / (1 - tail_share_b)`` over requests at or
+above each side's quantile (root duration for root categories, the headline
+metric for engine categories); 0 when failing requests are not in the tail
+(fast rejections, truncations shorten latency).
+
+``confidence``: significance of z x ``min(1, rise / 0.05)``.
+Scope: the attribute value holding >= 70 % of the rise with <= 50 % of the
+traffic (engine categories, on the sampled requests' dimensions).
+
+Quiet when no category moved; :class:`RuleSkipped` when neither spans nor
+root spans are present.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import polars as pl
+
+from sre_agent.compare import Comparison
+from sre_agent.rules._mechanism import (
+    MIN_BUCKET,
+    clip01,
+    confined_slice,
+    headline_column,
+    other_spans_sql,
+    ratio_estimate,
+    rnd,
+    side,
+    significance,
+    z_change,
+)
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
+
+#: Smallest absolute rise of a share.
+MIN_RISE: Final[float] = 0.01
+#: Smallest relative rise of a share.
+MIN_FACTOR: Final[float] = 1.5
+#: z needed per category (several categories are tested at once).
+MIN_Z: Final[float] = 3.0
+#: Rise counted as unmistakable.
+FULL_RISE: Final[float] = 0.05
+
+NEXT_CHECK: Final[str] = (
+    "group the candidate's failed requests by error.type, finish reason, route and replica; diff max_model_len, "
+    "max_tokens defaults, timeouts and validation in the deploy; read the engine's rejection logs"
+)
+
+
+def _categories(frame: pl.DataFrame, columns: dict[str, str]) -> pl.DataFrame:
+    """One boolean column ``cat:<label>`` per category value seen on the candidate side."""
+    out = frame
+    for label, column in columns.items():
+        if column == "status_code":
+            out = out.with_columns((pl.col(column) == "error").fill_null(False).alias(f"cat:{label}"))
+            continue
+        values = side(frame, "candidate")[column].drop_nulls().unique().to_list()
+        for value in values[:20]:
+            out = out.with_columns((pl.col(column) == value).fill_null(False).alias(f"cat:{label}={value}"))
+    return out
+
+
+def _moved(frame: pl.DataFrame, duration: str, q: float, level: str) -> list[tuple[float, str, Evidence, float]]:
+    """(score, category, evidence, explained) for each category whose share rose."""
+    out = []
+    for col in [c for c in frame.columns if c.startswith("cat:")]:
+        eb = ratio_estimate(side(frame, "baseline"), pl.col(col), pl.lit(1.0))
+        ec = ratio_estimate(side(frame, "candidate"), pl.col(col), pl.lit(1.0))
+        if eb.value is None or ec.value is None or eb.n < MIN_BUCKET or ec.n < MIN_BUCKET:
+            continue
+        z = z_change(eb, ec)
+        rise = ec.value - eb.value
+        if z < MIN_Z or rise < MIN_RISE or ec.value < MIN_FACTOR * eb.value:
+            continue
+        tails = []
+        for s in ("baseline", "candidate"):
+            part = side(frame, s).filter(pl.col(duration).is_not_null())
+            threshold = part[duration].quantile(q, interpolation="lower")
+            tail = part.filter(pl.col(duration) >= threshold)
+            tails.append(float(tail[col].mean()) if tail.height else 0.0)  # type: ignore[arg-type]
+        explained = clip01((tails[1] - tails[0]) / (1.0 - tails[0])) if tails[0] < 1 else 0.0
+        label = col.removeprefix("cat:")
+        evidence = Evidence(f"{label}_share", rnd(eb.value), rnd(ec.value),
+                            f"share of {level}; z = {z:.1f}; in the p{round(q * 100)} tail {tails[0]:.1%} -> "
+                            f"{tails[1]:.1%}")  # fmt: skip
+        out.append((significance(z) * min(1.0, rise / FULL_RISE), label, evidence, explained))
+    return out
+
+
+def errors(comparison: Comparison, regression: Regression, dimensions: list[str]) -> Finding | None:
+    """An ``errors`` finding when an error, abort or finish-reason share rose (see module docstring)."""
+    q = regression.quantile if regression.quantile >= 0.5 else 0.9
+    moved: list[tuple[float, str, Evidence, float]] = []
+    engine = comparison.requests
+    roots_seen = False
+    b, c = comparison.window("baseline"), comparison.window("candidate")
+    if comparison.has_other_spans and not (b.start_ns < c.end_ns and c.start_ns < b.end_ns):
+        roots = comparison.con.sql(
+            f"SELECT side, slice, duration_s, status_code, error_type FROM {other_spans_sql(comparison)} WHERE is_root"
+        ).pl()
+        if roots.height:
+            roots_seen = True
+            roots = _categories(roots, {"error_rate": "status_code", "error.type": "error_type"})
+            moved += _moved(roots, "duration_s", q, "logical requests (root spans)")
+    if engine.height == 0 and not roots_seen:
+        raise RuleSkipped("no engine spans and no root spans to count errors on")
+    scope: dict[str, str] = {}
+    scope_evidence: list[Evidence] = []
+    if engine.height:
+        categorised = _categories(engine, {"engine_error_rate": "status_code", "finish_reason": "finish_reason"})
+        engine_moved = _moved(categorised, headline_column(regression), q, "engine requests")
+        moved += engine_moved
+        if engine_moved:
+            top = max(engine_moved, key=lambda m: m[0])
+            found = confined_slice(categorised, dimensions, pl.col(f"cat:{top[1]}"), pl.lit(1.0), direction=1)
+            if found is not None:
+                scope = {found[0]: found[1]}
+                scope_evidence.append(Evidence(f"{top[1]}_rise_share[{found[0]}={found[1]}]", None, rnd(found[2]),
+                                               f"share of the rise; {found[3]:.0%} of the traffic"))  # fmt: skip
+    if not moved:
+        return None
+    moved.sort(key=lambda m: -m[0])
+    confidence, label, _, _ = moved[0]
+    explained = max(m[3] for m in moved)
+    first = moved[0][2]
+    return Finding(
+        cause="errors",
+        title=f"{label} share rose {_pct(first.baseline)} -> {_pct(first.candidate)}"
+        + (f" ({len(moved) - 1} more categories moved)" if len(moved) > 1 else ""),
+        explained=explained,
+        confidence=confidence,
+        stage=None,
+        scope=scope,
+        evidence=tuple(m[2] for m in moved[:6]) + tuple(scope_evidence),
+        next_check=NEXT_CHECK,
+    )
+
+
+def _pct(x: object) -> str:
+    return f"{x:.1%}" if isinstance(x, float) else "n/a"

@@ -1,0 +1,127 @@
+"""KV cache near full: preemptions and recomputation rose.
+
+Mechanism: when the paged KV cache runs out of free blocks, the scheduler
+preempts running requests (vLLM ``num_preemptions``, SGLang "retracted"
+requests). A preempted request goes back to the waiting queue and later
+recomputes its prompt and the tokens generated so far, so queue time,
+prefill and the gaps between tokens all grow for exactly those requests,
+which then fill the tail.
+
+Signals (metric stream only: released engines put no preemption count on spans):
+
+* ``preemptions_per_request``: the preemption counter's delta within each
+  window (never the raw cumulative value) divided by the window's engine
+  requests (per second when the store holds no spans);
+* ``kv_cache_usage`` gauge (``vllm:kv_cache_usage_perc`` / ``sglang:token_usage``):
+  mean, p90 and max per window.
+
+``explained`` (0..1): the share of the headline's tail excess that lies in
+engine stages (queue + prefill + decode, from the stage decomposition),
+times the share of the tail the *extra* preemptions can cover,
+``min(1, extra preemptions per request / (1 - q))`` for the headline
+quantile q (at p99 one extra preemption per hundred requests can make the
+whole tail).
+
+``confidence``: significance of a Poisson z score of the preemption rate
+with an over-dispersion of 2 (one step preempts several requests at once),
+times ``min(1, candidate KV p90 / 0.9)``. Without a preemption counter, a KV
+cache that went from below 80 % to above 95 % at p90 gives at most 0.4.
+
+Quiet when preemptions per request did not rise (z < 2 or below 0.002 per
+request) and KV usage did not newly saturate; :class:`RuleSkipped` when
+neither metric exists.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from sre_agent.decompose import StageDecomposition
+from sre_agent.metric_view import MetricView
+from sre_agent.rules._mechanism import clip01, engine_share, rnd, significance
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
+
+#: Counter over-dispersion: preemptions arrive in bursts, not one by one.
+DISPERSION: Final[float] = 2.0
+#: Smallest rise of preemptions per request worth a finding.
+MIN_RISE: Final[float] = 0.002
+#: KV usage (p90) at which the cache counts as full.
+FULL_USAGE: Final[float] = 0.9
+#: Confidence ceiling when only the usage gauge is known.
+USAGE_ONLY_CONFIDENCE: Final[float] = 0.4
+_ENGINE_STAGES: Final[tuple[str, ...]] = ("queue", "prefill", "decode")
+
+NEXT_CHECK: Final[str] = (
+    "compare num_gpu_blocks / gpu_memory_utilization in the engine start-up logs before and after, and "
+    "num_preemptions per replica; replay the candidate with the baseline's KV size or a lower max_num_seqs"
+)
+
+
+def kv_pressure(
+    regression: Regression,
+    metrics: MetricView,
+    stages: StageDecomposition,
+    windows: dict[str, tuple[int, int, float, int]],
+) -> Finding | None:
+    """A ``kv_pressure`` finding when preemptions rose with a nearly full KV cache (see module docstring)."""
+    has_preemptions, has_usage = metrics.has("preemptions"), metrics.has("kv_cache_usage")
+    if not has_preemptions and not has_usage:
+        raise RuleSkipped("no KV-cache usage gauge and no preemption counter in the metric stream")
+    usage_mean, usage_p90 = metrics.gauge("kv_cache_usage", "mean"), metrics.gauge("kv_cache_usage", "p90")
+    usage_max = metrics.gauge("kv_cache_usage", "max")
+    evidence = [
+        Evidence("kv_cache_usage_mean", rnd(usage_mean.baseline), rnd(usage_mean.candidate), "share of KV blocks used"),
+        Evidence("kv_cache_usage_p90", rnd(usage_p90.baseline), rnd(usage_p90.candidate), "90th percentile"),
+        Evidence("kv_cache_usage_max", rnd(usage_max.baseline), rnd(usage_max.candidate), "peak"),
+    ]
+    exposure = SidePair(float(windows["baseline"][3]), float(windows["candidate"][3]))
+    unit = "request"
+    if not exposure.baseline or not exposure.candidate:
+        exposure, unit = SidePair(windows["baseline"][2], windows["candidate"][2]), "second"
+    counts = metrics.counter_delta("preemptions")
+    z = 0.0
+    rise = 0.0
+    if counts.baseline is not None and counts.candidate is not None and exposure.baseline and exposure.candidate:
+        rate_b, rate_c = counts.baseline / exposure.baseline, counts.candidate / exposure.candidate
+        var = DISPERSION * (
+            max(counts.baseline, 1.0) / exposure.baseline**2 + max(counts.candidate, 1.0) / exposure.candidate**2
+        )
+        z = (rate_c - rate_b) / math.sqrt(var)
+        rise = rate_c - rate_b
+        evidence.insert(0, Evidence(f"preemptions_per_{unit}", rnd(rate_b, 5), rnd(rate_c, 5),
+                                    f"preemption counter delta per window / {unit}s; {counts.baseline:.0f} -> "
+                                    f"{counts.candidate:.0f} preemptions, z = {z:.1f}"))  # fmt: skip
+    saturated = (usage_p90.candidate or 0.0) >= FULL_USAGE + 0.05 and (usage_p90.baseline or 0.0) < FULL_USAGE - 0.1
+    if unit == "request" and rise >= MIN_RISE and z >= 2.0:
+        confidence = significance(z) * min(1.0, (usage_p90.candidate or FULL_USAGE) / FULL_USAGE)
+        coverage = clip01(rise / max(1e-9, 1.0 - regression.quantile))
+    elif unit == "second" and rise > 0 and z >= 2.0:
+        confidence = significance(z) * min(1.0, (usage_p90.candidate or FULL_USAGE) / FULL_USAGE)
+        coverage = 1.0  # no request count to scale by: the engine share alone bounds it
+    elif not has_preemptions and saturated:
+        confidence, coverage = USAGE_ONLY_CONFIDENCE, 1.0
+    else:
+        return None
+    at_stake = engine_share(stages, regression)
+    engine = {s: stages.shares.get(s, 0.0) for s in _ENGINE_STAGES}
+    stage = max(engine, key=lambda s: engine[s]) if sum(engine.values()) > 0 else None
+    what = (
+        f"preemptions per {unit} rose {evidence[0].baseline} -> {evidence[0].candidate}"
+        if has_preemptions
+        else "preemption counts unknown"
+    )
+    return Finding(
+        cause="kv_pressure",
+        title=f"KV cache under pressure ({what}; KV usage p90 {_pct(usage_p90.baseline)} -> "
+        f"{_pct(usage_p90.candidate)}): preempted requests wait and recompute",
+        explained=at_stake * coverage,
+        confidence=confidence,
+        stage=stage,
+        evidence=tuple(evidence),
+        next_check=NEXT_CHECK,
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"

@@ -1,0 +1,146 @@
+"""Prefix-cache hit rate fell, so more of every prompt is prefilled again.
+
+Mechanism: a prompt token found in the prefix cache is not recomputed. When
+the hit rate falls (caching switched off, a template or tokenizer change that
+breaks the shared prefix, evictions), each request prefills more tokens, which
+raises prefill time and TTFT (and, through busier steps, everything else).
+
+Signals (the first available gives the headline hit rate; all are evidence):
+
+* spans: token-weighted hit rate ``sum(cached_tokens) / sum(input_tokens)``
+  per side, with a cluster-robust SE over time slices;
+* vLLM counters: ``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries``
+  deltas within each window (never the raw cumulative values);
+* SGLang: the ``sglang:cache_hit_rate`` gauge, mean per window.
+
+``explained`` (share of the headline excess, 0..1): the extra uncached
+prefill the drop implies for the candidate's tail requests, in seconds,
+``drop x mean input tokens of the tail x baseline prefill seconds per
+uncached token``, divided by the headline's excess (candidate - baseline
+quantile, seconds). For decode-side headlines (TPOT/ITL) the mechanism acts
+only through prefill chunks sharing steps with decodes, so ``explained`` is
+then half the share of newly uncached prompt tokens among the candidate's
+step tokens.
+
+``confidence``: spans: significance of the drop's z score times
+``min(1, drop / 0.2)``; counters or gauge only (exact totals without a
+per-request variance): ``0.85 x min(1, drop / 0.2)``.
+
+Quiet (``None``) when the hit rate fell by less than 5 points or 10 %;
+:class:`RuleSkipped` when no hit-rate signal exists on both sides.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import polars as pl
+
+from sre_agent.compare import Comparison
+from sre_agent.metric_view import MetricView
+from sre_agent.rules._mechanism import (
+    MIN_BUCKET,
+    clip01,
+    confined_slice,
+    headline_column,
+    metric_hit_rate,
+    ratio_estimate,
+    rnd,
+    side,
+    significance,
+    z_change,
+)
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
+
+#: Smallest drop of the hit rate (absolute, fraction of prompt tokens) worth a finding.
+MIN_DROP: Final[float] = 0.05
+#: Smallest relative drop worth a finding.
+MIN_RELATIVE_DROP: Final[float] = 0.10
+#: Drop at which the effect counts as unmistakable.
+FULL_DROP: Final[float] = 0.20
+#: Confidence ceiling for hit rates known only from metric totals.
+METRIC_ONLY_CONFIDENCE: Final[float] = 0.85
+
+NEXT_CHECK: Final[str] = (
+    "compare prefix hashes of the system prompt before and after; check enable_prefix_caching (or SGLang's "
+    "--disable-radix-cache), the chat template and the tokenizer version; check cache evictions"
+)
+
+
+def prefix_cache(
+    comparison: Comparison, regression: Regression, metrics: MetricView, dimensions: list[str]
+) -> Finding | None:
+    """A ``prefix_cache`` finding when the prefix-cache hit rate fell (see module docstring)."""
+    frame = comparison.requests.filter(pl.col("input_tokens") > 0)
+    with_cache = frame.filter(pl.col("cached_tokens").is_not_null())
+    evidence: list[Evidence] = []
+    span_rate: SidePair | None = None
+    z = 0.0
+    if min(side(with_cache, s).height for s in ("baseline", "candidate")) >= MIN_BUCKET:
+        cached, prompt = pl.col("cached_tokens").clip(0, None), pl.col("input_tokens")
+        eb = ratio_estimate(side(with_cache, "baseline"), cached, prompt)
+        ec = ratio_estimate(side(with_cache, "candidate"), cached, prompt)
+        span_rate, z = SidePair(eb.value, ec.value), -z_change(eb, ec)
+        evidence.append(
+            Evidence("prefix_cache_hit_rate", rnd(eb.value), rnd(ec.value),
+                     f"cached / input tokens on spans, token-weighted; drop z = {z:.1f}")
+        )  # fmt: skip
+    metric = metric_hit_rate(metrics, comparison.request_counts)
+    if metric is not None:
+        evidence.append(Evidence("prefix_cache_hit_rate_metrics", rnd(metric[0].baseline), rnd(metric[0].candidate),
+                                 metric[1]))  # fmt: skip
+    rate = span_rate if span_rate is not None else (metric[0] if metric is not None else None)
+    if rate is None or rate.baseline is None or rate.candidate is None:
+        raise RuleSkipped("no prefix-cache signal: neither cached_tokens on spans nor hit/query counters or gauge")
+    drop = rate.baseline - rate.candidate
+    if drop < MIN_DROP or drop < MIN_RELATIVE_DROP * rate.baseline:
+        return None
+    confidence = min(1.0, drop / FULL_DROP) * (significance(z) if span_rate is not None else METRIC_ONLY_CONFIDENCE)
+
+    # Extra uncached prefill implied by the drop, priced at the baseline's prefill seconds per uncached token.
+    hit_b = rate.baseline
+    uncached = pl.col("input_tokens") - pl.col("cached_tokens").fill_null(pl.col("input_tokens") * hit_b)
+    base = side(frame, "baseline").filter(pl.col("prefill_s").is_not_null())
+    seconds_per_token = None
+    if base.height:
+        tokens = float(base.select(uncached.clip(1, None).sum()).item())
+        seconds_per_token = float(base["prefill_s"].sum()) / tokens if tokens > 0 else None
+    col = headline_column(regression)
+    cand = side(frame, "candidate").filter(pl.col(col).is_not_null())
+    excess = regression.excess
+    explained = 0.0
+    if regression.metric in ("tpot", "itl", "decode"):
+        step_tokens = float(cand.select((pl.col("input_tokens") * (1 - rate.candidate)).sum()).item()) + float(
+            cand["output_tokens"].fill_null(0).sum()
+        )
+        extra_tokens = drop * float(cand["input_tokens"].sum())
+        explained = 0.5 * clip01(extra_tokens / step_tokens) if step_tokens > 0 else 0.0
+    elif cand.height and seconds_per_token is not None and excess is not None and excess > 0:
+        threshold = cand[col].quantile(regression.quantile, interpolation="lower")
+        tail = cand.filter(pl.col(col) >= threshold)
+        extra_s = drop * float(tail["input_tokens"].mean()) * seconds_per_token  # type: ignore[arg-type]
+        explained = clip01(extra_s / excess)
+        evidence.append(
+            Evidence("extra_uncached_prefill_s_per_tail_request", 0.0, rnd(extra_s),
+                     f"{explained:.0%} of the {regression.metric} p{round(regression.quantile * 100)} excess "
+                     f"({excess:.4f} s) at {seconds_per_token * 1e3:.3f} ms per uncached token")
+        )  # fmt: skip
+    scope: dict[str, str] = {}
+    if span_rate is not None:
+        found = confined_slice(with_cache, dimensions, pl.col("cached_tokens"), pl.col("input_tokens"), direction=-1)
+        if found is not None:
+            scope = {found[0]: found[1]}
+            evidence.append(Evidence(f"hit_rate_drop_share[{found[0]}={found[1]}]", None, rnd(found[2]),
+                                     f"share of the lost cached tokens; {found[3]:.0%} of the traffic"))  # fmt: skip
+    where = f" in {next(iter(scope))}={next(iter(scope.values()))}" if scope else ""
+    return Finding(
+        cause="prefix_cache",
+        title=f"Prefix-cache hit rate fell {rate.baseline:.0%} -> {rate.candidate:.0%}{where}: "
+        f"{drop:.0%} more of each prompt is prefilled again",
+        explained=explained,
+        confidence=confidence,
+        stage="prefill",
+        scope=scope,
+        evidence=tuple(evidence),
+        next_check=NEXT_CHECK,
+    )

@@ -1,0 +1,117 @@
+"""More attempts per logical request (retries, hedges).
+
+Mechanism: a gateway that resends failed or slow engine calls multiplies the
+engine's offered load by its attempts per request and puts the failed
+attempts' time into the retried requests' latency; under load the extra
+attempts slow everyone else too, which causes more timeouts and retries.
+
+Signals: per logical request (a trace's root span), its attempts: the
+gateway spans that wrap engine calls (CLIENT attempt spans, including failed
+ones without an engine child) plus any span carrying
+``http.request.resend_count``; without gateway wrappers, the engine spans per
+trace (``traces.attempts``). Per side: mean attempts per request with a
+cluster-robust SE over time slices, the share of retried requests, and
+their share of the root-span tail.
+
+``explained`` (0..1): how much of the candidate's trace tail is newly made of
+retried requests, ``(tail_share_c - tail_share_b) / (1 - tail_share_b)``
+where ``tail_share`` is the share of retried requests among traces at or
+above that side's root-duration quantile (the headline quantile).
+
+``confidence``: significance of the z score of attempts per request x
+``min(1, rise / 0.1)`` (ten extra attempts per hundred requests counts as
+unmistakable).
+
+Quiet when attempts per request rose by less than 0.02 or z < 2;
+:class:`RuleSkipped` without root spans, attempt spans or engine spans per
+trace, and when the windows overlap (version mode).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import polars as pl
+
+from sre_agent.compare import Comparison
+from sre_agent.rules._mechanism import clip01, other_spans_sql, ratio_estimate, rnd, side, significance, z_change
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
+
+#: Smallest rise of attempts per logical request.
+MIN_RISE: Final[float] = 0.02
+#: Rise counted as unmistakable.
+FULL_RISE: Final[float] = 0.10
+
+NEXT_CHECK: Final[str] = (
+    "list the retried requests' first-attempt errors (timeout, 429/5xx, replica); compare the gateway's retry "
+    "policy and per-attempt timeout before and after, and check whether a retry budget caps the resend rate"
+)
+
+
+def retry_amplification(comparison: Comparison, regression: Regression) -> Finding | None:
+    """A ``retry_amplification`` finding when attempts per logical request rose (see module docstring)."""
+    if not comparison.has_other_spans:
+        raise RuleSkipped("no gateway spans: attempts per logical request are unknown")
+    b, c = comparison.window("baseline"), comparison.window("candidate")
+    if b.start_ns < c.end_ns and c.start_ns < b.end_ns:
+        raise RuleSkipped("the windows overlap (version comparison): gateway traces cannot be assigned a side")
+    sql = other_spans_sql(comparison)
+    per_trace = comparison.con.sql(
+        f"""
+        WITH t AS (
+          SELECT trace_id,
+            any_value(side) FILTER (WHERE is_root) AS side, any_value(slice) FILTER (WHERE is_root) AS slice,
+            max(duration_s) FILTER (WHERE is_root) AS trace_s,
+            count(*) FILTER (WHERE wraps_engine OR coalesce(attempt, 0) > 0) AS wrapped,
+            max(coalesce(attempt, 0)) AS max_resend
+          FROM {sql} GROUP BY trace_id
+        )
+        SELECT side, slice, trace_s, wrapped, greatest(wrapped, max_resend + 1) AS attempts FROM t
+        WHERE side IS NOT NULL AND trace_s IS NOT NULL
+        """
+    ).pl()
+    if per_trace.height == 0:
+        raise RuleSkipped("no root spans of logical requests in the windows")
+    source = "gateway attempt spans per logical request"
+    if int(per_trace["wrapped"].sum() or 0) == 0:
+        # No wrappers: the engine spans are called directly from the root; count them per trace instead.
+        traces = comparison.traces.join(comparison.requests.select("span_id", "slice"), on="span_id")
+        per_trace = traces.unique("trace_id").select("side", "slice", "trace_s", "attempts").drop_nulls()
+        source = "engine spans per trace"
+    per_trace = per_trace.with_columns(pl.col("attempts").clip(1, None).cast(pl.Float64))
+    one = pl.lit(1.0)
+    eb = ratio_estimate(side(per_trace, "baseline"), pl.col("attempts"), one)
+    ec = ratio_estimate(side(per_trace, "candidate"), pl.col("attempts"), one)
+    if eb.value is None or ec.value is None:
+        raise RuleSkipped("no logical requests on one side")
+    z = z_change(eb, ec)
+    rise = ec.value - eb.value
+    if rise < MIN_RISE or z < 2.0:
+        return None
+    q = regression.quantile if regression.quantile >= 0.5 else 0.9
+    shares: dict[str, tuple[float, float]] = {}
+    for s in ("baseline", "candidate"):
+        part = side(per_trace, s)
+        threshold = part["trace_s"].quantile(q, interpolation="lower")
+        tail = part.filter(pl.col("trace_s") >= threshold)
+        shares[s] = (float((part["attempts"] > 1).mean()), float((tail["attempts"] > 1).mean()))  # type: ignore[arg-type]
+    tail_b, tail_c = shares["baseline"][1], shares["candidate"][1]
+    explained = clip01((tail_c - tail_b) / (1.0 - tail_b)) if tail_b < 1 else 0.0
+    evidence = (
+        Evidence("attempts_per_request", rnd(eb.value), rnd(ec.value), f"{source}; z = {z:.1f}"),
+        Evidence("retried_request_share", rnd(shares["baseline"][0]), rnd(shares["candidate"][0]),
+                 "logical requests with more than one attempt"),
+        Evidence(f"retried_share_of_trace_p{round(q * 100)}_tail", rnd(tail_b), rnd(tail_c),
+                 "retried requests among traces at or above the side's quantile"),
+        Evidence("engine_load_factor", rnd(eb.value), rnd(ec.value),
+                 f"engine calls per logical request: offered load x{ec.value / eb.value:.2f} at the same arrivals"),
+    )  # fmt: skip
+    return Finding(
+        cause="retry_amplification",
+        title=f"Attempts per request rose {eb.value:.3f} -> {ec.value:.3f}: retries amplify load and latency",
+        explained=explained,
+        confidence=significance(z) * min(1.0, rise / FULL_RISE),
+        stage="gateway",
+        evidence=evidence,
+        next_check=NEXT_CHECK,
+    )
