@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,7 +200,7 @@ class ReplaySource:
         self.verifier_usd = 0.0
         self.missed = False
         self._cursor: dict[str, int] = {}
-        self._samples: dict[int, Sample] = {}
+        self._samples: dict[int, tuple[int, Sample]] = {}
         self._keys = 0
 
     def remaining_s(self) -> float | None:
@@ -240,18 +239,21 @@ class ReplaySource:
         if not self._advance(max(s.latency_s for s in chosen)):
             return []
         draws = []
-        for sample in chosen:
+        for offset, sample in enumerate(chosen):
             self._keys += 1
-            self._samples[self._keys] = sample
+            self._samples[self._keys] = (start + offset, sample)
             draws.append(Draw(self._keys, arm, sample.answer, sample.cost_usd, sample.latency_s))
         return draws
 
     def _verdict(self, draw: Draw, verifier: Verifier) -> bool:
-        sample = self._samples[draw.key]
-        index = self._cursor.get(draw.arm, 0)
-        token = f"{self.seed}:{self.task.task_id}:{draw.arm}:{draw.key}:{index}"
-        roll = random.Random(hashlib.sha256(token.encode()).digest()).random()
-        return roll < (verifier.true_positive_rate if sample.correct else verifier.false_positive_rate)
+        """The verifier's verdict on a sample: fixed per (seed, task, arm, sample index), whoever asks."""
+        index, sample = self._samples[draw.key]
+        rate = verifier.true_positive_rate if sample.correct else verifier.false_positive_rate
+        if rate >= 1.0 or rate <= 0.0:
+            return rate >= 1.0
+        token = f"{self.seed}:{self.task.task_id}:{draw.arm}:{index}".encode()
+        roll = int.from_bytes(hashlib.blake2b(token, digest_size=8).digest(), "big") / 2**64
+        return roll < rate
 
     def verify(self, draws: Sequence[Draw]) -> list[bool]:
         """Verdicts in parallel; [] without a verifier; all False when the deadline cuts the verification."""
@@ -267,7 +269,7 @@ class ReplaySource:
 
     def is_correct(self, draw: Draw | None) -> bool:
         """Ground truth for scoring; only the evaluator calls it, never a policy."""
-        return draw is not None and self._samples[draw.key].correct
+        return draw is not None and self._samples[draw.key][1].correct
 
 
 @dataclass(frozen=True, slots=True)

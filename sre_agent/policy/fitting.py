@@ -90,13 +90,16 @@ def _bins(probe: Allocator, train: Sequence[Task], replay: Replay) -> list[str]:
     return bins
 
 
-def _bin_value(runs: Sequence[PolicyRun], members: Sequence[int], dollars_per_success: float) -> float:
+def _bin_value(
+    runs: Sequence[PolicyRun], members: Sequence[int], dollars_per_success: float, misses_per_success: float
+) -> float:
     """Net value of a continuation on one bin's tasks: successes priced in dollars, minus spend.
 
-    A deadline miss is priced like ten lost successes, so routes that add misses lose.
+    A deadline miss costs ``misses_per_success`` successes; the grid over it lets the
+    feasibility check (misses no worse than the best fixed policy) pick the trade-off.
     """
     picked = [runs[i] for i in members]
-    return sum(dollars_per_success * (r.success - 10 * r.missed) - r.spend_usd for r in picked)
+    return sum(dollars_per_success * (r.success - misses_per_success * r.missed) - r.spend_usd for r in picked)
 
 
 def fit_router(
@@ -128,11 +131,11 @@ def fit_router(
         probe = AdaptiveSampling(cheap, k, k)
         bins = _bins(probe, train, replay)
         runs = {id(c): replay.runs(Router(probe, default=c), train) for c in continuations}
-        for lam in _LAMBDAS:
+        for lam, mu in [(lam, mu) for lam in _LAMBDAS for mu in (0.0, 1.0, 10.0)]:
             routes: dict[str, Allocator] = {}
             for bin_name in sorted(set(bins) - {"solved"}):
                 members = [i for i, b in enumerate(bins) if b == bin_name]
-                values = [_bin_value(runs[id(c)], members, lam) for c in continuations]
+                values = [_bin_value(runs[id(c)], members, lam, mu) for c in continuations]
                 routes[bin_name] = continuations[values.index(max(values))]
             router = Router(probe, routes=routes, default=GiveUp())
             summary = summarize("router", "adaptive", replay.runs(router, train))

@@ -238,13 +238,17 @@ class FormatSpec:
     output_paths: tuple[tuple[str | int, ...], ...]
     reasoning_paths: tuple[tuple[str | int, ...], ...]
     cached_paths: tuple[tuple[str | int, ...], ...]
+    # Gemini counts thoughts outside candidatesTokenCount; the others include reasoning in output.
+    reasoning_in_output: bool = True
 
     def usage(self, body: Any) -> Usage:
-        """Token usage read from ``body`` (missing fields count as 0)."""
+        """Token usage read from ``body`` (missing fields count as 0); output always includes reasoning."""
+        reasoning = _int(body, *self.reasoning_paths)
+        output = _int(body, *self.output_paths)
         return Usage(
             input_tokens=_int(body, *self.input_paths),
-            output_tokens=_int(body, *self.output_paths),
-            reasoning_tokens=_int(body, *self.reasoning_paths),
+            output_tokens=output if self.reasoning_in_output else output + reasoning,
+            reasoning_tokens=reasoning,
             cached_tokens=_int(body, *self.cached_paths),
         )
 
@@ -422,6 +426,7 @@ FORMATS: dict[str, FormatSpec] = {
         output_paths=(("usageMetadata", "candidatesTokenCount"), ("usage_metadata", "candidates_token_count")),
         reasoning_paths=(("usageMetadata", "thoughtsTokenCount"), ("usage_metadata", "thoughts_token_count")),
         cached_paths=(("usageMetadata", "cachedContentTokenCount"), ("usage_metadata", "cached_content_token_count")),
+        reasoning_in_output=False,
     ),
 }
 
