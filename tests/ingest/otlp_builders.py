@@ -167,3 +167,27 @@ def metrics_request(
             else:
                 point.as_double = point_spec["value"]
     return request
+
+
+def otlp_json(request: Any, *, upper_ids: bool = False) -> dict[str, Any]:
+    """The OTLP/JSON form of a request: camelCase, hex ids, int64 as strings, enums as ints."""
+    import base64
+
+    from google.protobuf import json_format
+
+    document = json_format.MessageToDict(request, use_integers_for_enums=True)
+
+    def fix(obj: Any) -> None:
+        if isinstance(obj, dict):
+            for key in ("traceId", "spanId", "parentSpanId"):
+                if key in obj:
+                    text = base64.b64decode(obj[key]).hex()
+                    obj[key] = text.upper() if upper_ids else text
+            for value in obj.values():
+                fix(value)
+        elif isinstance(obj, list):
+            for value in obj:
+                fix(value)
+
+    fix(document)
+    return document
