@@ -22,7 +22,8 @@ import math
 
 import polars as pl
 
-from sre_agent.decompose import StageDecomposition
+from sre_agent.compare import Comparison
+from sre_agent.decompose import StageDecomposition, queue_drivers
 from sre_agent.metric_view import MetricView
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
@@ -73,6 +74,7 @@ def _concurrency(
 
 def queueing(
     *,
+    comparison: Comparison,
     regression: Regression,
     stages: StageDecomposition,
     arrival_rate: SidePair,
@@ -87,14 +89,6 @@ def queueing(
     concurrency = _concurrency(requests, windows, metrics)
     waiting = metrics.gauge("waiting_requests")
     running_max = metrics.gauge("running_requests", "max")
-    work = (
-        requests.group_by("side")
-        .agg((pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0)).mean().alias("w"))
-        .collect()
-    )
-    work_by_side = {r["side"]: r["w"] for r in work.to_dicts()}
-    work_ratio = SidePair(work_by_side.get("baseline"), work_by_side.get("candidate")).ratio
-
     queue_share = stages.shares.get("queue", 0.0)
     engine_share = stages.shares.get("prefill", 0.0) + stages.shares.get("decode", 0.0)
     batches_grew = (concurrency.ratio or 0.0) >= BATCH_GROWTH
@@ -102,8 +96,9 @@ def queueing(
     if at_stake <= 0.05:
         return []
 
-    load_term = _log_up(arrival_rate.ratio) if (arrival_rate.ratio or 0) >= 1 + MIN_CHANGE else 0.0
-    replica_term = _log_up(1 / replicas.ratio) if replicas.ratio and replicas.ratio <= 1 - MIN_CHANGE else 0.0
+    drivers = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
+    load_term = drivers.get("load", 0.0)
+    replica_term = drivers.get("capacity", 0.0)
     slot_term = 0.0
     if (
         running_max.ratio is not None
@@ -111,10 +106,19 @@ def queueing(
         and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
     ):
         slot_term = _log_up(1 / running_max.ratio)  # a lower cap on running requests while requests wait
-    work_term = _log_up(work_ratio) if (work_ratio or 0) >= 1 + MIN_CHANGE else 0.0
-    total = load_term + replica_term + slot_term + work_term
+    work_term = drivers.get("traffic_mix", 0.0)
+    # Engine slowdowns also raise utilisation; they share the queue but are reported by their own rules.
+    speed_term = drivers.get("prefill_slowdown", 0.0) + drivers.get("decode_slowdown", 0.0)
+    total = load_term + replica_term + slot_term + work_term + speed_term
     if total <= 0:
         return []
+    work = (
+        requests.group_by("side")
+        .agg((pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0)).mean().alias("w"))
+        .collect()
+    )
+    work_by_side = {r["side"]: r["w"] for r in work.to_dicts()}
+    work_ratio = SidePair(work_by_side.get("baseline"), work_by_side.get("candidate")).ratio
 
     evidence = [
         Evidence(
@@ -188,6 +192,20 @@ def queueing(
                 evidence=tuple(evidence),
                 next_check="compare replica count and the engine's max_num_seqs / max_num_batched_tokens before and "
                 "after the deploy; restore the baseline's and replay",
+            )
+        )
+    if work_term > 0:
+        findings.append(
+            Finding(
+                cause="traffic_mix",
+                title=f"Heavier requests raised utilisation: work per request at the baseline's speed rose "
+                f"{math.exp(work_term) - 1:.0%} and queueing grew with it",
+                explained=at_stake * work_term / total,
+                confidence=0.8,
+                stage=stage,
+                evidence=tuple(evidence),
+                next_check="compare prompt and output length distributions (and which tenants send them) before "
+                "and after; replay the baseline version with the candidate's requests",
             )
         )
     return findings

@@ -14,7 +14,7 @@ from __future__ import annotations
 import polars as pl
 
 from sre_agent.compare import Comparison
-from sre_agent.decompose import stage_decomposition
+from sre_agent.decompose import queue_drivers, stage_decomposition, stage_drivers
 from sre_agent.localise import Localisation
 from sre_agent.rules_api import Evidence, Finding, Regression
 
@@ -89,12 +89,19 @@ def slices(regression: Regression, localisation: Localisation, comparison: Compa
         for s in decomposition.baseline
     )
     if stage == "queue":
-        cause = "load" if grew else "capacity"
+        # The slice queues: name what drove its utilisation up (its load, its speed, its work).
+        part = comparison.requests.filter(expr)
+        drivers = queue_drivers(part, comparison.window_seconds(), comparison.scaled_counts(part))
+        cause = max(drivers, key=lambda d: drivers[d]) if drivers else "capacity"
         check = (
-            f"compare arrival rate and running requests on {label} with the other replicas; check its scheduler limits"
+            f"compare arrival rate, running requests and seconds per token on {label} with the other slices; "
+            "check its scheduler limits"
         )
     else:
         cause, check = _STAGE_CAUSE[stage]
+        if stage in ("prefill", "decode"):
+            drivers = stage_drivers(comparison.requests.filter(expr), stage)
+            cause = max(drivers, key=lambda d: drivers[d]) if drivers else cause
     return Finding(
         cause=cause,
         title=f"The regression is confined to {label}: {best.excess_share:.0%} of the extra slow requests on "

@@ -11,8 +11,9 @@ name the mechanism, and it remains as the honest "where" when none can.
 
 from __future__ import annotations
 
-from sre_agent.decompose import StageDecomposition
-from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
+from sre_agent.compare import Comparison
+from sre_agent.decompose import StageDecomposition, queue_drivers, stage_drivers
+from sre_agent.rules_api import Evidence, Finding, Regression
 
 #: How much a stage-only explanation is trusted relative to a mechanism.
 STAGE_ONLY_CONFIDENCE = 0.35
@@ -25,7 +26,7 @@ _CAUSE_OF_STAGE = {
 }
 
 
-def stages(stages: StageDecomposition, regression: Regression, arrival_rate: SidePair) -> Finding | None:
+def stages(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> Finding | None:
     """Name the stage that holds most of the tail excess, with the full decomposition as evidence."""
     if not regression.significant or not stages.shares:
         return None
@@ -33,9 +34,15 @@ def stages(stages: StageDecomposition, regression: Regression, arrival_rate: Sid
     assert dominant is not None
     share = stages.shares[dominant]
     if dominant == "queue":
-        rate = arrival_rate.ratio
-        cause = "load" if rate is not None and rate >= 1.1 else "capacity"
-        check = "compare arrival rate and replica count before and after; replay the candidate at the baseline's rate"
+        # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
+        drivers = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
+        cause = max(drivers, key=lambda d: drivers[d]) if drivers else "capacity"
+        check = "compare arrival rate, replica count, tokens per request and seconds per token before and after"
+    elif dominant in ("prefill", "decode"):
+        # A stage took longer because requests asked for more, the cache helped less, or the engine slowed.
+        drivers = stage_drivers(comparison.requests, dominant)
+        cause = max(drivers, key=lambda d: drivers[d]) if drivers else _CAUSE_OF_STAGE[dominant][0]
+        check = _CAUSE_OF_STAGE[dominant][1]
     else:
         cause, check = _CAUSE_OF_STAGE[dominant]
     evidence = tuple(

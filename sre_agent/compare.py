@@ -374,7 +374,7 @@ class Comparison:
 
     # ------------------------------------------------------------ aggregates
     @cached_property
-    def _aggregate(self) -> tuple[dict[Side, stats.SliceHistogram], dict[Side, int], dict[Side, int]]:
+    def _aggregate(self) -> tuple[dict[str, stats.SliceHistogram], dict[str, int], dict[str, int]]:
         """One scan over all selected rows: per side/slice e2e histogram, counts, unusable rows.
 
         Only e2e is binned over every row (the headline, exact to ~0.5 %); the
@@ -395,9 +395,9 @@ class Comparison:
             WHERE side IS NOT NULL GROUP BY ALL
             """
         ).fetchnumpy()
-        hists: dict[Side, stats.SliceHistogram] = {}
-        counts: dict[Side, int] = {}
-        bad: dict[Side, int] = {}
+        hists: dict[str, stats.SliceHistogram] = {}
+        counts: dict[str, int] = {}
+        bad: dict[str, int] = {}
         sides = rows["side"].astype(str) if len(rows["side"]) else rows["side"]
         for s in SIDES:
             mask = sides == s
@@ -410,7 +410,7 @@ class Comparison:
         return hists, counts, bad
 
     @property
-    def request_counts(self) -> dict[Side, int]:
+    def request_counts(self) -> dict[str, int]:
         """Engine requests per side (all rows)."""
         return self._aggregate[1]
 
@@ -420,14 +420,29 @@ class Comparison:
         return {s: min(1.0, self.sample_per_side / counts[s]) if counts[s] else 1.0 for s in SIDES}
 
     @property
+    def sample_fraction(self) -> dict[Side, float]:
+        """Share of each side's requests kept in :attr:`requests` (1.0 = every request)."""
+        return dict(self._sample_fraction)
+
+    def window_seconds(self) -> dict[str, float]:
+        """Window length per side, seconds."""
+        return {s: self._windows[s].seconds for s in SIDES}
+
+    def scaled_counts(self, frame: pl.DataFrame) -> dict[str, int]:
+        """Requests per side that a subset of :attr:`requests` stands for (sample counts / fraction)."""
+        counts = {r["side"]: int(r["len"]) for r in frame.group_by("side").len().to_dicts()}
+        return {s: round(counts.get(s, 0) / self._sample_fraction[s]) for s in SIDES}
+
+    @property
     def sampled(self) -> bool:
         """Whether :attr:`requests` is a sample rather than every selected request."""
         return any(f < 1.0 for f in self._sample_fraction.values())
 
     def histogram(self, side: Side, metric: str) -> stats.SliceHistogram:
-        """Per-slice log-bucket histogram of ``metric`` (a key of :data:`LATENCIES`).
+        """Per-slice log-bucket histogram of ``metric`` (a key of :data:`LATENCIES`, or ``trace``).
 
-        e2e is exact over every row; the others come from :attr:`requests`.
+        e2e is exact over every row; the others come from :attr:`requests`
+        (``trace`` is the root span's duration, what the gateway's client saw).
         Empty when there is no data.
         """
         if metric == "e2e":
@@ -436,7 +451,9 @@ class Comparison:
         if key not in self._hist_cache:
             import polars as pl
 
-            col = LATENCIES[metric]
+            col = LATENCIES.get(metric, f"{metric}_s")
+            if col not in self.requests.columns:
+                return stats.SliceHistogram.from_long([], [], [])
             frame = self.requests.filter((pl.col("side") == side) & pl.col(col).is_not_null())
             values = frame[col].to_numpy().astype(np.float64)
             with np.errstate(divide="ignore"):
@@ -503,7 +520,10 @@ class Comparison:
             # lift the root span's low-cardinality attributes onto each request.
             roots = self._trace_frame(frame)
             root_dims = [c for c in roots.columns if c.startswith("root:")]
-            frame = frame.join(roots.select("trace_id", *root_dims).unique("trace_id"), on="trace_id", how="left")
+            trace_cols = ["trace_s", "gateway_s", "dependency_s", "attempts"]
+            frame = frame.join(
+                roots.select("trace_id", *trace_cols, *root_dims).unique("trace_id"), on="trace_id", how="left"
+            )
             for col in root_dims:
                 key = col.removeprefix("root:")
                 if key in frame.columns:
@@ -666,12 +686,9 @@ class Comparison:
         schema = {"trace_id": pl.String, "span_id": pl.String, "side": pl.String, "trace_s": pl.Float64,
                   "gateway_s": pl.Float64, "dependency_s": pl.Float64, "attempts": pl.Int64}  # fmt: skip
         requests = self.requests
-        if not self.has_other_spans or requests.height == 0:
+        if "trace_s" not in requests.columns:
             return pl.DataFrame(schema=schema)
-        per_trace = self._trace_frame(requests).select(
-            "trace_id", "trace_s", "gateway_s", "dependency_s", pl.col("attempts").cast(pl.Int64)
-        )
-        return requests.select("trace_id", "span_id", "side").join(per_trace, on="trace_id", how="inner")
+        return requests.select(*schema).filter(pl.col("attempts").is_not_null()).cast(schema)  # type: ignore[arg-type]
 
     @cached_property
     def spans(self) -> pl.DataFrame:

@@ -10,6 +10,8 @@ one, unlike differences of per-stage quantiles.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -21,11 +23,12 @@ if TYPE_CHECKING:
     from sre_agent.compare import Comparison
     from sre_agent.rules_api import Regression
 
-__all__ = ["STAGES_OF", "StageDecomposition", "stage_decomposition"]
+__all__ = ["STAGES_OF", "StageDecomposition", "queue_drivers", "stage_decomposition", "stage_drivers"]
 
 #: Headline metric -> engine stages that make it up.
 STAGES_OF: Final[dict[str, tuple[str, ...]]] = {
     "e2e": ("queue", "prefill", "decode"),
+    "trace": ("queue", "prefill", "decode"),
     "ttft": ("queue", "prefill"),
     "tpot": ("decode",),
     "itl": ("decode",),
@@ -71,15 +74,12 @@ def stage_decomposition(
     """
     import polars as pl
 
-    metric = regression.metric if regression.metric in LATENCIES else "e2e"
+    metric = regression.metric if regression.metric in (*LATENCIES, "trace") else "e2e"
     stages = STAGES_OF.get(regression.metric, STAGES_OF["e2e"])
-    col = LATENCIES[metric]
+    col = LATENCIES.get(metric, f"{metric}_s")
     q = regression.quantile if regression.quantile >= 0.5 else 0.9
     frame = comparison.requests if where is None else comparison.requests.filter(where)
-    traces = comparison.traces
-    with_trace = metric == "e2e" and traces.height > 0
-    if with_trace:
-        frame = frame.join(traces.select("span_id", "gateway_s", "dependency_s"), on="span_id", how="left")
+    if metric in ("e2e", "trace") and "gateway_s" in frame.columns:
         stages = (*stages, "gateway", "dependency")
     means: dict[str, dict[str, float]] = {}
     tails: list[int] = []
@@ -106,3 +106,117 @@ def _mean(values: pl.Series) -> float:
 
 def _column(stage: str) -> str:
     return LATENCIES.get(stage, f"{stage}_s")
+
+
+#: Relative change below which a queue driver is treated as unchanged.
+DRIVER_MIN_CHANGE: Final[float] = 0.10
+
+
+def queue_drivers(
+    requests: pl.DataFrame, seconds: Mapping[str, float], totals: Mapping[str, int] | None = None
+) -> dict[str, float]:
+    """Why did queueing grow? log-ratio contribution of each driver (only those that rose >= 10 %).
+
+    Utilisation per replica is arrivals x work x time-per-unit-of-work / replicas, so its log
+    change splits into: ``load`` (arrival rate), ``capacity`` (fewer replicas), ``traffic_mix``
+    (more work per request at the baseline's speed: tokens weighted by the baseline's seconds
+    per token), ``prefill_slowdown`` / ``decode_slowdown`` (seconds per token rose). ``requests``
+    is one slice or all of the sample, with a ``side`` column; ``seconds`` the window lengths;
+    ``totals`` the unsampled request counts per side (default: the sample's counts).
+    """
+    import polars as pl
+
+    agg = (
+        requests.group_by("side")
+        .agg(
+            pl.len().alias("n"),
+            pl.coalesce("service_instance", "host_name").drop_nulls().n_unique().alias("replicas"),
+            (pl.col("input_tokens").fill_null(0) - pl.col("cached_tokens").fill_null(0)).clip(0).mean().alias("new_in"),
+            pl.col("output_tokens").fill_null(0).mean().alias("out"),
+            pl.col("prefill_s").mean().alias("prefill"),
+            pl.col("decode_s").mean().alias("decode"),
+        )
+        .to_dicts()
+    )
+    by = {r["side"]: r for r in agg}
+    if set(by) != {"baseline", "candidate"}:
+        return {}
+    b, c = by["baseline"], by["candidate"]
+    n = totals or {"baseline": b["n"], "candidate": c["n"]}
+    terms: dict[str, float] = {}
+
+    def add(name: str, ratio: float | None) -> None:
+        if ratio is not None and ratio >= 1 + DRIVER_MIN_CHANGE and math.isfinite(ratio):
+            terms[name] = terms.get(name, 0.0) + math.log(ratio)
+
+    rate_b, rate_c = n["baseline"] / seconds["baseline"], n["candidate"] / seconds["candidate"]
+    add("load", rate_c / rate_b if rate_b else None)
+    if b["replicas"] and c["replicas"]:
+        add("capacity", b["replicas"] / c["replicas"])
+    p_cost = (b["prefill"] or 0.0) / b["new_in"] if b["new_in"] else 0.0
+    d_cost = (b["decode"] or 0.0) / b["out"] if b["out"] else 0.0
+    work_b = p_cost * (b["new_in"] or 0.0) + d_cost * (b["out"] or 0.0)
+    work_c = p_cost * (c["new_in"] or 0.0) + d_cost * (c["out"] or 0.0)
+    add("traffic_mix", work_c / work_b if work_b > 0 else None)
+    # Speed terms are weighted by the stage's part of the baseline's service time.
+    for stage, cost, tokens in (("prefill", p_cost, "new_in"), ("decode", d_cost, "out")):
+        if cost > 0 and c[tokens] and c[stage] is not None and work_b > 0:
+            speed_ratio = (c[stage] / c[tokens]) / cost
+            weight = cost * (b[tokens] or 0.0) / work_b
+            if speed_ratio >= 1 + DRIVER_MIN_CHANGE:
+                terms[f"{stage}_slowdown"] = weight * math.log(speed_ratio)
+    return terms
+
+
+def stage_drivers(requests: pl.DataFrame, stage: str) -> dict[str, float]:
+    """Why did a stage take longer? log-ratio terms (only those that rose >= 10 %).
+
+    ``prefill`` time = prompt tokens x uncached fraction x seconds per uncached token, so
+    its change splits into ``traffic_mix`` (longer prompts), ``prefix_cache`` (a smaller cached
+    fraction) and ``prefill_slowdown`` (slower per token). ``decode`` time = output tokens x
+    seconds per token: ``traffic_mix`` and ``decode_slowdown``. Means over all requests.
+    """
+    import polars as pl
+
+    if stage not in ("prefill", "decode"):
+        return {}
+    agg = {
+        r["side"]: r
+        for r in requests.group_by("side")
+        .agg(
+            pl.col("input_tokens").cast(pl.Float64).mean().alias("inp"),
+            (pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0))
+            .clip(0)
+            .cast(pl.Float64)
+            .mean()
+            .alias("new"),
+            pl.col("cached_tokens").is_not_null().any().alias("has_cache"),
+            pl.col("output_tokens").cast(pl.Float64).mean().alias("out"),
+            pl.col("prefill_s").mean().alias("prefill"),
+            pl.col("decode_s").mean().alias("decode"),
+        )
+        .to_dicts()
+    }
+    if set(agg) != {"baseline", "candidate"}:
+        return {}
+    b, c = agg["baseline"], agg["candidate"]
+    terms: dict[str, float] = {}
+
+    def add(name: str, num: float | None, den: float | None) -> None:
+        if num and den and num / den >= 1 + DRIVER_MIN_CHANGE:
+            terms[name] = terms.get(name, 0.0) + math.log(num / den)
+
+    if stage == "prefill":
+        add("traffic_mix", c["inp"], b["inp"])
+        if b["has_cache"] and c["has_cache"] and b["inp"] and c["inp"]:
+            add("prefix_cache", (c["new"] or 0.0) / c["inp"], (b["new"] or 0.0) / b["inp"])
+            tokens_b, tokens_c = b["new"], c["new"]
+        else:
+            tokens_b, tokens_c = b["inp"], c["inp"]
+        if tokens_b and tokens_c and b["prefill"] is not None and c["prefill"] is not None:
+            add("prefill_slowdown", c["prefill"] / tokens_c, b["prefill"] / tokens_b)
+    else:
+        add("traffic_mix", c["out"], b["out"])
+        if b["out"] and c["out"] and b["decode"] is not None and c["decode"] is not None:
+            add("decode_slowdown", c["decode"] / c["out"], b["decode"] / b["out"])
+    return terms

@@ -41,7 +41,7 @@ QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.99)
 #: the run-to-run noise of serving stacks and not worth an incident.
 MIN_EFFECT: Final[float] = 1.10
 #: User-facing latencies that can be the headline; stages explain them, they are not headlines.
-HEADLINE_METRICS: Final[tuple[str, ...]] = ("e2e", "ttft", "tpot", "itl")
+HEADLINE_METRICS: Final[tuple[str, ...]] = ("trace", "e2e", "ttft", "tpot", "itl")
 _METRIC_HISTOGRAMS: Final[dict[str, str]] = {
     "e2e": "e2e_seconds",
     "ttft": "ttft_seconds",
@@ -57,11 +57,14 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 300) -> list[Me
     metric stream's latency histograms (no CI: the histogram deltas are not
     resampled, so such an estimate is never ``significant`` on a CI alone).
     ITL comes from the ``itl_seconds`` histogram where present, else it is
-    derived from spans as TPOT.
+    derived from spans as TPOT. ``trace`` (the root span's duration, what the
+    gateway's client waited, dependencies included) is added when traces
+    have gateway spans.
     """
     out: list[MetricEstimate] = []
     have_spans = all(comparison.request_counts[s] > 0 for s in SIDES)
-    for name in LATENCIES:
+    names = [*LATENCIES, "trace"] if have_spans and "trace_s" in comparison.requests.columns else list(LATENCIES)
+    for name in names:
         if not have_spans:
             continue
         b_hist, c_hist = comparison.histogram("baseline", name), comparison.histogram("candidate", name)
@@ -100,8 +103,9 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 300) -> list[Me
 def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:
     """The regression to explain: the user-facing quantile that rose most surely.
 
-    Among significant e2e/TTFT/TPOT/ITL estimates, the one with the largest
-    lower CI bound of the ratio (the ratio itself when there is no CI); when
+    Among significant e2e/TTFT/TPOT/ITL estimates at the highest quantile that
+    has any, the one with the largest lower CI bound of the ratio (the ratio
+    itself when there is no CI); when
     none is significant, e2e p99 with ``significant=False``. The location
     (Mann-Whitney, Hodges-Lehmann) and tail tests are attached as evidence.
     """
@@ -111,7 +115,10 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         return e.ratio_ci[0] if e.ratio_ci is not None else (e.ratio or 0.0) / 2
 
     if candidates:
-        best = max(candidates, key=strength)
+        # The tail first (incidents are about p99), then p90, then the median; within a quantile,
+        # the metric whose ratio is surely largest.
+        top_q = max(e.quantile for e in candidates)
+        best = max((e for e in candidates if e.quantile == top_q), key=strength)
     else:
         fallback = [e for e in estimates if e.name == "e2e" and e.quantile == 0.99] or [
             e for e in estimates if e.quantile == 0.99
@@ -120,8 +127,8 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
             return Regression("e2e", 0.99, None, None, None, False, note="no latency data on one side")
         best = fallback[0]
     location_p = hl = tail_p = None
-    if best.source == "spans" and best.name in LATENCIES:
-        col = LATENCIES[best.name]
+    if best.source == "spans" and best.name in (*LATENCIES, "trace"):
+        col = LATENCIES.get(best.name, f"{best.name}_s")
         frame = comparison.requests
         import polars as pl
 

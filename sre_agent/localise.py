@@ -29,8 +29,10 @@ __all__ = ["Localisation", "SliceScore", "localise"]
 MIN_EXCESS_SHARE: Final[float] = 0.6
 #: ...while carrying at most this share of the candidate's traffic.
 MAX_TRAFFIC_SHARE: Final[float] = 0.5
-#: Baseline requests a slice needs before its own slow rate is trusted.
+#: Fewest requests per side for localisation at all.
 MIN_SLICE_BASELINE: Final[int] = 50
+#: Pseudo-requests at the overall slow rate added to each slice's baseline (shrinkage).
+PRIOR_REQUESTS: Final[int] = 100
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,8 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
     """Score every value of every low-cardinality dimension (see module docstring)."""
     import polars as pl
 
-    metric = regression.metric if regression.metric in LATENCIES else "e2e"
-    col = LATENCIES[metric]
+    metric = regression.metric if regression.metric in (*LATENCIES, "trace") else "e2e"
+    col = LATENCIES.get(metric, f"{metric}_s")
     frame = comparison.requests.filter(pl.col(col).is_not_null())
     dims = [d for d in (dimensions if dimensions is not None else comparison.dimensions) if d in frame.columns]
     base = frame.filter(pl.col("side") == "baseline")
@@ -108,7 +110,9 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
         rows = {}
         for r in stats:
             nb, nc, sb, sc = int(r["nb"]), int(r["nc"]), int(r["sb"]), int(r["sc"])
-            rate_b = sb / nb if nb >= MIN_SLICE_BASELINE else overall_rate
+            # The slice's own baseline slow rate, shrunk toward the overall rate (a slice with few
+            # baseline requests, or none slow among them by chance, is not assumed immune).
+            rate_b = (sb + PRIOR_REQUESTS * overall_rate) / (nb + PRIOR_REQUESTS)
             excess[str(r["value"])] = sc - nc * rate_b
             rows[str(r["value"])] = (nb, nc, sb, sc, rate_b)
         total = sum(max(0.0, e) for e in excess.values())
@@ -117,7 +121,9 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
         for value, (nb, nc, sb, sc, rate_b) in rows.items():
             if nc == 0:
                 continue
-            expected_var = max(nc * rate_b * (1 - rate_b), 1.0)
+            # two-proportion z: the slice's candidate slow rate against its (shrunk) baseline rate
+            pooled = (sc + rate_b * (nb + PRIOR_REQUESTS)) / (nc + nb + PRIOR_REQUESTS)
+            se = math.sqrt(max(pooled * (1 - pooled), 1e-9) * (1 / nc + 1 / (nb + PRIOR_REQUESTS)))
             scores.append(
                 SliceScore(
                     dimension=dim,
@@ -127,7 +133,7 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
                     slow_rate_baseline=sb / nb if nb else math.nan,
                     slow_rate_candidate=sc / nc,
                     excess_share=max(0.0, excess[value]) / total,
-                    z=(sc - nc * rate_b) / math.sqrt(expected_var),
+                    z=(sc / nc - rate_b) / se,
                 )
             )
     # Concentration beats size: prefer the slice whose excess share most exceeds its traffic share.
