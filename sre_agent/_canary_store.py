@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -43,6 +44,8 @@ HISTOGRAM_SIGNAL: Final[dict[str, str]] = {
     "e2e": "e2e_seconds",
     "queue": "queue_seconds",
 }
+#: Longest time the diagnosis may add to a verdict, seconds.
+FINDINGS_BUDGET_S: Final[float] = 4.0
 #: Requests per side the diagnosis samples for mix and slice analysis (bounds its run time).
 FINDINGS_SAMPLE_PER_SIDE: Final[int] = 20_000
 _ERROR = "(status_code = 'error' OR error_type IS NOT NULL)"
@@ -181,24 +184,55 @@ def gather(
 
 
 def top_findings(
-    con: duckdb.DuckDBPyConnection, selection: Selection, limit: int, notes: list[str]
+    con: duckdb.DuckDBPyConnection,
+    selection: Selection,
+    limit: int,
+    notes: list[str],
+    budget_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """The top diagnosis findings (CONTRACTS section 3 objects) for the same selection.
 
-    Diagnosis is an explanation, not part of the verdict: if it fails the
-    verdict still stands, and the failure is logged and noted. The mix and
-    slice sample is kept small so that a controller's 10 s timeout holds.
+    Diagnosis is an explanation, not part of the verdict: if it fails, or
+    takes longer than ``budget_s`` seconds (``None`` = :data:`FINDINGS_BUDGET_S`;
+    its queries are then interrupted), the verdict still stands and a note says so. The budget
+    keeps a controller's request (Argo's default timeout is 10 s) in time.
     """
     try:
         from sre_agent.diagnose import diagnose
     except ImportError:
         notes.append("diagnosis unavailable in this build; no findings attached")
         return []
-    try:
-        report = diagnose(con, selection, sample_per_side=FINDINGS_SAMPLE_PER_SIDE)
-        findings = list(report.to_dict().get("findings", []))[:limit]
-    except Exception as exc:  # boundary: an explanation must never break the gate
-        log.exception("diagnosis for the canary verdict failed")
-        notes.append(f"diagnosis failed ({type(exc).__name__}: {exc}); verdict given without findings")
-        return []
-    return [dict(f) for f in findings]
+    budget_s = FINDINGS_BUDGET_S if budget_s is None else budget_s
+    cursor = con.cursor()  # its own cursor, so it can be interrupted without touching the caller's
+    found: list[dict[str, Any]] = []
+    failure: list[str] = []
+    done = threading.Event()
+    abandoned = threading.Event()
+
+    def work() -> None:
+        try:
+            report = diagnose(cursor, selection, sample_per_side=FINDINGS_SAMPLE_PER_SIDE)
+            found.extend(dict(f) for f in report.to_dict().get("findings", [])[:limit])
+        except Exception as exc:  # boundary: an explanation must never break the gate
+            if not abandoned.is_set():
+                log.exception("diagnosis for the canary verdict failed")
+                failure.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name="sre-agent-canary-findings", daemon=True)
+    worker.start()
+    if not done.wait(budget_s):
+        abandoned.set()
+        cursor.interrupt()
+        done.wait(2.0)
+        notes.append(
+            f"diagnosis did not finish within {budget_s:g} s; verdict given without findings "
+            "(run `sre-agent diagnose` with the same selection)"
+        )
+        found.clear()
+    elif failure:
+        notes.append(f"diagnosis failed ({failure[0]}); verdict given without findings")
+    if done.is_set():
+        cursor.close()
+    return found

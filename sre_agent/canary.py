@@ -479,7 +479,7 @@ def evaluate(con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanaryS
     enough = min(candidate.requests, baseline.requests) >= spec.min_samples
     # Findings explain a fail or an undecided gate; a pass needs no explanation and polls stay cheap.
     if spec.findings > 0 and result.verdict != "pass" and enough:
-        findings = tuple(top_findings(con, selection, spec.findings, notes))
+        findings = tuple(top_findings(con, selection, spec.findings, notes, spec.findings_budget_s))
     result = replace(result, findings=findings, notes=tuple(notes))
     return apply_dry_run(result) if spec.dry_run else result
 

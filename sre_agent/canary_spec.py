@@ -174,6 +174,8 @@ class CanarySpec:
         alpha: family error level over all checks and all polls.
         dry_run: report ``pass`` whatever the real verdict.
         findings: how many diagnosis findings to attach (0 = do not diagnose).
+        findings_budget_s: longest time the diagnosis may add, seconds; the
+            default keeps an HTTP answer inside Argo's 10 s timeout.
     """
 
     slos: tuple[SloSpec, ...] = ()
@@ -182,6 +184,7 @@ class CanarySpec:
     alpha: float = DEFAULT_ALPHA
     dry_run: bool = False
     findings: int = 3
+    findings_budget_s: float = 6.0
 
     def __post_init__(self) -> None:
         if not self.slos and not self.regressions:

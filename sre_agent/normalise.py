@@ -172,7 +172,8 @@ class Normaliser:
                 self.key_columns.setdefault(key, (index[column], span_prio, res_base + rank))
         # Cache: serialized KeyValue bytes -> decoded entry (see sre_agent.otlp).
         self.kv_cache: dict[bytes, tuple[str, str, Any, int, int]] = {}
-        self.key_cache: dict[bytes, tuple[str, int, int, bool]] = {}
+        # Cache: KeyValue prefix (key + value tag) -> (kind, value offset, key, slot, priority).
+        self.head_cache: dict[bytes, tuple[int, int, str, int, int]] = {}
 
     def redact(self, text: str | bytes) -> str:
         """The redacted form of a value: its UTF-8 length and a keyed hash."""

@@ -147,45 +147,26 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise DecodeError("varint too long")
 
 
+_KIND_DOUBLE, _KIND_INT, _KIND_STRING = 1, 2, 3
+_KINDS = {0x21: _KIND_DOUBLE, 0x18: _KIND_INT, 0x0A: _KIND_STRING}
+
+
 def _kv_entry(data: bytes, norm: Normaliser) -> tuple[str, str, Any, int, int]:
-    """Decode one serialized ``KeyValue`` into a Normaliser entry (cached)."""
+    """Decode one serialized ``KeyValue`` into a Normaliser entry.
+
+    Scalars written in the usual field order take the fast path; anything
+    else (bools, arrays, long or content values, unusual layouts) goes
+    through the real ``KeyValue`` parser, so both give the same entry.
+    """
     try:
-        # Fast path: key first (field 1), then value (field 2) holding one scalar.
-        if data[0] == 0x0A and data[1] < 0x80:
-            key_end = 2 + data[1]
-            if data[key_end] == 0x12 and data[key_end + 1] == len(data) - key_end - 2:
-                key_info = norm.key_cache.get(data[:key_end])
-                if key_info is None:
-                    key_info = _key_info(data[2:key_end], norm)
-                    norm.key_cache[data[:key_end]] = key_info
-                key, column, prio, is_content = key_info
-                start = key_end + 2
-                tag = data[start] if start < len(data) else 0
-                value: Any
-                if tag == 0x21 and len(data) == start + 9:
-                    value = _DOUBLE.unpack_from(data, start + 1)[0]
-                    text = repr(value) if value == value and abs(value) != float("inf") else None
-                    if text is not None and not is_content:
-                        return (key, text, value, column, prio)
-                elif tag == 0x18:
-                    value, end = _varint(data, start + 1)
-                    if end == len(data):
-                        if value >= 1 << 63:
-                            value -= 1 << 64
-                        if not is_content:
-                            entry = (key, str(value), value, column, prio)
-                            _remember(norm, data, entry)
-                            return entry
-                elif tag == 0x0A and start + 1 < len(data) and data[start + 1] < 0x80:
-                    if start + 2 + data[start + 1] == len(data):
-                        value = data[start + 2 :].decode("utf-8")
-                        if not is_content and len(data) <= norm.max_attribute_bytes:
-                            entry = (key, value, value, column, prio)
-                            _remember(norm, data, entry)
-                            return entry
-        # Everything else (bools, arrays, long strings, content): the real parser.
+        entry = _fast_entry(data, norm)
+    except UnicodeDecodeError as exc:
+        raise BadPayloadError(f"span attribute is not valid UTF-8: {exc}") from exc
+    if entry is not None:
+        return entry
+    try:
         kv = common_pb2.KeyValue.FromString(data)
-    except (IndexError, UnicodeDecodeError, DecodeError) as exc:
+    except DecodeError as exc:
         raise BadPayloadError(f"malformed span attribute: {exc}") from exc
     entry = norm.entry(kv.key, any_value_to_python(kv.value))
     if len(data) <= 256:
@@ -193,11 +174,60 @@ def _kv_entry(data: bytes, norm: Normaliser) -> tuple[str, str, Any, int, int]:
     return entry
 
 
-def _key_info(raw_key: bytes, norm: Normaliser) -> tuple[str, int, int, bool]:
-    key = raw_key.decode("utf-8")
+def _head_info(data: bytes, value_at: int, norm: Normaliser) -> tuple[int, int, str, int, int] | None:
+    """Describe a KeyValue prefix ``0A klen key 12 vlen tag``; None when not a fast-path scalar."""
+    kind = _KINDS.get(data[value_at - 1])
+    if kind is None or data[value_at - 3] != 0x12 or data[value_at - 2] >= 0x80:
+        return None
+    key = data[2 : value_at - 3].decode("utf-8")
+    if norm.is_content(key):
+        return None
     mapped = norm.key_columns.get(key)
     column, prio = (mapped[0], mapped[1]) if mapped else (-1, 1_000_000)
-    return key, column, prio, norm.is_content(key)
+    info = (kind, value_at, key, column, prio)
+    heads = norm.head_cache
+    if len(heads) >= 50_000:  # bounded: attribute keys are few, but a hostile client may vary them
+        heads.clear()
+    heads[data[:value_at]] = info
+    return info
+
+
+def _fast_entry(data: bytes, norm: Normaliser) -> tuple[str, str, Any, int, int] | None:
+    n = len(data)
+    if n < 5 or data[0] != 0x0A or data[1] >= 0x80:
+        return None
+    value_at = data[1] + 5  # after the key, 0x12, the value length and the AnyValue tag
+    if value_at > n or data[value_at - 2] != n - value_at + 1:
+        return None
+    info = norm.head_cache.get(data[:value_at]) or _head_info(data, value_at, norm)
+    if info is None:
+        return None
+    kind, _, key, column, prio = info
+    value: Any
+    if kind == _KIND_DOUBLE:
+        if n != value_at + 8:
+            return None
+        value = _DOUBLE.unpack_from(data, value_at)[0]
+        if value - value != 0.0:  # NaN or infinity: the slow path spells them
+            return None
+        return (key, repr(value), value, column, prio)
+    if kind == _KIND_INT:
+        try:
+            value, end = _varint(data, value_at)
+        except (IndexError, DecodeError):
+            return None
+        if end != n:
+            return None
+        if value >= 1 << 63:
+            value -= 1 << 64
+        entry = (key, str(value), value, column, prio)
+    else:
+        if n > norm.max_attribute_bytes or value_at >= n or data[value_at] != n - value_at - 1:
+            return None  # long (maybe redacted) or multi-byte length: slow path
+        value = data[value_at + 1 :].decode("utf-8")
+        entry = (key, value, value, column, prio)
+    _remember(norm, data, entry)
+    return entry
 
 
 def _remember(norm: Normaliser, data: bytes, entry: tuple[str, str, Any, int, int]) -> None:
@@ -253,19 +283,11 @@ def spans_from_proto(request: Message, normaliser: Normaliser) -> DecodedSpans:
 
 
 class _SpanColumns:
-    """Column lists for one batch, filled span by span."""
+    """Column data for one batch: one tuple of plain fields per span, plus the MAP parts."""
 
     def __init__(self) -> None:
-        self.trace_id: list[str] = []
-        self.span_id: list[str] = []
-        self.parent: list[str | None] = []
-        self.name: list[str] = []
-        self.kind: list[str] = []
-        self.start: list[int] = []
-        self.end: list[int | None] = []
-        self.status: list[str] = []
-        self.message: list[str | None] = []
-        self.scope: list[str | None] = []
+        # (trace_id, span_id, parent, name, kind, start, end, status, message, scope)
+        self.rows: list[tuple[Any, ...]] = []
         self.slots: list[list[Any]] = []
         self.res_keys: list[str] = []
         self.res_values: list[str] = []
@@ -276,12 +298,18 @@ class _SpanColumns:
 
 
 def _flatten_spans(request: Any, norm: Normaliser) -> DecodedSpans:
+    """The hot loop: every statement here runs once per span or per attribute."""
     out = _SpanColumns()
     rejected = 0
     errors: list[str] = []
-    kv_cache = norm.kv_cache
-    keys_append = out.keys.append
-    values_append = out.values.append
+    kv_get = norm.kv_cache.get
+    head_get = norm.head_cache.get
+    unpack_double = _DOUBLE.unpack_from
+    keys, values, offsets = out.keys, out.values, out.offsets
+    keys_append, values_append, offsets_append = keys.append, values.append, offsets.append
+    rows_append, slots_append = out.rows.append, out.slots.append
+    res_keys_extend, res_values_extend = out.res_keys.extend, out.res_values.extend
+    res_offsets = out.res_offsets
     for resource_spans in request.resource_spans:
         res_keys, res_values, res_slot, res_prio = norm.resource_entries(resource_spans.resource.attributes)
         n_res = len(res_keys)
@@ -302,8 +330,23 @@ def _flatten_spans(request: Any, norm: Normaliser) -> DecodedSpans:
                 slot = res_slot.copy()
                 prio = res_prio.copy()
                 for data in span.attributes:
-                    entry = kv_cache.get(data)
+                    entry = kv_get(data)
                     if entry is None:
+                        # Inline fast path for doubles (latencies: distinct on every span, never cached).
+                        try:
+                            head = head_get(data[: data[1] + 5])
+                        except IndexError:
+                            head = None
+                        if head is not None and head[0] == _KIND_DOUBLE and len(data) == head[1] + 8:
+                            value = unpack_double(data, head[1])[0]
+                            if value - value == 0.0:
+                                keys_append(head[2])
+                                values_append(repr(value))
+                                column = head[3]
+                                if column >= 0 and head[4] < prio[column]:
+                                    slot[column] = value
+                                    prio[column] = head[4]
+                                continue
                         entry = _kv_entry(data, norm)
                     keys_append(entry[0])
                     values_append(entry[1])
@@ -311,27 +354,32 @@ def _flatten_spans(request: Any, norm: Normaliser) -> DecodedSpans:
                     if column >= 0 and entry[4] < prio[column]:
                         slot[column] = entry[2]
                         prio[column] = entry[4]
-                out.offsets.append(len(out.keys))
+                offsets_append(len(keys))
                 status = span.status
                 code = status.code
                 if slot[_ERROR] is None and (code == 2 or len(span.events)):
                     slot[_ERROR] = _event_error_type(span.events) or ("error" if code == 2 else None)
-                out.trace_id.append(trace_id.hex())
-                out.span_id.append(span_id.hex())
-                out.parent.append(parent.hex() if parent else None)
-                out.name.append(span.name)
-                out.kind.append(_SPAN_KINDS[span.kind] if 0 <= span.kind < 6 else "unspecified")
-                out.start.append(span.start_time_unix_nano)
-                out.end.append(span.end_time_unix_nano or None)
-                out.status.append(_STATUS_CODES[code] if 0 <= code < 3 else "unset")
-                out.message.append(status.message or None)
-                out.scope.append(scope_name)
-                out.slots.append(slot)
+                kind = span.kind
+                rows_append(
+                    (
+                        trace_id.hex(),
+                        span_id.hex(),
+                        parent.hex() if parent else None,
+                        span.name,
+                        _SPAN_KINDS[kind] if 0 <= kind < 6 else "unspecified",
+                        span.start_time_unix_nano,
+                        span.end_time_unix_nano or None,
+                        _STATUS_CODES[code] if 0 <= code < 3 else "unset",
+                        status.message or None,
+                        scope_name,
+                    )
+                )
+                slots_append(slot)
                 if n_res:
-                    out.res_keys.extend(res_keys)
-                    out.res_values.extend(res_values)
-                out.res_offsets.append(len(out.res_keys))
-    return DecodedSpans(_spans_table(out, norm), rejected, errors)
+                    res_keys_extend(res_keys)
+                    res_values_extend(res_values)
+                res_offsets.append(res_offsets[-1] + n_res)
+    return DecodedSpans(_spans_table(out), rejected, errors)
 
 
 def _event_error_type(events: Any) -> str | None:
@@ -343,37 +391,38 @@ def _event_error_type(events: Any) -> str | None:
     return None
 
 
-def _spans_table(out: _SpanColumns, norm: Normaliser) -> pa.Table:
-    n = len(out.trace_id)
+_ROW_FIELDS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "status_code",
+    "status_message",
+    "scope_name",
+)
+
+
+def _spans_table(out: _SpanColumns) -> pa.Table:
+    n = len(out.rows)
+    row_columns: list[Any] = list(zip(*out.rows, strict=True)) if n else [()] * len(_ROW_FIELDS)
     slot_columns: list[Any] = list(zip(*out.slots, strict=True)) if n else [()] * len(CANONICAL_COLUMNS)
-    typed = {name: _typed_column(name, slot_columns[i]) for i, name in enumerate(CANONICAL_COLUMNS)}
-    names = out.name
-    ttft = slot_columns[_TTFT]
-    e2e = slot_columns[_E2E]
-    is_engine = [
+    columns: dict[str, Any] = dict(zip(_ROW_FIELDS, row_columns, strict=True))
+    columns.update((name, _typed_column(name, slot_columns[i])) for i, name in enumerate(CANONICAL_COLUMNS))
+    names = columns["name"]
+    columns["is_engine"] = [
         name in ENGINE_SPAN_NAMES or " Req " in name or name.startswith("Req ") or t is not None or e is not None
-        for name, t, e in zip(names, ttft, e2e, strict=True)
+        for name, t, e in zip(names, slot_columns[_TTFT], slot_columns[_E2E], strict=True)
     ]
-    decode = typed["decode_s"]
-    output = typed["output_tokens"]
-    tpot = [d / (o - 1) if d is not None and o is not None and o > 1 else None for d, o in zip(decode, output)]
-    duration = [(e - s) / 1e9 if e is not None else None for s, e in zip(out.start, out.end, strict=True)]
-    columns: dict[str, Any] = {
-        "trace_id": out.trace_id,
-        "span_id": out.span_id,
-        "parent_span_id": out.parent,
-        "name": names,
-        "kind": out.kind,
-        "start_ns": out.start,
-        "end_ns": out.end,
-        "duration_s": duration,
-        "status_code": out.status,
-        "status_message": out.message,
-        "scope_name": out.scope,
-        "is_engine": is_engine,
-        "tpot_s": tpot,
-        **typed,
-    }
+    columns["tpot_s"] = [
+        d / (o - 1) if d is not None and o is not None and o > 1 else None
+        for d, o in zip(columns["decode_s"], columns["output_tokens"], strict=True)
+    ]
+    columns["duration_s"] = [
+        (e - s) / 1e9 if e is not None else None for s, e in zip(columns["start_ns"], columns["end_ns"], strict=True)
+    ]
     schema = spans_arrow_schema()
     arrays: list[pa.Array] = []
     for fld in schema:

@@ -65,6 +65,13 @@ def register(subparsers: Any) -> None:
     gate.add_argument(
         "--findings", type=int, default=None, metavar="N", help="diagnosis findings to attach (default 3)"
     )
+    gate.add_argument(
+        "--findings-budget",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="longest time the diagnosis may take, seconds (default 30; the HTTP API uses 6)",
+    )
     gate.add_argument("--dry-run", action="store_true", help="report pass (exit 0) but record and log the real verdict")
     add_format_option(parser)
     parser.set_defaults(func=run)
@@ -83,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     from sre_agent.canary import CanarySpec, Verdict, evaluate, render, verdict_from_dict
 
     selection = selection_from_args(args)
-    spec = CanarySpec.from_strings(args.slo, args.max_regression, **_options(args))
+    spec = CanarySpec.from_strings(
+        args.slo, args.max_regression, findings_budget_s=args.findings_budget, **_options(args)
+    )
     config = config_from_args(args)
     result: Verdict
     if config.url:

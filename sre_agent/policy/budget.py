@@ -184,9 +184,11 @@ class RetryBudget:
         self._deposit_units = 1000
         self._withdraw_units = math.inf if ratio == 0 else 1000.0 / ratio
         self._reserve_units = 0.0 if ratio == 0 else min_retries_per_s * ttl_s * self._withdraw_units
-        self._reserve_left = min_retries_per_s * ttl_s
         self._deposits: deque[tuple[float, int]] = deque()
         self._withdrawals: deque[tuple[float, float]] = deque()
+        # Running sums over the live window, so a decision is O(1) amortised, not O(traffic).
+        self._deposited = 0.0
+        self._withdrawn = 0.0
         self.deposits_total = 0
         self.withdrawals_total = 0
         self.refusals_total = 0
@@ -194,14 +196,16 @@ class RetryBudget:
     def _expire(self, now: float) -> None:
         horizon = now - self.ttl_s
         while self._deposits and self._deposits[0][0] <= horizon:
-            self._deposits.popleft()
+            self._deposited -= self._deposits.popleft()[1]
         while self._withdrawals and self._withdrawals[0][0] <= horizon:
-            self._withdrawals.popleft()
+            self._withdrawn -= self._withdrawals.popleft()[1]
+        if not self._deposits:
+            self._deposited = 0.0  # drop accumulated float error whenever a side empties
+        if not self._withdrawals:
+            self._withdrawn = 0.0
 
     def _balance(self) -> float:
-        deposited = sum(units for _, units in self._deposits)
-        withdrawn = sum(units for _, units in self._withdrawals)
-        return deposited - withdrawn + self._reserve_units
+        return self._deposited - self._withdrawn + self._reserve_units
 
     def deposit(self) -> None:
         """Record a first attempt (earns the right to ``ratio`` retries)."""
@@ -209,6 +213,7 @@ class RetryBudget:
             now = self._clock()
             self._expire(now)
             self._deposits.append((now, self._deposit_units))
+            self._deposited += self._deposit_units
             self.deposits_total += 1
 
     def try_withdraw(self) -> bool:
@@ -224,6 +229,7 @@ class RetryBudget:
                 self.refusals_total += 1
                 return False
             self._withdrawals.append((now, self._withdraw_units))
+            self._withdrawn += self._withdraw_units
             self.withdrawals_total += 1
             return True
 

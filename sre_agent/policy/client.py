@@ -199,9 +199,12 @@ class PolicyEngine:
         plan: Plan = state.extra["plan"]
         target = self.targets[plan.target_index]
         request = plan.request
-        reservation = state.budget.reserve(
-            input_tokens_bound(request), request.max_output_tokens, target.pricing, self.attempt_timeout_s
-        )
+        # The bound serialises the messages: compute it once per distinct request, not per retry.
+        cached = state.extra.get("input_bound")
+        if cached is None or cached[0] is not request.messages:
+            cached = (request.messages, input_tokens_bound(request))
+            state.extra["input_bound"] = cached
+        reservation = state.budget.reserve(cached[1], request.max_output_tokens, target.pricing, self.attempt_timeout_s)
         if reservation is None:
             plan.budget_refused = True
             return None

@@ -134,6 +134,9 @@ class Outcome:
         return self.cls is OutcomeClass.SUCCESS
 
 
+_NO_USAGE = Usage()
+_USAGE_KEYS = ("usage", "usageMetadata", "usage_metadata")
+
 # ---------------------------------------------------------------------------------------------
 # headers
 
@@ -182,16 +185,13 @@ def _should_retry(headers: Mapping[str, str]) -> bool | None:
 
 
 def _dig(body: Any, path: tuple[str | int, ...]) -> Any:
+    # The hot path of classification: plain indexing, with any shape mismatch meaning "absent".
     node = body
-    for key in path:
-        if isinstance(key, int):
-            if not isinstance(node, list) or len(node) <= key:
-                return None
+    try:
+        for key in path:
             node = node[key]
-        else:
-            if not isinstance(node, dict):
-                return None
-            node = node.get(key)
+    except (KeyError, IndexError, TypeError):
+        return None
     return node
 
 
@@ -476,7 +476,8 @@ def classify(
         now_s: Unix seconds for HTTP-date ``Retry-After`` values (default: wall clock).
     """
     spec = FORMATS[provider_format]
-    usage = spec.usage(body) if isinstance(body, dict) else Usage()
+    has_usage = isinstance(body, dict) and any(key in body for key in _USAGE_KEYS)
+    usage = spec.usage(body) if has_usage else _NO_USAGE
     cost = pricing.cost_usd(usage) if pricing is not None else 0.0
     retry_after = parse_retry_after(headers, now_s) if status_code >= 400 else None
     should_retry = _should_retry(headers)

@@ -145,7 +145,9 @@ def regression_db(tmp_path: Path) -> Path:
 
 
 def test_evaluate_on_a_store_fails_a_regressed_version_and_explains(regression_db: Path) -> None:
-    spec = CanarySpec.from_strings(["ttft_p99=3s", "error_rate=1%", "goodput=0.9"], ["ttft_p99=15%"])
+    spec = CanarySpec.from_strings(
+        ["ttft_p99=3s", "error_rate=1%", "goodput=0.9"], ["ttft_p99=15%"], findings_budget_s=120.0
+    )
     with Store.open(regression_db, read_only=True) as store:
         verdict = evaluate(store.connection, VERSIONS, spec)
     statuses = {c.name: c.status for c in verdict.slos}
@@ -155,6 +157,11 @@ def test_evaluate_on_a_store_fails_a_regressed_version_and_explains(regression_d
     assert verdict.exit_code == 1
     assert verdict.baseline["requests"] == 4000
     assert verdict.candidate["filter"] == {"service.version": "v2"}
+    assert 1 <= len(verdict.findings) <= 3
+    top = verdict.findings[0]
+    assert {"rank", "cause", "scope", "evidence"} <= set(top)
+    assert top["cause"] in {"prefill_slowdown", "traffic_mix", "capacity", "load", "batch_composition", "prefix_cache"}
+    assert "top findings:" in render(verdict)
     text = render(verdict)
     assert "FAIL" in text
     assert "ttft_p99 regression" in text
@@ -251,3 +258,28 @@ def test_store_errors_are_store_errors(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         evaluate(con, VERSIONS, CanarySpec.from_strings(["ttft_p99=2s"]))
     con.close()
+
+
+def test_slow_diagnosis_is_cut_off_and_the_verdict_still_stands(
+    regression_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import sre_agent.diagnose
+
+    release = threading.Event()
+
+    def stuck(*args: object, **kwargs: object) -> None:
+        release.wait(10)
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(sre_agent.diagnose, "diagnose", stuck)
+    spec = CanarySpec.from_strings(["ttft_p99=3s"], findings_budget_s=0.05)
+    try:
+        with Store.open(regression_db, read_only=True) as store:
+            verdict = evaluate(store.connection, VERSIONS, spec)
+    finally:
+        release.set()
+    assert verdict.verdict == "fail"
+    assert verdict.findings == ()
+    assert any("did not finish within 0.05 s" in n for n in verdict.notes)
