@@ -129,12 +129,18 @@ class Seq:
 class Replica:
     """A vLLM engine: scheduler, KV block pool with prefix cache, cost model and statistics.
 
+    ``merge_decode_steps`` (class attribute) executes runs of identical decode
+    steps in one call; switching it off steps one by one (the fidelity tests
+    check both give the same result).
+
     Attributes:
         name: ``host.name`` of the replica.
         version: ``service.version`` it currently runs.
         clock: end of its last executed step, seconds.
         finished: requests finished or failed since the caller last drained it.
     """
+
+    merge_decode_steps = True
 
     def __init__(self, name: str, profile: Profile, config: EngineConfig, version: str) -> None:
         self.name = name
@@ -431,7 +437,7 @@ class Replica:
             # smallest j with j*first + ramp*j*(j-1)/2 >= gap
             a, b = ramp / 2, first - ramp / 2
             steps = math.ceil((-b + math.sqrt(b * b + 4 * a * gap)) / (2 * a))
-        steps = max(1, min(steps, limit))
+        steps = max(1, min(steps, limit)) if self.merge_decode_steps else 1
         duration = steps * first + ramp * steps * (steps - 1) / 2
         end = self.clock + duration
         stats = self.stats

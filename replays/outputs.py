@@ -335,6 +335,9 @@ class StoreOutput:
         self.spans_written = 0
         self.points_written = 0
         self._closed = False
+        # Scrapes are small; one DuckDB append per scrape would dominate the cost, so they are batched.
+        self._metric_tables: list[Any] = []
+        self._metric_rows = 0
 
     @classmethod
     def open(cls, path: str | Path) -> StoreOutput:
@@ -369,11 +372,26 @@ class StoreOutput:
             return
         decoded = metrics_from_proto(encode_metrics(data), self.normaliser)
         self.rejected += decoded.rejected
-        self.points_written += self.store.append_metric_points(decoded.table)
+        self._metric_tables.append(decoded.table)
+        self._metric_rows += decoded.table.num_rows
+        if self._metric_rows >= self.METRIC_BATCH_ROWS:
+            self._flush_metrics()
+
+    METRIC_BATCH_ROWS = 20_000
+
+    def _flush_metrics(self) -> None:
+        import pyarrow as pa
+
+        if self._metric_tables:
+            table = pa.concat_tables(self._metric_tables)
+            self._metric_tables = []
+            self._metric_rows = 0
+            self.points_written += self.store.append_metric_points(table)
 
     def shutdown(self) -> None:
-        """Close the store if this output opened it."""
+        """Write buffered metric points; close the store if this output opened it."""
         if not self._closed:
             self._closed = True
+            self._flush_metrics()
             if self._owns:
                 self.store.close()
