@@ -29,9 +29,11 @@ _LAZY: dict[str, str] = {
     "Normaliser": "sre_agent.normalise",
     "OverloadedError": "sre_agent.errors",
     "PayloadTooLargeError": "sre_agent.errors",
+    "PolicyEngine": "sre_agent.policy.client",
     "PolicyError": "sre_agent.errors",
     "RemoteError": "sre_agent.errors",
     "Report": "sre_agent.report",
+    "RetryBudget": "sre_agent.policy.budget",
     "ScenarioError": "sre_agent.errors",
     "Selection": "sre_agent.selection",
     "SelectionError": "sre_agent.errors",
@@ -73,6 +75,8 @@ if TYPE_CHECKING:
     from sre_agent.exporter import StoreMetricExporter, StoreSpanExporter
     from sre_agent.files import FileResult, ingest_files
     from sre_agent.normalise import Normaliser
+    from sre_agent.policy.budget import RetryBudget
+    from sre_agent.policy.client import PolicyEngine
     from sre_agent.report import Report
     from sre_agent.rules_api import CAUSES, Evidence, Finding
     from sre_agent.selection import Selection, Window
