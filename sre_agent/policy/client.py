@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
+import itertools
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -180,6 +181,8 @@ class PolicyEngine:
         self.async_sleep = async_sleep
         self.tracer = tracer or trace.get_tracer("sre_agent.policy")
         self.latency = _LatencyStats()
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid()}-{id(self):x}"
         self._stop = stop_on_budget() | stop_on_fleet_budget()
         self._wait = wait_server_hint(wait or wait_full_jitter())
         self._retry = retry_if_recoverable()
@@ -189,7 +192,8 @@ class PolicyEngine:
     def new_state(self, request: ChatRequest) -> AttemptState:
         """A fresh state for ``request`` (exposed for benchmarks and custom loops)."""
         if request.request_id is None:
-            request = replace(request, request_id=uuid.uuid4().hex)
+            # Scopes the tool ledger; unique within the process is enough (uuid4 costs more).
+            request = replace(request, request_id=f"{self._id_prefix}-{next(self._ids)}")
         state = AttemptState(budget=Budget(self.limits, self.clock), fleet=self.fleet, planner=self.planner)
         state.extra["plan"] = Plan(request=request)
         state.expected_latency_s = self.targets[0].expected_latency_s

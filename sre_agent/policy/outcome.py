@@ -479,8 +479,9 @@ def classify(
     has_usage = isinstance(body, dict) and any(key in body for key in _USAGE_KEYS)
     usage = spec.usage(body) if has_usage else _NO_USAGE
     cost = pricing.cost_usd(usage) if pricing is not None else 0.0
+    # Server hints only matter on failures; skipping them keeps the success path short.
     retry_after = parse_retry_after(headers, now_s) if status_code >= 400 else None
-    should_retry = _should_retry(headers)
+    should_retry = _should_retry(headers) if status_code >= 400 else None
     if status_code >= 400 or status_code < 200:
         cls, detail = _classify_status(status_code, body)
         return Outcome(
