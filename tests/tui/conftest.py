@@ -1,0 +1,180 @@
+"""Fixtures for the console tests: stores (synthetic and replayed), a real server, app helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.app import App
+from textual.pilot import Pilot
+from textual.widgets import DataTable
+from tui_synth import build_store
+
+from sre_agent.selection import Selection
+from sre_agent.tui.app import IncidentApp
+from sre_agent.tui.source import DiagnosisUnavailableError, LocalSource
+
+READY_TIMEOUT_S = 60.0
+# The replayed incident: the bundled scenario whose expected cause is prefix_cache, at 30 % of its length.
+REPLAY_SCENARIO = "prefix_cache_disabled"
+REPLAY_SCALE = "0.3"
+
+
+@pytest.fixture(scope="session")
+def synth_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic incident (20k requests, 60k spans): ``gpu-3`` loses its prefix cache at ``v2``."""
+    return build_store(tmp_path_factory.mktemp("synth") / "incident.duckdb", n_requests=20_000)
+
+
+@pytest.fixture(scope="session")
+def quiet_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same traffic without the incident."""
+    return build_store(tmp_path_factory.mktemp("quiet") / "quiet.duckdb", n_requests=6_000, incident=False)
+
+
+@pytest.fixture(scope="session")
+def replay_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store filled by ``sre-agent replay`` with a real incident (expected cause ``prefix_cache``)."""
+    db = tmp_path_factory.mktemp("replay") / "replay.duckdb"
+    subprocess.run(
+        [sys.executable, "-m", "sre_agent", "replay", REPLAY_SCENARIO, "--db", str(db), "--scale", REPLAY_SCALE],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return db
+
+
+class Server:
+    """A real ``sre-agent serve`` child on loopback ports chosen by the OS."""
+
+    def __init__(self, db: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sre_agent", "serve", "--db", str(db), "--http-port", "0", "--grpc-port", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.url = ""
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if "OTLP/HTTP and API on " in line:
+                    self.url = line.rsplit(" ", 1)[1].strip()
+                if "ready" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(READY_TIMEOUT_S) or not self.url or self.proc.poll() is not None:
+            self.stop()
+            raise AssertionError(f"serve did not start: {''.join(self.lines)}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[Server]:
+    """A server owning a private copy of the synthetic store (serve opens it for writing)."""
+    db = tmp_path / "served.duckdb"
+    db.write_bytes(synth_db.read_bytes())
+    server = Server(db)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def wait_until(
+    condition: Callable[[], bool], timeout_s: float = 60.0, pause: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """Poll ``condition`` until true (bounded), yielding to the app between polls."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        if pause is not None:
+            await pause()
+        else:
+            await asyncio.sleep(0.02)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+class FixtureReportSource(LocalSource):
+    """A real local store whose diagnosis is a stored engine report (tests of rendering, not of the engine)."""
+
+    def __init__(self, path: str, report: dict[str, Any] | None) -> None:
+        super().__init__(path)
+        self.description = "db incident.duckdb"  # stable across tmp paths, for snapshots
+        self.report = report
+
+    def diagnose(self, selection: Selection) -> dict[str, Any]:
+        if self.report is None:
+            raise DiagnosisUnavailableError("the diagnose engine is not installed")
+        return self.report
+
+
+@pytest.fixture(scope="session")
+def synth_report() -> dict[str, Any]:
+    """The diagnose engine's report on the synthetic incident, stored as a CONTRACTS-3 JSON fixture."""
+    report: dict[str, Any] = json.loads((FIXTURES / "synth_report.json").read_text(encoding="utf-8"))
+    return report
+
+
+@pytest.fixture
+def make_app(synth_db: Path, synth_report: dict[str, Any], tmp_path: Path) -> Callable[..., IncidentApp]:
+    """``make_app(db=None, report=..., light=False, **kwargs)`` -> an IncidentApp over a real store."""
+
+    def make(db: Path | None = None, report: Any = synth_report, light: bool = False, **kwargs: Any) -> IncidentApp:
+        source = FixtureReportSource(str(db or synth_db), report)
+        app = IncidentApp(source, export_dir=tmp_path, **kwargs)
+        if light:
+            app.theme = "textual-light"
+        return app
+
+    return make
+
+
+def screen_text(app: App[Any]) -> str:
+    """What the terminal shows right now, as plain text lines."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+async def settle(pilot: Pilot[Any], timeout_s: float = 60.0) -> None:
+    """Wait until the overview, drill-down and diagnosis have all arrived (bounded)."""
+    app = pilot.app
+    assert isinstance(app, IncidentApp)
+
+    def done() -> bool:
+        table = app.query_one("#slices-table", DataTable)
+        return (
+            app.overview is not None
+            and table.row_count > 0
+            and not app.query_one("#findings-tree").loading
+            and not any(w.is_running for w in app.workers)
+        )
+
+    await wait_until(done, timeout_s, pilot.pause)
+    await pilot.pause()
