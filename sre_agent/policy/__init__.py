@@ -9,7 +9,8 @@ polars or textual, checked by import-linter). Names resolve lazily so that
 - :class:`RetryBudget`: the process-wide (Finagle-style) retry budget.
 - :class:`PolicyEngine`, :func:`run_request`, :func:`arun_request`: the httpx entry points.
 - :class:`ToolLedger`: side-effecting tool calls run at most once.
-- :mod:`~sre_agent.policy.allocate`: compute-allocation strategies and the router.
+- :mod:`~sre_agent.policy.allocate`: compute-allocation strategies and the router;
+  :class:`LiveSource` runs them on live engines.
 - :func:`evaluate_policies`: offline evaluation over task-outcome tables (CONTRACTS 6).
 """
 
@@ -26,7 +27,9 @@ _LAZY: dict[str, str] = {
     "Budget": "sre_agent.policy.budget",
     "BudgetLimits": "sre_agent.policy.budget",
     "ChatRequest": "sre_agent.policy.recovery",
+    "Cascade": "sre_agent.policy.allocate",
     "DecodeModel": "sre_agent.policy.evaluate",
+    "LiveSource": "sre_agent.policy.live",
     "Outcome": "sre_agent.policy.outcome",
     "OutcomeClass": "sre_agent.policy.outcome",
     "PolicyEngine": "sre_agent.policy.client",
@@ -57,8 +60,10 @@ __all__ = [
     "BestOfN",
     "Budget",
     "BudgetLimits",
+    "Cascade",
     "ChatRequest",
     "DecodeModel",
+    "LiveSource",
     "Outcome",
     "OutcomeClass",
     "PolicyEngine",
@@ -83,11 +88,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from sre_agent.policy.allocate import AdaptiveSampling, BestOfN, Router, SingleRun
+    from sre_agent.policy.allocate import AdaptiveSampling, BestOfN, Cascade, Router, SingleRun
     from sre_agent.policy.budget import Budget, BudgetLimits, RetryBudget
     from sre_agent.policy.client import AttemptRecord, PolicyEngine, PolicyResult, arun_request, run_request
     from sre_agent.policy.evaluate import DecodeModel, evaluate_policies
     from sre_agent.policy.ledger import ToolLedger
+    from sre_agent.policy.live import LiveSource
     from sre_agent.policy.outcome import Outcome, OutcomeClass, Pricing, Usage, classify
     from sre_agent.policy.recovery import ChatRequest, RecoveryConfig, Target
     from sre_agent.policy.strategies import (

@@ -18,10 +18,10 @@ Gateway use::
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 import itertools
+import json
 import os
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -189,12 +189,12 @@ class PolicyEngine:
 
     # -- shared, pure-ish steps ---------------------------------------------------------------
 
-    def new_state(self, request: ChatRequest) -> AttemptState:
-        """A fresh state for ``request`` (exposed for benchmarks and custom loops)."""
+    def new_state(self, request: ChatRequest, limits: BudgetLimits | None = None) -> AttemptState:
+        """A fresh state for ``request`` under ``limits`` (default: the engine's); for benchmarks and custom loops."""
         if request.request_id is None:
             # Scopes the tool ledger; unique within the process is enough (uuid4 costs more).
             request = replace(request, request_id=f"{self._id_prefix}-{next(self._ids)}")
-        state = AttemptState(budget=Budget(self.limits, self.clock), fleet=self.fleet, planner=self.planner)
+        state = AttemptState(budget=Budget(limits or self.limits, self.clock), fleet=self.fleet, planner=self.planner)
         state.extra["plan"] = Plan(request=request)
         state.expected_latency_s = self.targets[0].expected_latency_s
         return state
@@ -369,9 +369,12 @@ class PolicyEngine:
 
     # -- sync ---------------------------------------------------------------------------------
 
-    def run(self, client: httpx.Client, request: ChatRequest) -> PolicyResult:
-        """Run ``request`` to a usable answer or until a budget or the recovery rules stop it."""
-        state = self.new_state(request)
+    def run(self, client: httpx.Client, request: ChatRequest, limits: BudgetLimits | None = None) -> PolicyResult:
+        """Run ``request`` to a usable answer or until a budget or the recovery rules stop it.
+
+        ``limits`` overrides the engine's budget for this request (e.g. a tighter deadline).
+        """
+        state = self.new_state(request, limits)
         if self.fleet is not None:
             self.fleet.deposit()
         retrying = Retrying(
@@ -415,9 +418,11 @@ class PolicyEngine:
 
     # -- async --------------------------------------------------------------------------------
 
-    async def arun(self, client: httpx.AsyncClient, request: ChatRequest) -> PolicyResult:
+    async def arun(
+        self, client: httpx.AsyncClient, request: ChatRequest, limits: BudgetLimits | None = None
+    ) -> PolicyResult:
         """Async :meth:`run`; the whole attempt (not only each read) is bounded by its timeout."""
-        state = self.new_state(request)
+        state = self.new_state(request, limits)
         if self.fleet is not None:
             self.fleet.deposit()
         retrying = AsyncRetrying(

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import sre_agent
-import sre_agent.policy as policy
+from sre_agent import policy
 
 
 def test_policy_all_is_sorted_complete_and_resolvable() -> None:
@@ -32,5 +32,6 @@ def test_classification_imports_neither_httpx_nor_the_store() -> None:
 
 def test_the_engine_imports_no_store_or_tui() -> None:
     loaded = _loaded_after("from sre_agent.policy import PolicyEngine, evaluate_policies, Router")
-    assert "httpx" in loaded and "tenacity" in loaded
+    assert "httpx" in loaded
+    assert "tenacity" in loaded
     assert not loaded & {"duckdb", "polars", "pyarrow", "textual"}
