@@ -95,8 +95,8 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
         "traceId": f"{ctx.trace_id:032x}",
         "spanId": f"{ctx.span_id:016x}",
     }
-    # SpanFlags: sampled bit, plus "has is_remote" (0x100) and "is remote" (0x200) for the parent.
-    flags = int(ctx.trace_flags) | 0x100
+    # SpanFlags as the SDK encoder sets them: "has is_remote" (0x100), "is remote" (0x200) for the parent.
+    flags = 0x100
     if span.parent is not None:
         out["parentSpanId"] = f"{span.parent.span_id:016x}"
         if span.parent.is_remote:
@@ -144,11 +144,12 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     }
 
 
-def _number_point(point: Any) -> dict[str, Any]:
+def _number_point(point: Any, with_start: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if point.attributes:
         out["attributes"] = _attributes(point.attributes)
-    out["startTimeUnixNano"] = str(point.start_time_unix_nano)
+    if with_start:  # gauges carry no start time (as the SDK encoder writes them)
+        out["startTimeUnixNano"] = str(point.start_time_unix_nano)
     out["timeUnixNano"] = str(point.time_unix_nano)
     if isinstance(point.value, int):
         out["asInt"] = str(point.value)
@@ -187,7 +188,7 @@ def metrics_to_otlp_json(data: MetricsData) -> dict[str, Any]:
                     item["unit"] = m.unit
                 d = m.data
                 if isinstance(d, Gauge):
-                    item["gauge"] = {"dataPoints": [_number_point(p) for p in d.data_points]}
+                    item["gauge"] = {"dataPoints": [_number_point(p, with_start=False) for p in d.data_points]}
                 elif isinstance(d, Sum):
                     item["sum"] = {
                         "dataPoints": [_number_point(p) for p in d.data_points],

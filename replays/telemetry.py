@@ -13,7 +13,7 @@ Per logical request (one trace):
 - gateway ``SERVER`` span ``POST {route}`` (``service.name = llm-gateway``),
   with ``tenant.id``, ``http.route``, ``gen_ai.request.model``;
 - one ``CLIENT`` span per dependency call (retrieval, guardrail, ...);
-- one ``CLIENT`` span per engine attempt, ``http.request.resend_count`` on
+- one ``CLIENT`` span ``POST`` per engine attempt, ``http.request.resend_count`` on
   retries (semconv: absent on the first attempt);
 - the engine's ``llm_request`` ``SERVER`` span (scope ``vllm.llm_engine``,
   ``service.name = vllm``, ``host.name`` = the replica) as the child of its
@@ -217,7 +217,8 @@ class SpanBuilder:
             attrs["error.type"] = attempt.error_type or "error"
         out = [
             ReadableSpan(
-                name="POST /v1/chat/completions",
+                # HTTP client semconv: "{method}" when no low-cardinality url template is known
+                name="POST",
                 context=ctx,
                 parent=root_ctx,
                 resource=gw_res,

@@ -24,6 +24,7 @@ its inputs.
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import io
 import json
@@ -192,9 +193,16 @@ def _parse_azure_time(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def load_trace(name: str) -> list[TraceRow]:
-    """Rows of an Azure CSV (plain or gzip) or a Mooncake JSONL trace, arrivals rebased to 0 s."""
-    path = resolve_trace(name)
+def load_trace(name: str) -> tuple[TraceRow, ...]:
+    """Rows of an Azure CSV (plain or gzip) or a Mooncake JSONL trace, arrivals rebased to 0 s.
+
+    Parsed once per process and shared (rows are immutable).
+    """
+    return _load_trace(resolve_trace(name))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_trace(path: Path) -> tuple[TraceRow, ...]:
     rows: list[TraceRow] = []
     with _open_text(path) as handle:
         if ".jsonl" in path.name:
@@ -229,7 +237,7 @@ def load_trace(name: str) -> list[TraceRow]:
     if not rows:
         raise ScenarioError(f"{path}: trace is empty")
     t0 = rows[0].arrival_s
-    return [TraceRow(r.arrival_s - t0, r.input_tokens, r.output_tokens, r.hash_ids) for r in rows]
+    return tuple(TraceRow(r.arrival_s - t0, r.input_tokens, r.output_tokens, r.hash_ids) for r in rows)
 
 
 def synthetic_rows(
