@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import polars as pl
 
-from sre_agent.compare import LATENCIES, SIDES, Side
+from sre_agent.compare import LATENCIES, SIDES
 from sre_agent.rules_api import Evidence, Regression, SidePair
 
 if TYPE_CHECKING:
@@ -117,27 +118,43 @@ def headline_column(regression: Regression) -> str:
     return LATENCIES.get("tpot" if regression.metric == "itl" else regression.metric, "e2e_s")
 
 
-def stage_share(stages: StageDecomposition, stage: str, regression: Regression) -> float:
-    """Share of the headline's tail excess held by ``stage``.
+def tail_shares(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> dict[str, float]:
+    """Each stage's share of the headline's tail excess.
+
+    The runner decomposes the tail at the headline quantile; with too few
+    tail requests (p99 of a few hundred requests) that is empty, so the
+    decomposition is redone at p90, whose tail has ten times the requests.
+    """
+    if stages.shares or not regression.significant or regression.quantile <= 0.9:
+        return stages.shares
+    from sre_agent.decompose import stage_decomposition
+
+    return stage_decomposition(comparison, replace(regression, quantile=0.9)).shares
+
+
+def stage_share(stages: StageDecomposition, stage: str, regression: Regression, comparison: Comparison) -> float:
+    """Share of the headline's tail excess held by ``stage`` (see :func:`tail_shares`).
 
     Falls back to 1 when the headline *is* that stage's own metric (TPOT/ITL
-    for decode) and the decomposition had too few tail requests to say.
+    for decode) and no decomposition could be made.
     """
-    if stages.shares:
-        return stages.shares.get(stage, 0.0)
+    shares = tail_shares(stages, regression, comparison)
+    if shares:
+        return shares.get(stage, 0.0)
     own = {"decode": ("tpot", "itl", "decode"), "prefill": ("prefill",), "queue": ("queue",)}
     return 1.0 if regression.metric in own.get(stage, ()) else 0.0
 
 
-def engine_share(stages: StageDecomposition, regression: Regression) -> float:
+def engine_share(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> float:
     """Share of the headline's tail excess in engine stages (queue + prefill + decode).
 
-    When the decomposition had too few tail requests (or the headline is a
-    per-token metric it cannot split), every engine-span latency is engine
-    time, so the share is 1 for a significant regression and 0 otherwise.
+    When no decomposition could be made (or the headline is a per-token
+    metric it cannot split), every engine-span latency is engine time, so the
+    share is 1 for a significant regression and 0 otherwise.
     """
-    if stages.shares:
-        return sum(stages.shares.get(s, 0.0) for s in ("queue", "prefill", "decode"))
+    shares = tail_shares(stages, regression, comparison)
+    if shares:
+        return sum(shares.get(s, 0.0) for s in ("queue", "prefill", "decode"))
     return 1.0 if regression.significant else 0.0
 
 
@@ -273,7 +290,8 @@ def confined_slice(
     (r = sum(num)/sum(den) within v; a value absent from the baseline uses the
     baseline's overall ratio). Returns ``(dimension, value, share of the
     positive change, share of candidate traffic)`` for a value with >= 70 %
-    of the change and <= 50 % of the traffic, else ``None``.
+    of the change and at least 20 points more of the change than of the
+    traffic, else ``None``.
     """
     data = frame.with_columns(num.cast(pl.Float64).alias("_y"), den.cast(pl.Float64).alias("_x")).drop_nulls(
         ["_y", "_x"]
@@ -308,7 +326,9 @@ def confined_slice(
         value, top = max(contributions.items(), key=lambda kv: kv[1])
         share = top / total
         traffic = per[value]["candidate"][2] / max(1, n_c)
-        if share >= 0.7 and traffic <= 0.5 and (best is None or share - traffic > best[2] - best[3]):
+        # Confined: most of the change, and clearly more of it than of the traffic (a uniform change
+        # gives every value a share equal to its traffic).
+        if share >= 0.7 and share - traffic >= 0.2 and (best is None or share - traffic > best[2] - best[3]):
             best = (dim, value, share, traffic)
     return best
 
@@ -359,7 +379,7 @@ class BatchShape:
         ]  # fmt: skip
 
 
-def batch_shape(metrics: MetricView, requests: dict[Side, int]) -> BatchShape | None:
+def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape | None:
     """Tokens-per-step histogram summary, or ``None`` when either side lacks it.
 
     ``requests``: engine requests per side, to put the prompt-token counter per request.
@@ -388,7 +408,7 @@ def batch_shape(metrics: MetricView, requests: dict[Side, int]) -> BatchShape | 
     )
 
 
-def metric_hit_rate(metrics: MetricView, requests: dict[Side, int]) -> tuple[SidePair, str] | None:
+def metric_hit_rate(metrics: MetricView, requests: Mapping[str, int]) -> tuple[SidePair, str] | None:
     """Hit rate per side from the counters (else the SGLang gauge) and how it was read."""
     hits, queries = metrics.counter_delta("prefix_cache_hits"), metrics.counter_delta("prefix_cache_queries")
     rates: list[float | None] = []
@@ -420,6 +440,8 @@ def per_request(total: float | None, requests: int) -> float | None:
 MIN_SLOWDOWN: Final[float] = 0.10
 #: Rise at which a slowdown counts as unmistakable (30 %).
 FULL_SLOWDOWN: Final[float] = 0.30
+#: Change of uncached prompt tokens per request that makes steps carry different prefill work (20 %).
+WORK_CHANGE: Final[float] = 0.20
 #: Confidence factor when the batch shape changed too (batch_composition explains it better).
 BATCH_CHANGED_DAMPING: Final[float] = 0.4
 
@@ -474,7 +496,9 @@ def assess_slowdown(
     ]
     if batch is not None:
         evidence += batch.evidence()
-        if batch.changed:
+        # Steps that changed shape, or that carry more prefill per request (cache-hit drop, longer
+        # prompts), are slower for reasons other rules name; the step itself need not have slowed.
+        if batch.changed or abs(math.log(max(1e-9, batch.work_ratio))) >= math.log(1.0 + WORK_CHANGE):
             confidence *= BATCH_CHANGED_DAMPING
     return Slowdown(shift, clip01(share * shift.explained_share), confidence, tuple(evidence))
 
@@ -555,6 +579,7 @@ __all__ = [
     "side",
     "significance",
     "stage_share",
+    "tail_shares",
     "with_running",
     "z_change",
 ]

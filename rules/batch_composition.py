@@ -44,7 +44,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import batch_shape, clip01, engine_share, rnd, running_batch, side
+from sre_agent.rules._mechanism import batch_shape, clip01, engine_share, rnd, running_batch, side, tail_shares
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
 #: Arrival-rate change beyond which batch changes are load's doing.
@@ -103,7 +103,7 @@ def batch_composition(
                      rnd(prompt.candidate / (prompt.candidate + generated.candidate)),
                      "prompt tokens / all tokens processed (counter deltas)")
         )  # fmt: skip
-    at_stake = engine_share(stages, regression)
+    at_stake = engine_share(stages, regression, comparison)
     shape = batch_shape(metrics, comparison.request_counts)
     if shape is not None:
         cap = shape.cap_ratio
@@ -124,7 +124,7 @@ def batch_composition(
             next_check=NEXT_CHECK,
         )
     ratio = running.ratio
-    queue_share = stages.shares.get("queue", 0.0) if stages.shares else 0.0
+    queue_share = tail_shares(stages, regression, comparison).get("queue", 0.0)
     if ratio is None or not (ratio >= SPAN_BATCH_CHANGE or ratio <= 1 / SPAN_BATCH_CHANGE) or queue_share >= 0.5:
         return None
     strength = abs(math.log(ratio))

@@ -19,8 +19,9 @@ remains at equal buckets (``conditional / raw``).
 
 ``confidence``: significance of the conditional change's z score x
 ``min(1, rise / 30 %)`` x bucket coverage (``min(1, covered share / 0.5)``),
-damped x 0.4 when the tokens-per-step distribution changed too (that is
-``batch_composition``'s mechanism, which then explains the slower steps).
+damped x 0.4 when the tokens-per-step distribution changed or uncached
+prompt tokens per request changed by 20 % or more (steps then carry other
+work: ``batch_composition``, ``prefix_cache`` or ``traffic_mix`` explain them).
 
 Quiet (``None``) below a 10 % rise at equal buckets or z < 2.
 """
@@ -59,7 +60,7 @@ def decode_slowdown(
         frame,
         cost="tpot_s",
         unit="s/token",
-        share=stage_share(stages, "decode", regression),
+        share=stage_share(stages, "decode", regression, comparison),
         batch=batch_shape(metrics, comparison.request_counts),
         running=running,
     )

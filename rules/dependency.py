@@ -11,7 +11,7 @@ per side its mean duration with a cluster-robust SE over time slices, its
 p99 and its calls per logical request (root spans). A group counts as shifted
 when its mean rose by 20 % and 5 ms or more with z >= 2. Its scope is the
 one attribute value (tenant.id, route, ...) holding >= 70 % of the shift
-with <= 50 % of the traffic, found on the traces of the sampled requests.
+and 20 points more of the shift than of the traffic, found on the traces of the sampled requests.
 
 ``explained`` (0..1): in trace terms. The tail of root-span durations (at
 the headline quantile) is compared between sides; the dependency time of

@@ -25,8 +25,8 @@ metric for engine categories); 0 when failing requests are not in the tail
 (fast rejections, truncations shorten latency).
 
 ``confidence``: significance of z x ``min(1, rise / 0.05)``.
-Scope: the attribute value holding >= 70 % of the rise with <= 50 % of the
-traffic (engine categories, on the sampled requests' dimensions).
+Scope: the attribute value holding >= 70 % of the rise and 20 points more
+of it than of the traffic (engine categories, on the sampled requests' dimensions).
 
 Quiet when no category moved; :class:`RuleSkipped` when neither spans nor
 root spans are present.

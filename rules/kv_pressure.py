@@ -24,7 +24,8 @@ whole tail).
 
 ``confidence``: significance of a Poisson z score of the preemption rate
 with an over-dispersion of 2 (one step preempts several requests at once),
-times ``min(1, candidate KV p90 / 0.9)``. Without a preemption counter, a KV
+at least 0.7 when the KV cache also filled up (p90 >= 80 % after rising 30
+points or more), times ``min(1, candidate KV p90 / 0.9)``. Without a preemption counter, a KV
 cache that went from below 80 % to above 95 % at p90 gives at most 0.4.
 
 Quiet when preemptions per request did not rise (z < 2 or below 0.002 per
@@ -37,9 +38,10 @@ from __future__ import annotations
 import math
 from typing import Final
 
+from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import clip01, engine_share, rnd, significance
+from sre_agent.rules._mechanism import clip01, engine_share, rnd, significance, tail_shares
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 
 #: Counter over-dispersion: preemptions arrive in bursts, not one by one.
@@ -48,6 +50,11 @@ DISPERSION: Final[float] = 2.0
 MIN_RISE: Final[float] = 0.002
 #: KV usage (p90) at which the cache counts as full.
 FULL_USAGE: Final[float] = 0.9
+#: KV usage p90 (and its rise) at which the cache counts as having filled up in the candidate.
+FILLED_USAGE: Final[float] = 0.8
+FILLED_RISE: Final[float] = 0.3
+#: Confidence floor when preemptions rose (z >= 2) and the cache filled up.
+CORROBORATED_CONFIDENCE: Final[float] = 0.7
 #: Confidence ceiling when only the usage gauge is known.
 USAGE_ONLY_CONFIDENCE: Final[float] = 0.4
 _ENGINE_STAGES: Final[tuple[str, ...]] = ("queue", "prefill", "decode")
@@ -59,6 +66,7 @@ NEXT_CHECK: Final[str] = (
 
 
 def kv_pressure(
+    comparison: Comparison,
     regression: Regression,
     metrics: MetricView,
     stages: StageDecomposition,
@@ -93,18 +101,22 @@ def kv_pressure(
                                     f"preemption counter delta per window / {unit}s; {counts.baseline:.0f} -> "
                                     f"{counts.candidate:.0f} preemptions, z = {z:.1f}"))  # fmt: skip
     saturated = (usage_p90.candidate or 0.0) >= FULL_USAGE + 0.05 and (usage_p90.baseline or 0.0) < FULL_USAGE - 0.1
-    if unit == "request" and rise >= MIN_RISE and z >= 2.0:
-        confidence = significance(z) * min(1.0, (usage_p90.candidate or FULL_USAGE) / FULL_USAGE)
-        coverage = clip01(rise / max(1e-9, 1.0 - regression.quantile))
-    elif unit == "second" and rise > 0 and z >= 2.0:
-        confidence = significance(z) * min(1.0, (usage_p90.candidate or FULL_USAGE) / FULL_USAGE)
-        coverage = 1.0  # no request count to scale by: the engine share alone bounds it
+    # Two independent signals agreeing (preemptions appeared and the cache filled up) are stronger
+    # evidence than the bursty preemption count alone.
+    filled = (usage_p90.candidate or 0.0) >= FILLED_USAGE and (usage_p90.delta or 0.0) >= FILLED_RISE
+    if rise > 0 and z >= 2.0 and (unit == "second" or rise >= MIN_RISE):
+        confidence = max(significance(z), CORROBORATED_CONFIDENCE if filled else 0.0) * min(
+            1.0, (usage_p90.candidate or FULL_USAGE) / FULL_USAGE
+        )
+        # Per second there is no request count to scale by: the engine share alone bounds it.
+        coverage = clip01(rise / max(1e-9, 1.0 - regression.quantile)) if unit == "request" else 1.0
     elif not has_preemptions and saturated:
         confidence, coverage = USAGE_ONLY_CONFIDENCE, 1.0
     else:
         return None
-    at_stake = engine_share(stages, regression)
-    engine = {s: stages.shares.get(s, 0.0) for s in _ENGINE_STAGES}
+    at_stake = engine_share(stages, regression, comparison)
+    shares = tail_shares(stages, regression, comparison)
+    engine = {s: shares.get(s, 0.0) for s in _ENGINE_STAGES}
     stage = max(engine, key=lambda s: engine[s]) if sum(engine.values()) > 0 else None
     what = (
         f"preemptions per {unit} rose {evidence[0].baseline} -> {evidence[0].candidate}"

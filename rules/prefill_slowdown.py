@@ -19,7 +19,7 @@ overlap) x uncached tokens (factor-4 buckets).
 excess times the share of the raw log change that remains at equal buckets.
 
 ``confidence``: as ``decode_slowdown`` (significance x effect size x coverage,
-x 0.4 when the tokens-per-step distribution changed), halved without any
+x 0.4 when the step shape or the uncached work per request changed), halved without any
 cache signal.
 
 Quiet below a 10 % rise at equal buckets or z < 2.
@@ -72,7 +72,7 @@ def prefill_slowdown(
         frame,
         cost="prefill_s_per_uncached_token",
         unit="s/token",
-        share=stage_share(stages, "prefill", regression),
+        share=stage_share(stages, "prefill", regression, comparison),
         batch=batch_shape(metrics, comparison.request_counts),
         running=running,
     )

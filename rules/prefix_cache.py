@@ -18,9 +18,9 @@ prefill the drop implies for the candidate's tail requests, in seconds,
 ``drop x mean input tokens of the tail x baseline prefill seconds per
 uncached token``, divided by the headline's excess (candidate - baseline
 quantile, seconds). For decode-side headlines (TPOT/ITL) the mechanism acts
-only through prefill chunks sharing steps with decodes, so ``explained`` is
-then half the share of newly uncached prompt tokens among the candidate's
-step tokens.
+through prefill chunks sharing steps with decodes, so ``explained`` is then
+the relative rise of tokens computed per request (newly uncached prompt
+tokens over the baseline's uncached prompt + output tokens), capped at 1.
 
 ``confidence``: spans: significance of the drop's z score times
 ``min(1, drop / 0.2)``; counters or gauge only (exact totals without a
@@ -110,11 +110,17 @@ def prefix_cache(
     excess = regression.excess
     explained = 0.0
     if regression.metric in ("tpot", "itl", "decode"):
-        step_tokens = float(cand.select((pl.col("input_tokens") * (1 - rate.candidate)).sum()).item()) + float(
+        # Decode steps share the engine with prefill chunks: they now carry this much more work.
+        base_tokens = float(cand.select((pl.col("input_tokens") * (1 - rate.baseline)).sum()).item()) + float(
             cand["output_tokens"].fill_null(0).sum()
         )
         extra_tokens = drop * float(cand["input_tokens"].sum())
-        explained = 0.5 * clip01(extra_tokens / step_tokens) if step_tokens > 0 else 0.0
+        explained = clip01(extra_tokens / base_tokens) if base_tokens > 0 else 0.0
+        evidence.append(
+            Evidence("tokens_computed_per_request", rnd(base_tokens / max(1, cand.height), 1),
+                     rnd((base_tokens + extra_tokens) / max(1, cand.height), 1),
+                     "uncached prompt + output tokens: the extra prefill shares steps with decodes")
+        )  # fmt: skip
     elif cand.height and seconds_per_token is not None and excess is not None and excess > 0:
         threshold = cand[col].quantile(regression.quantile, interpolation="lower")
         tail = cand.filter(pl.col(col) >= threshold)

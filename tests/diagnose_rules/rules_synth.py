@@ -1,0 +1,222 @@
+"""Synthetic stores for the mechanism-rule tests, built from serving mechanics.
+
+Each replica runs at most ``slots`` requests at once (a FIFO queue in front).
+A request's prefill costs its *uncached* prompt tokens x seconds per token;
+its time per output token grows with the requests running beside it
+(``tpot_s x (1 + batch_cost x running)``), so more load gives slower tokens
+without anything in the engine changing. Optional parts: gateway root spans
+with a retrieval dependency and attempt spans (retries carry
+``http.request.resend_count``), and a metric stream (prefix-cache counters,
+running and KV gauges, a preemption counter, the tokens-per-step histogram).
+Tables come from ``sre_agent.schema``'s DDL.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from sre_agent import schema
+
+NS = 1_000_000_000
+T0 = 1_790_000_000.0
+ITERATION_BOUNDS = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0]
+
+
+@dataclass
+class Side:
+    """One window's workload, engine behaviour and telemetry knobs."""
+
+    version: str = "v1"
+    rate_rps: float = 4.0
+    duration_s: float = 200.0
+    replicas: int = 2
+    slots: int = 16
+    cache_hit: float = 0.5
+    prefill_s_per_token: float = 2e-4
+    tpot_s: float = 0.02
+    batch_cost: float = 0.05
+    input_mean: float = 800.0
+    output_mean: float = 60.0
+    length_share: float = 0.02
+    retry_share: float = 0.0
+    retrieval_s: dict[str, float] = field(default_factory=lambda: {"acme": 0.05, "globex": 0.05})
+    kv_usage: float = 0.4
+    preemptions: int = 0
+    step_tokens_cap: int = 8192
+
+
+def _lognormal(rng: random.Random, mean: float, sigma: float = 0.5) -> float:
+    return math.exp(rng.gauss(math.log(mean) - sigma * sigma / 2, sigma))
+
+
+def _simulate(side: Side, start: float, rng: random.Random) -> list[dict[str, Any]]:
+    busy: dict[int, list[float]] = {r: [] for r in range(side.replicas)}
+    out: list[dict[str, Any]] = []
+    t = start
+    while True:
+        t += rng.expovariate(side.rate_rps)
+        if t >= start + side.duration_s:
+            return out
+        replica = rng.randrange(side.replicas)
+        heap = busy[replica]
+        while heap and heap[0] <= t:
+            heapq.heappop(heap)
+        begin = t if len(heap) < side.slots else heapq.heappop(heap)
+        running = sum(1 for e in heap if e > begin) + 1
+        inp = max(8, int(_lognormal(rng, side.input_mean)))
+        outp = max(2, int(_lognormal(rng, side.output_mean)))
+        cached = int(inp * side.cache_hit * rng.uniform(0.8, 1.0))
+        prefill = (inp - cached) * side.prefill_s_per_token * rng.uniform(0.9, 1.1)
+        tpot = side.tpot_s * (1 + side.batch_cost * running) * rng.uniform(0.9, 1.1)
+        end = begin + prefill + (outp - 1) * tpot
+        heapq.heappush(heap, end)
+        tenant = rng.choice(("acme", "globex"))
+        out.append({"arrival": t, "begin": begin, "first": begin + prefill, "end": end, "host": f"gpu-{replica}",
+                    "tenant": tenant, "input": inp, "output": outp, "cached": cached,
+                    "finish": "length" if rng.random() < side.length_share else "stop",
+                    "retried": rng.random() < side.retry_share,
+                    "retrieval": side.retrieval_s[tenant] * rng.uniform(0.8, 1.2)})  # fmt: skip
+
+
+def _spans(
+    reqs: list[dict[str, Any]], side: Side, gateway: bool, cached: bool, rng: random.Random
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for r in reqs:
+        trace = f"{rng.getrandbits(128):032x}"
+        arrival, end = r["arrival"], r["end"]
+        parent = None
+        if gateway:
+            root = f"{rng.getrandbits(64):016x}"
+            g0 = arrival - r["retrieval"] - (0.5 if r["retried"] else 0.0) - 0.002
+            gw = {"trace_id": trace, "status_code": "unset", "is_engine": False, "service_name": "llm-gateway",
+                  "service_version": "g1", "resource_attributes": {"service.name": "llm-gateway"}}  # fmt: skip
+            rows.append({**gw, "span_id": root, "parent_span_id": None, "name": "POST /v1/chat", "kind": "server",
+                         "start_ns": int(g0 * NS), "end_ns": int((end + 0.002) * NS), "duration_s": end + 0.002 - g0,
+                         "tenant_id": r["tenant"], "attributes": {"tenant.id": r["tenant"]}})  # fmt: skip
+            rows.append({**gw, "span_id": f"{rng.getrandbits(64):016x}", "parent_span_id": root, "name": "retrieval",
+                         "kind": "client", "start_ns": int(g0 * NS), "end_ns": int((g0 + r["retrieval"]) * NS),
+                         "duration_s": r["retrieval"], "attributes": {"peer.service": "retrieval"}})  # fmt: skip
+            if r["retried"]:  # a failed first attempt (no engine span), then the resend
+                t1 = g0 + r["retrieval"]
+                rows.append({**gw, "span_id": f"{rng.getrandbits(64):016x}", "parent_span_id": root, "name": "POST",
+                             "kind": "client", "start_ns": int(t1 * NS), "end_ns": int((t1 + 0.5) * NS),
+                             "duration_s": 0.5, "status_code": "error", "error_type": "timeout",
+                             "attributes": {}})  # fmt: skip
+            parent = f"{rng.getrandbits(64):016x}"
+            rows.append({**gw, "span_id": parent, "parent_span_id": root, "name": "POST", "kind": "client",
+                         "start_ns": int(arrival * NS), "end_ns": int(end * NS), "duration_s": end - arrival,
+                         "attempt": 1 if r["retried"] else None,
+                         "attributes": {"http.request.resend_count": "1"} if r["retried"] else {}})  # fmt: skip
+        queue, prefill, decode = r["begin"] - arrival, r["first"] - r["begin"], end - r["first"]
+        rows.append({"trace_id": trace, "span_id": f"{rng.getrandbits(64):016x}", "parent_span_id": parent,
+                     "name": "llm_request", "kind": "server", "start_ns": int(arrival * NS), "end_ns": int(end * NS),
+                     "duration_s": end - arrival, "status_code": "unset", "service_name": "vllm",
+                     "service_version": side.version, "service_instance": r["host"], "host_name": r["host"],
+                     "tenant_id": r["tenant"], "is_engine": True, "model": "m", "input_tokens": r["input"],
+                     "output_tokens": r["output"], "cached_tokens": r["cached"] if cached else None,
+                     "queue_s": queue, "ttft_s": queue + prefill, "prefill_s": prefill, "decode_s": decode,
+                     "inference_s": prefill + decode, "e2e_s": end - arrival,
+                     "tpot_s": decode / (r["output"] - 1), "finish_reason": r["finish"],
+                     "resource_attributes": {"host.name": r["host"], "service.version": side.version},
+                     "attributes": {"tenant.id": r["tenant"]}})  # fmt: skip
+    return rows
+
+
+def _histogram(values: list[float]) -> list[int]:
+    counts = [0] * (len(ITERATION_BOUNDS) + 1)
+    for v in values:
+        i = next((k for k, b in enumerate(ITERATION_BOUNDS) if v <= b), len(ITERATION_BOUNDS))
+        counts[i] += 1
+    return counts
+
+
+def _metrics(reqs: list[dict[str, Any]], side: Side, start: float, rng: random.Random) -> list[dict[str, Any]]:
+    """Cumulative counters and histograms every 10 s per replica, as an OTel Collector delivers vLLM's metrics."""
+    rows: list[dict[str, Any]] = []
+    for replica in range(side.replicas):
+        host = f"gpu-{replica}"
+        mine = sorted((r for r in reqs if r["host"] == host), key=lambda r: r["begin"])
+        totals = {"queries": 0.0, "hits": 0.0, "prompt": 0.0, "generated": 0.0, "preempt": 0.0}
+        steps = [0] * (len(ITERATION_BOUNDS) + 1)
+        k = 0
+        t = start + 10.0
+        while t <= start + side.duration_s + 1e-9:
+            batch: list[float] = []
+            while k < len(mine) and mine[k]["begin"] <= t:
+                r = mine[k]
+                totals["queries"] += r["input"]
+                totals["hits"] += r["cached"]
+                totals["prompt"] += r["input"]
+                totals["generated"] += r["output"]
+                uncached = r["input"] - r["cached"]
+                chunk = min(uncached, side.step_tokens_cap)
+                batch += [float(chunk)] * max(1, math.ceil(uncached / side.step_tokens_cap))
+                batch += [float(rng.randint(4, 24)) for _ in range(r["output"] // 8)]  # decode steps
+                k += 1
+            steps = [a + b for a, b in zip(steps, _histogram(batch), strict=True)]
+            totals["preempt"] += side.preemptions / side.replicas / (side.duration_s / 10.0)
+            base = {"time_ns": int(t * NS), "start_time_ns": int(T0 * NS), "service_name": "vllm",
+                    "service_version": side.version, "service_instance": host, "host_name": host,
+                    "resource_attributes": {"host.name": host}, "attributes": {}}  # fmt: skip
+            running = sum(1 for r in mine if r["begin"] <= t < r["end"])
+            for name, kind, value in (
+                ("vllm:num_requests_running", "gauge", float(running)),
+                ("vllm:kv_cache_usage_perc", "gauge", min(1.0, side.kv_usage * rng.uniform(0.95, 1.05))),
+                ("vllm:prefix_cache_queries", "sum", totals["queries"]),
+                ("vllm:prefix_cache_hits", "sum", totals["hits"]),
+                ("vllm:prompt_tokens", "sum", totals["prompt"]),
+                ("vllm:generation_tokens", "sum", totals["generated"]),
+                ("vllm:num_preemptions", "sum", float(round(totals["preempt"]))),
+            ):
+                rows.append({**base, "name": name, "source_name": name, "kind": kind, "value": value,
+                             "is_monotonic": kind == "sum", "temporality": "cumulative" if kind == "sum" else None,
+                             "series_key": f"{name}|{host}|{side.version}"})  # fmt: skip
+            rows.append({**base, "name": "vllm:iteration_tokens", "source_name": "vllm:iteration_tokens_total",
+                         "kind": "histogram", "temporality": "cumulative", "count": sum(steps), "sum": 0.0,
+                         "bounds": ITERATION_BOUNDS, "bucket_counts": list(steps),
+                         "series_key": f"iter|{host}|{side.version}"})  # fmt: skip
+            t += 10.0
+    return rows
+
+
+def build(
+    path: Path,
+    baseline: Side,
+    candidate: Side,
+    *,
+    gateway: bool = False,
+    metrics: bool = True,
+    cached_on_spans: bool = True,
+    seed: int = 7,
+) -> Path:
+    """Write a store with the baseline window then the candidate window (version change = the deploy)."""
+    rng = random.Random(seed)
+    deploy = T0 + baseline.duration_s
+    reqs_b, reqs_c = _simulate(baseline, T0, rng), _simulate(candidate, deploy, rng)
+    con = duckdb.connect(str(path))
+    try:
+        for ddl in (schema.SPANS_DDL, schema.METRIC_POINTS_DDL, schema.DEPLOYS_DDL):
+            con.execute(ddl)
+        spans = _spans(reqs_b, baseline, gateway, cached_on_spans, rng) + _spans(
+            reqs_c, candidate, gateway, cached_on_spans, rng
+        )
+        con.register("new_spans", pa.Table.from_pylist(spans, schema=schema.spans_arrow_schema()))
+        con.execute("INSERT INTO spans SELECT * FROM new_spans")
+        if metrics:
+            points = _metrics(reqs_b, baseline, T0, rng) + _metrics(reqs_c, candidate, deploy, rng)
+            con.register("new_points", pa.Table.from_pylist(points, schema=schema.metric_points_arrow_schema()))
+            con.execute("INSERT INTO metric_points SELECT * FROM new_points")
+        con.execute("INSERT INTO deploys VALUES (?, 'vllm', ?, ?, 'test', NULL)",
+                    [int(deploy * NS), candidate.version, baseline.version])  # fmt: skip
+    finally:
+        con.close()
+    return path

@@ -1,0 +1,195 @@
+"""Each mechanism rule fires on its mechanism and stays quiet when the mechanism did not move.
+
+Stores are built from serving mechanics (``rules_synth``), never from the
+scenario files. The rules run through the real runner (``diagnose`` limited
+to this area's rules) so their registration and context wiring are exercised
+too; each store is built and diagnosed once per session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from rules_synth import Side, build
+
+from sre_agent.diagnose import diagnose
+from sre_agent.report import Report
+from sre_agent.rules_api import Finding
+from sre_agent.selection import Selection
+
+MECHANISM_RULES = [
+    "prefix_cache",
+    "batch_composition",
+    "kv_pressure",
+    "dependency",
+    "decode_slowdown",
+    "prefill_slowdown",
+    "retry_amplification",
+    "errors",
+]
+BASE = Side()
+V2 = replace(BASE, version="v2")
+
+# name -> (baseline, candidate, build options)
+STORES: dict[str, tuple[Side, Side, dict[str, Any]]] = {
+    "null": (BASE, V2, {"gateway": True}),
+    "bare": (BASE, V2, {"metrics": False, "cached_on_spans": False}),
+    "cache_drop": (BASE, replace(V2, cache_hit=0.05), {}),
+    "cache_drop_counters": (BASE, replace(V2, cache_hit=0.05), {"cached_on_spans": False}),
+    "tpot_up": (BASE, replace(V2, tpot_s=0.032), {"metrics": False}),
+    "load_up": (BASE, replace(V2, rate_rps=2 * BASE.rate_rps), {}),
+    "prefill_up": (BASE, replace(V2, prefill_s_per_token=4e-4), {}),
+    "kv_full": (BASE, replace(V2, kv_usage=0.97, preemptions=120, prefill_s_per_token=3e-4), {}),
+    "budget_cut": (BASE, replace(V2, step_tokens_cap=128, prefill_s_per_token=3e-4), {}),
+    "budget_cut_and_load": (BASE, replace(V2, step_tokens_cap=128, rate_rps=2 * BASE.rate_rps), {}),
+    "gateway_incident": (
+        BASE,
+        replace(V2, retrieval_s={"acme": 0.6, "globex": 0.05}, retry_share=0.25, length_share=0.2),
+        {"gateway": True},
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Report]:
+    """The diagnosis of a named store (built and diagnosed on first use)."""
+    cache: dict[str, Report] = {}
+    root = tmp_path_factory.mktemp("mechanism_rules")
+
+    def get(name: str) -> Report:
+        if name not in cache:
+            baseline, candidate, options = STORES[name]
+            path: Path = build(root / f"{name}.duckdb", baseline, candidate, **options)
+            con = duckdb.connect(str(path), read_only=True)
+            try:
+                cache[name] = diagnose(con, Selection(mode="since_last_deploy"), rules=MECHANISM_RULES)
+            finally:
+                con.close()
+            assert not cache[name].errors, cache[name].errors
+        return cache[name]
+
+    return get
+
+
+def _found(report: Report, cause: str) -> list[Finding]:
+    return [f for f in report.findings if f.cause == cause]
+
+
+def _fires(report: Report, cause: str, min_score: float = 0.2) -> Finding:
+    found = _found(report, cause)
+    assert found, f"no {cause} finding; notes: {report.notes}"
+    best = max(found, key=lambda f: f.score)
+    assert best.score >= min_score, best
+    assert best.next_check
+    assert best.evidence
+    return best
+
+
+def _quiet(report: Report, cause: str) -> None:
+    assert all(f.score < 0.1 for f in _found(report, cause)), _found(report, cause)
+
+
+@pytest.mark.parametrize("cause", MECHANISM_RULES)
+def test_every_rule_is_quiet_on_a_version_bump_that_changed_nothing(
+    report: Callable[[str], Report], cause: str
+) -> None:
+    assert not _found(report("null"), cause)
+
+
+def test_rules_without_their_data_skip_with_a_reason(report: Callable[[str], Report]) -> None:
+    notes = report("bare").notes
+    for rule in ("prefix_cache", "kv_pressure", "dependency", "retry_amplification"):
+        assert any(n.startswith(f"{rule}:") for n in notes), notes
+
+
+# ---------------------------------------------------------------- prefix_cache
+def test_prefix_cache_fires_on_a_hit_rate_drop_with_identical_arrivals(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("cache_drop"), "prefix_cache")
+    assert finding.stage == "prefill"
+    rates = {e.signal: e for e in finding.evidence}
+    assert rates["prefix_cache_hit_rate"].baseline > 0.4
+    assert rates["prefix_cache_hit_rate"].candidate < 0.1
+    # The same drop is visible in the counters, read as deltas per window.
+    assert rates["prefix_cache_hit_rate_metrics"].candidate < 0.1
+    assert finding.explained > 0.5
+
+
+def test_prefix_cache_from_counters_alone(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("cache_drop_counters"), "prefix_cache")
+    assert {e.signal for e in finding.evidence} >= {"prefix_cache_hit_rate_metrics"}
+    assert "prefix_cache_hit_rate" not in {e.signal for e in finding.evidence}
+
+
+def test_a_cache_drop_is_not_a_prefill_or_decode_slowdown(report: Callable[[str], Report]) -> None:
+    _quiet(report("cache_drop"), "prefill_slowdown")
+    _quiet(report("cache_drop"), "decode_slowdown")
+    _quiet(report("cache_drop"), "batch_composition")
+
+
+# ------------------------------------------------------ decode/prefill slowdown
+def test_decode_slowdown_fires_when_tokens_slow_at_the_same_batch_size(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("tpot_up"), "decode_slowdown")
+    assert finding.stage == "decode"
+
+
+def test_more_load_raises_batch_and_tpot_but_is_not_a_decode_slowdown(report: Callable[[str], Report]) -> None:
+    # Twice the arrivals: more requests run together, so each token is slower by the same
+    # batch-size law on both sides. That is load, not the engine's decode step getting slower.
+    result = report("load_up")
+    assert result.regression.significant
+    _quiet(result, "decode_slowdown")
+    _quiet(result, "batch_composition")
+
+
+def test_prefill_slowdown_fires_on_slower_prefill_per_uncached_token(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("prefill_up"), "prefill_slowdown")
+    assert finding.stage == "prefill"
+    assert not _found(report("prefill_up"), "prefix_cache")
+
+
+# ---------------------------------------------------------------- kv_pressure
+def test_kv_pressure_fires_on_preemptions_with_a_full_cache(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("kv_full"), "kv_pressure")
+    per_request = next(e for e in finding.evidence if e.signal == "preemptions_per_request")
+    assert per_request.baseline == 0
+    assert per_request.candidate > 0.02
+    assert not _found(report("prefill_up"), "kv_pressure")
+
+
+# ---------------------------------------------------------- batch_composition
+def test_batch_composition_fires_when_the_step_budget_shrinks_at_the_same_load(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("budget_cut"), "batch_composition")
+    p99 = next(e for e in finding.evidence if e.signal == "iteration_tokens_p99")
+    assert p99.candidate < p99.baseline / 1.5
+
+
+def test_batch_composition_leaves_a_load_change_to_the_load_rule(report: Callable[[str], Report]) -> None:
+    assert not _found(report("budget_cut_and_load"), "batch_composition")
+
+
+# ------------------------------------------- dependency, retries, errors
+def test_dependency_fires_scoped_to_the_tenant_whose_retrieval_slowed(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("gateway_incident"), "dependency", 0.0)
+    assert finding.scope == {"tenant.id": "acme"}
+    assert finding.stage == "dependency"
+    assert finding.confidence > 0.8
+
+
+def test_retry_amplification_fires_on_more_attempts_per_request(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("gateway_incident"), "retry_amplification", 0.0)
+    attempts = next(e for e in finding.evidence if e.signal == "attempts_per_request")
+    assert attempts.baseline == pytest.approx(1.0)
+    assert attempts.candidate == pytest.approx(1.25, abs=0.06)
+    assert finding.confidence > 0.8
+
+
+def test_errors_fires_on_a_finish_reason_shift(report: Callable[[str], Report]) -> None:
+    finding = _fires(report("gateway_incident"), "errors", 0.0)
+    assert finding.evidence[0].signal == "finish_reason=length_share"
+    assert finding.evidence[0].candidate > 0.1 > finding.evidence[0].baseline
+    assert finding.confidence > 0.8
