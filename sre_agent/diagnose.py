@@ -50,7 +50,7 @@ _METRIC_HISTOGRAMS: Final[dict[str, str]] = {
 }
 
 
-def estimate_metrics(comparison: Comparison, *, resamples: int = 300) -> list[MetricEstimate]:
+def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[MetricEstimate]:
     """Every latency x quantile on both sides with 95 % block-bootstrap CIs.
 
     Span-derived where spans exist; where a side has no spans, from the

@@ -138,14 +138,43 @@ class SliceHistogram:
         return self.counts[:, above].sum(axis=1), self.counts.sum(axis=1)
 
     def bootstrap_quantiles(self, q: float, resamples: int, rng: np.random.Generator) -> FloatArray:
-        """Quantile ``q`` of ``resamples`` block-bootstrap resamples (whole slices drawn with replacement)."""
+        """Quantile ``q`` of ``resamples`` block-bootstrap resamples (whole slices drawn with replacement).
+
+        Only the buckets around the quantile matter, so the work is done on a window of
+        cumulative share ``q +- 4 sd`` (sd as if each slice were one observation, the most
+        correlated case) with buckets merged in fours (~4 % wide): the CI moves by well under
+        the bucket width, and the cost no longer grows with the histogram's range.
+        """
         k = self.slices
-        weights = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples).astype(np.float64)
-        cum = weights @ np.cumsum(self.counts, axis=1).astype(np.float64)  # (B, J)
+        weights = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)
+        col_total = self.counts.sum(axis=0)
+        share = np.cumsum(col_total) / max(1, int(col_total.sum()))
+        spread = min(0.5, max(0.005, 4.0 * math.sqrt(q * (1.0 - q) / max(1, k))))
+        lo = int(np.searchsorted(share, q - spread, side="left"))
+        hi = int(np.searchsorted(share, q + spread, side="left")) + 1
+        lo, hi = max(0, lo - 1), min(self.buckets.size, hi)
+        groups = (self.buckets[lo:hi] - (self.buckets[lo] if hi > lo else 0)) // 4
+        starts = np.flatnonzero(np.r_[True, np.diff(groups) != 0]) if hi > lo else np.zeros(0, dtype=np.int64)
+        window = np.add.reduceat(self.counts[:, lo:hi], starts, axis=1) if starts.size else self.counts[:, :0]
+        # counts below the window stay as one column so every resample's total is right
+        below = self.counts[:, :lo].sum(axis=1, keepdims=True)
+        above = self.counts[:, hi:].sum(axis=1, keepdims=True)
+        cum = weights @ np.cumsum(np.hstack([below, window, above]), axis=1)  # (B, 1 + G + 1)
         target = q * cum[:, -1:]
-        j = (cum < target).sum(axis=1)
-        j = np.minimum(j, self.buckets.size - 1)
-        return bucket_value(self.buckets[j])
+        j = (cum < target).sum(axis=1)  # 0 = below the window, G + 1 = above it
+        values = np.empty(resamples, dtype=np.float64)
+        centres = bucket_value(self.buckets[lo:hi][starts]) if starts.size else np.zeros(0)
+        # merged groups are represented by the centre of their middle bucket
+        if starts.size:
+            ends = np.r_[starts[1:], hi - lo] - 1
+            centres = bucket_value(self.buckets[lo:hi][(starts + ends) // 2])
+        lo_value = bucket_value(self.buckets[max(0, lo - 1)])[0] if self.buckets.size else 0.0
+        hi_value = bucket_value(self.buckets[min(hi, self.buckets.size - 1)])[0] if self.buckets.size else 0.0
+        inside = (j >= 1) & (j <= centres.size)
+        values[inside] = centres[np.clip(j[inside] - 1, 0, max(0, centres.size - 1))] if centres.size else 0.0
+        values[j < 1] = lo_value
+        values[j > centres.size] = hi_value
+        return values
 
 
 @dataclass(frozen=True)

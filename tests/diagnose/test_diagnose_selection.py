@@ -1,0 +1,114 @@
+"""Selection resolution: every mode, filters, and clear errors for selections without data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+
+from sre_agent.compare import Comparison, resolve_windows
+from sre_agent.errors import InsufficientDataError, SelectionError
+from sre_agent.selection import Selection, Window
+
+NS = 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def store(make_store) -> tuple[Path, int]:  # type: ignore[no-untyped-def]
+    return make_store("none")  # type: ignore[no-any-return]
+
+
+def _open(path: Path) -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(str(path), read_only=True)
+
+
+def test_deploy_at_default_windows_are_equal_and_capped_by_the_data(store: tuple[Path, int]) -> None:
+    path, deploy = store
+    with _open(path) as con:
+        c = Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy))
+        b, k = c.window("baseline"), c.window("candidate")
+    assert b.end_ns == k.start_ns == deploy
+    assert b.seconds == pytest.approx(k.seconds)
+    assert 290 < b.seconds <= 300
+    assert b.requests > 1000 and k.requests > 1000
+
+
+def test_deploy_at_with_explicit_window(store: tuple[Path, int]) -> None:
+    path, deploy = store
+    with _open(path) as con:
+        c = Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy, window_ns=60 * NS))
+        assert c.window("baseline").seconds == 60
+        assert c.window("candidate").start_ns == deploy
+        full = Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy))
+        assert c.request_counts["candidate"] < full.request_counts["candidate"] / 3
+
+
+def test_versions_mode_selects_by_service_version(store: tuple[Path, int]) -> None:
+    path, _ = store
+    with _open(path) as con:
+        c = Comparison.open(con, Selection(mode="versions", baseline_version="v1", candidate_version="v2"))
+        versions = c.requests.group_by("side").agg(pl.col("service_version").unique().alias("v")).to_dicts()
+        assert {r["side"]: r["v"] for r in versions} == {"baseline": ["v1"], "candidate": ["v2"]}
+        with pytest.raises(SelectionError, match=r"v9.*versions present: v1, v2"):
+            Comparison.open(con, Selection(mode="versions", baseline_version="v1", candidate_version="v9"))
+
+
+def test_explicit_windows(store: tuple[Path, int]) -> None:
+    path, deploy = store
+    sel = Selection(
+        mode="windows",
+        baseline=Window(deploy - 100 * NS, deploy - 50 * NS),
+        candidate=Window(deploy + 50 * NS, deploy + 100 * NS),
+    )
+    with _open(path) as con:
+        c = Comparison.open(con, sel)
+        starts = c.requests.group_by("side").agg(pl.col("start_ns").min().alias("lo")).to_dicts()
+    lo = {r["side"]: r["lo"] for r in starts}
+    assert lo["baseline"] >= deploy - 100 * NS and lo["candidate"] >= deploy + 50 * NS
+
+
+def test_since_last_deploy_uses_the_marker_then_the_version_change(store: tuple[Path, int], tmp_path: Path) -> None:
+    path, deploy = store
+    with _open(path) as con:
+        b, c, notes = resolve_windows(con, Selection(mode="since_last_deploy"))
+    assert c.start_ns == deploy and "deploy marker" in notes[0]
+    # Without a marker, the first span of the newest service.version is the deploy.
+    copy = tmp_path / "nomarker.duckdb"
+    copy.write_bytes(path.read_bytes())
+    with duckdb.connect(str(copy)) as con:
+        con.execute("DELETE FROM deploys")
+        first_v2 = con.execute("SELECT min(start_ns) FROM spans WHERE service_version = 'v2'").fetchall()[0][0]
+        _, c2, notes2 = resolve_windows(con, Selection(mode="since_last_deploy"))
+        assert c2.start_ns == first_v2 and "service.version change" in notes2[0]
+        con.execute("UPDATE spans SET service_version = 'v1'")
+        with pytest.raises(SelectionError, match="no deploy marker and no service.version change"):
+            resolve_windows(con, Selection(mode="since_last_deploy"))
+
+
+def test_filters_on_canonical_columns_and_attribute_maps(store: tuple[Path, int]) -> None:
+    path, deploy = store
+    with _open(path) as con:
+        host = Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy, where=(("host.name", "gpu-1"),)))
+        assert set(host.requests["host_name"].unique()) == {"gpu-1"}
+        tenant = Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy, where=(("tenant.id", "acme"),)))
+        assert tenant.request_counts["baseline"] < host.request_counts["baseline"] * 3
+        assert "tenant.id" not in tenant.dimensions  # one value left after the filter
+        service = Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy, service="vllm"))
+        assert (
+            service.request_counts
+            == Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy)).request_counts
+        )
+        with pytest.raises(SelectionError):
+            Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy, service="nope"))
+
+
+def test_selection_without_data_says_why(store: tuple[Path, int]) -> None:
+    path, deploy = store
+    with _open(path) as con:
+        with pytest.raises(SelectionError, match="no engine requests after the deploy"):
+            Comparison.open(con, Selection(mode="deploy_at", deploy_at_ns=deploy + 10_000 * NS))
+        far = Selection(mode="windows", baseline=Window(1, 2 * NS), candidate=Window(3 * NS, 4 * NS))
+        with pytest.raises(InsufficientDataError, match="no engine requests and no latency metrics"):
+            Comparison.open(con, far)

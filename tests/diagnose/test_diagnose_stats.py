@@ -1,0 +1,96 @@
+"""Statistics: histogram quantiles, block-bootstrap coverage, location vs tail tests, minimum samples."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from sre_agent import stats
+
+
+def _hist(values: list[float], slices: int = 40) -> stats.SliceHistogram:
+    arr = np.asarray(values)
+    with np.errstate(divide="ignore"):
+        buckets = np.where(arr == 0, stats.ZERO_BUCKET, np.floor(np.log(arr) * stats.BUCKETS_PER_E)).astype(np.int64)
+    slice_ids = np.arange(arr.size) * slices // arr.size
+    return stats.SliceHistogram.from_long(slice_ids, buckets, np.ones(arr.size, dtype=np.int64))
+
+
+def test_histogram_quantile_is_within_one_percent_of_exact() -> None:
+    rng = random.Random(3)
+    values = [rng.lognormvariate(0, 1) for _ in range(20_000)]
+    h = _hist(values)
+    for q in (0.5, 0.9, 0.99):
+        exact = float(np.quantile(values, q))
+        got = h.quantile(q)
+        assert got is not None
+        assert abs(got - exact) / exact < 0.01, (q, got, exact)
+
+
+def test_histogram_keeps_exact_zeros() -> None:
+    h = _hist([0.0] * 60 + [1.0] * 40)
+    assert h.quantile(0.5) == 0.0
+    assert h.quantile(0.9) == pytest.approx(1.0, rel=0.01)
+
+
+def test_block_bootstrap_ci_covers_the_true_p99_about_95_percent_of_the_time() -> None:
+    # Correlated requests: each time slice has its own level (a batch-wide slowdown), which
+    # a per-request bootstrap would ignore and undercover.
+    true = None
+    rng = np.random.default_rng(11)
+    big = np.concatenate([rng.lognormal(rng.normal(0, 0.3), 0.5, 500) for _ in range(4000)])
+    true = float(np.quantile(big, 0.99))
+    covered = 0
+    trials = 60
+    for t in range(trials):
+        levels = rng.normal(0, 0.3, 40)
+        values = np.concatenate([rng.lognormal(level, 0.5, 150) for level in levels])
+        ci = stats.quantile_ci(_hist(list(values)), 0.99, resamples=300, seed=t)
+        assert ci is not None
+        covered += ci[0] <= true <= ci[1]
+    assert covered / trials >= 0.85, covered
+
+
+def test_compare_quantile_detects_a_shift_and_not_a_null() -> None:
+    rng = np.random.default_rng(5)
+    base = _hist(list(rng.lognormal(0, 0.5, 8000)))
+    same = _hist(list(rng.lognormal(0, 0.5, 8000)))
+    slower = _hist(list(rng.lognormal(0.3, 0.5, 8000)))
+    null = stats.compare_quantile(base, same, 0.99)
+    shift = stats.compare_quantile(base, slower, 0.99)
+    assert null.diff_ci is not None and null.diff_ci[0] < 0 < null.diff_ci[1]
+    assert shift.diff_ci is not None and shift.diff_ci[0] > 0
+    assert shift.ratio is not None and shift.ratio == pytest.approx(math.exp(0.3), rel=0.08)
+
+
+def test_tail_test_catches_a_variance_only_change_that_mann_whitney_misses() -> None:
+    rng = np.random.default_rng(8)
+    base = rng.normal(1.0, 0.05, 6000)
+    # Same median, much wider spread: the p99 moves, the location does not.
+    cand = rng.normal(1.0, 0.20, 6000)
+    location_p = stats.mann_whitney(base, cand)
+    assert location_p is not None and location_p > 0.05
+    tail = stats.tail_test(_hist(list(base)), _hist(list(cand)), 0.99)
+    assert tail is not None
+    _, cand_share, p = tail
+    assert cand_share > 0.05 and p < 1e-4
+    hl = stats.hodges_lehmann(base, cand)
+    assert hl is not None and abs(hl) < 0.01
+
+
+def test_mann_whitney_sees_a_location_shift() -> None:
+    rng = np.random.default_rng(2)
+    p = stats.mann_whitney(rng.normal(1, 0.1, 500), rng.normal(1.05, 0.1, 500))
+    assert p is not None and p < 1e-6
+    assert stats.mann_whitney([1.0] * 5, [2.0] * 5) is None  # below the minimum sample
+
+
+def test_minimum_samples_rule() -> None:
+    assert stats.min_samples_for_quantile(0.99) == 500
+    assert stats.min_samples_for_quantile(0.5) == stats.MIN_REQUESTS
+    small = _hist([1.0 + i / 100 for i in range(100)])
+    assert stats.quantile_ci(small, 0.99) is None
+    assert stats.compare_quantile(small, small, 0.99).diff_ci is None
