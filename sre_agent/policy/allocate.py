@@ -250,8 +250,11 @@ class Cascade(Allocator):
             seen.extend(last.draws)
             if last.verified:
                 return Allocation(last.draw, True, False, tuple(seen), f"{stage.name}: {last.reason}")
-        best = _best_so_far(seen, "cascade ended without a verified answer")
-        return best if best.draw is not None or last.draw is None else last
+        # Nothing verified: the last (most expensive) stage's own answer is the best guess;
+        # a majority across stages would let many cheap wrong answers outvote it.
+        if last.draw is not None:
+            return Allocation(last.draw, False, True, tuple(seen), "cascade ended without a verified answer")
+        return _best_so_far(seen, "cascade ended without a verified answer")
 
 
 @dataclass(repr=False)
@@ -323,4 +326,6 @@ class Router(Allocator):
         draws = (*first.draws, *rest.draws)
         if rest.verified:
             return Allocation(rest.draw, True, False, draws, f"{route.name}: {rest.reason}")
+        if rest.draw is not None:  # the route's own best guess beats the probe's
+            return Allocation(rest.draw, False, True, draws, f"routed to {route.name}, no verified answer")
         return _best_so_far(draws, f"routed to {route.name}, no verified answer")

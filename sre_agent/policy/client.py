@@ -405,7 +405,12 @@ class PolicyEngine:
                         response = (resp.status_code, resp.headers, _json_body(resp.read()))
                     else:
                         sse = SseAccumulator()
-                        sse.feed(resp.iter_lines())
+                        for line in resp.iter_lines():
+                            sse.feed_line(line)
+                            # httpx bounds each read, not the total: a trickling stream must not
+                            # outlive the attempt's share of the deadline.
+                            if timeout is not None and self.clock() - started > timeout:
+                                raise httpx.ReadTimeout("attempt exceeded its time budget", request=resp.request)
                         response = (resp.status_code, resp.headers, sse.body())
             else:
                 resp = client.post(call.url, json=call.body, headers=call.headers, timeout=timeout)
