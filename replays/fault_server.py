@@ -5,7 +5,7 @@ Each *scenario* is a script: a list of :class:`Step` consumed one per request
 ``/{scenario}/v1`` (or ``/v1`` for the scenario ``default``):
 
 - ``POST /chat/completions`` (OpenAI chat, streaming with ``"stream": true``),
-- ``POST /responses`` (OpenAI Responses),
+- ``POST /responses`` (OpenAI Responses, streaming with ``"stream": true``),
 - ``POST /messages`` (Anthropic Messages).
 
 ``GET /_log`` returns every request received (scenario, path, body) so tests can
@@ -242,6 +242,26 @@ async def _stream_chat(step: Step, body: Mapping[str, Any]) -> AsyncIterator[byt
     yield b"data: [DONE]\n\n"
 
 
+async def _stream_responses(step: Step, body: Mapping[str, Any]) -> AsyncIterator[bytes]:
+    full = _openai_responses(step, body)
+    created = {"type": "response.created", "response": {**full, "status": "in_progress", "output": []}}
+    yield f"event: response.created\ndata: {json.dumps(created)}\n\n".encode()
+    text = "".join(
+        part.get("text", "") for item in full["output"] for part in item.get("content", []) if isinstance(part, dict)
+    )
+    for i in range(0, len(text), 8):
+        delta = {"type": "response.output_text.delta", "delta": text[i : i + 8]}
+        yield f"event: response.output_text.delta\ndata: {json.dumps(delta)}\n\n".encode()
+        if step.stall_s:
+            await asyncio.sleep(step.stall_s)
+    if step.kind == "cut":
+        return  # no final event
+    final = "response.incomplete" if full["status"] == "incomplete" else "response.completed"
+    yield f"event: {final}\ndata: {json.dumps({'type': final, 'response': full})}\n\n".encode()
+
+
+_STREAMERS = {"chat/completions": _stream_chat, "responses": _stream_responses}
+
 _BUILDERS = {"chat/completions": _openai_chat, "responses": _openai_responses, "messages": _anthropic}
 
 
@@ -260,8 +280,9 @@ def create_app(scripts: Mapping[str, Sequence[Step]] | None = None) -> Starlette
         except ValueError:
             return JSONResponse({"error": {"message": "body is not JSON"}}, status_code=400)
         step = state.next(scenario, endpoint, body)
-        if body.get("stream") and endpoint == "chat/completions" and step.kind not in ("rate_limit", "server_error"):
-            return StreamingResponse(_stream_chat(step, body), media_type="text/event-stream")
+        streamer = _STREAMERS.get(endpoint)
+        if body.get("stream") and streamer is not None and step.kind not in ("rate_limit", "server_error"):
+            return StreamingResponse(streamer(step, body), media_type="text/event-stream")
         if step.stall_s:
             await asyncio.sleep(step.stall_s)
         error = _error(step)

@@ -44,7 +44,7 @@ from sre_agent.policy.strategies import (
     wait_full_jitter,
     wait_server_hint,
 )
-from sre_agent.policy.wire import HttpCall, SseAccumulator, build_call, input_tokens_bound
+from sre_agent.policy.wire import HttpCall, build_call, input_tokens_bound, stream_accumulator
 
 __all__ = ["AttemptRecord", "PolicyEngine", "PolicyResult", "arun_request", "run_request"]
 
@@ -213,7 +213,7 @@ class PolicyEngine:
             plan.budget_refused = True
             return None
         call = build_call(target, request, reservation.max_output_tokens)
-        stream = request.stream and target.provider_format == "openai-chat"
+        stream = request.stream and target.provider_format in ("openai-chat", "openai-responses")
         return _Prepared(state.budget.attempts, target, call, reservation, stream, hedge)
 
     def _start_span(self, prepared: _Prepared) -> trace.Span:
@@ -404,7 +404,7 @@ class PolicyEngine:
                     if resp.status_code >= 400:
                         response = (resp.status_code, resp.headers, _json_body(resp.read()))
                     else:
-                        sse = SseAccumulator()
+                        sse = stream_accumulator(prepared.target.provider_format)
                         for line in resp.iter_lines():
                             sse.feed_line(line)
                             # httpx bounds each read, not the total: a trickling stream must not
@@ -452,7 +452,7 @@ class PolicyEngine:
                     async with client.stream("POST", call.url, json=call.body, headers=call.headers) as resp:
                         if resp.status_code >= 400:
                             return (resp.status_code, resp.headers, _json_body(await resp.aread())), None
-                        sse = SseAccumulator()
+                        sse = stream_accumulator(prepared.target.provider_format)
                         async for line in resp.aiter_lines():
                             sse.feed_line(line)
                         return (resp.status_code, resp.headers, sse.body()), None

@@ -63,7 +63,7 @@ class ChatRequest:
         reasoning_effort: None leaves the provider default.
         tools: OpenAI-style function tool definitions, or None.
         request_id: scopes the tool ledger; None uses a fresh id per call.
-        stream: ask for server-sent events (OpenAI chat format only).
+        stream: ask for server-sent events (OpenAI chat and Responses formats; ignored for Anthropic).
     """
 
     messages: tuple[dict[str, Any], ...]

@@ -15,7 +15,14 @@ from typing import Any
 
 from sre_agent.policy.recovery import ChatRequest, Target
 
-__all__ = ["HttpCall", "SseAccumulator", "build_call", "input_tokens_bound"]
+__all__ = [
+    "HttpCall",
+    "ResponsesStreamAccumulator",
+    "SseAccumulator",
+    "build_call",
+    "input_tokens_bound",
+    "stream_accumulator",
+]
 
 _PROVIDER_NAMES = {"openai-chat": "openai", "openai-responses": "openai", "anthropic": "anthropic"}
 
@@ -65,6 +72,8 @@ def build_call(target: Target, request: ChatRequest, max_output_tokens: int) -> 
             body["reasoning"] = {"effort": request.reasoning_effort}
         if request.tools:
             body["tools"] = list(request.tools)
+        if request.stream:
+            body["stream"] = True
         url = f"{base}/responses"
     elif fmt == "anthropic":
         system = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "system")
@@ -146,3 +155,37 @@ class SseAccumulator:
         if self.usage is not None:
             body["usage"] = self.usage
         return body
+
+
+class ResponsesStreamAccumulator:
+    """Keeps the final response object of an OpenAI Responses event stream.
+
+    ``response.completed``, ``response.incomplete`` and ``response.failed`` carry the whole
+    response; a stream cut before any of them yields ``{"status": None}``, which the
+    classifier treats as ``invalid_output``.
+    """
+
+    _FINAL = ("response.completed", "response.incomplete", "response.failed")
+
+    def __init__(self) -> None:
+        self.final: dict[str, Any] | None = None
+
+    def feed_line(self, line: str) -> None:
+        """Consume one SSE line (``event:`` lines are redundant with the data's ``type``)."""
+        if not line.startswith("data:"):
+            return
+        try:
+            event = json.loads(line[5:].strip())
+        except ValueError:
+            return
+        if isinstance(event, dict) and event.get("type") in self._FINAL and isinstance(event.get("response"), dict):
+            self.final = event["response"]
+
+    def body(self) -> dict[str, Any]:
+        """The final response object, or a status-less body when the stream ended early."""
+        return self.final if self.final is not None else {"status": None, "output": []}
+
+
+def stream_accumulator(provider_format: str) -> SseAccumulator | ResponsesStreamAccumulator:
+    """The accumulator for a streamed response of ``provider_format`` (OpenAI chat or Responses)."""
+    return ResponsesStreamAccumulator() if provider_format == "openai-responses" else SseAccumulator()

@@ -29,6 +29,7 @@ SCRIPTS = {
     "responses": [Step("refusal"), Step("ok")],
     "hedge": [Step("stall", stall_s=2.0), Step("ok", text="hedged")],
     "overflow": [Step("context_overflow"), Step("ok")],
+    "responses-stream": [Step("cut", text="cut short"), Step("truncate"), Step("ok", text="streamed 24")],
 }
 MESSAGES = ({"role": "user", "content": "Use 4 6 8 4 to make 24."},)
 PRICING = Pricing(input_per_mtok=1.0, output_per_mtok=4.0)
@@ -233,3 +234,17 @@ async def test_async_hedge_after_a_stall_is_charged_to_the_budgets(
     assert len(losers) == 1
     # The cancelled attempt is charged its worst case: more than the winner's own tokens.
     assert result.tokens > result.outcome.usage.total_tokens
+
+
+def test_responses_streaming_cut_and_truncation(base_url: str) -> None:
+    engine = PolicyEngine(
+        [_target(base_url, "responses-stream", "o", "openai-responses")],
+        BudgetLimits(max_attempts=4),
+        sleep=lambda s: None,
+    )
+    with httpx.Client() as client:
+        result = engine.run(client, ChatRequest(MESSAGES, stream=True, max_output_tokens=300))
+    assert [a.outcome.cls.value for a in result.attempts] == ["invalid_output", "exhausted", "success"]
+    assert result.outcome is not None
+    assert result.outcome.text == "streamed 24"
+    assert [e["body"]["max_output_tokens"] for e in _log(base_url, "responses-stream")] == [300, 300, 600]
