@@ -1,0 +1,178 @@
+"""Ingest benchmark: OTLP/HTTP protobuf into a real `sre-agent serve`, end to end.
+
+Starts `sre-agent serve` on a temporary store, sends ``--spans`` vLLM V1-shaped
+``llm_request`` spans (telemetry.md 1.3 attributes, distinct ids, advancing
+timestamps) in requests of ``--batch`` spans from separate sender processes over
+several keep-alive connections, waits for every 200, stops the server (SIGTERM,
+which flushes) and checks the row count in the file. In the same run it measures
+how fast opentelemetry-proto alone parses the same payloads
+(``ExportTraceServiceRequest.FromString``). The last line is::
+
+    ingest: spans_per_s=N parse_only_spans_per_s=M ratio=R
+
+Run: ``python tests/benchmarks/ingest.py [--spans 1000000] [--senders 2] [--connections 4]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
+
+from receiver_harness import T0_NS, count_rows, start_serve, vllm_request
+
+SPAN_SPACING_NS = 1_000_000  # request i of span j starts at T0 + (i * batch + j) ms
+
+
+class PayloadFactory:
+    """Byte-patches one serialised template so that request ``r`` carries distinct ids and times.
+
+    The template is built once with the protobuf API; patching fixed-width
+    fields (16-byte trace ids, 8-byte span ids, fixed64 timestamps) is much
+    cheaper than rebuilding messages, so the senders stay off the CPU.
+    """
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        request = vllm_request(batch, first_index=0)
+        self.template = bytearray(request.SerializeToString())
+        self.patches: list[tuple[int, int, str]] = []  # (offset, span index, field)
+        spans = request.resource_spans[0].scope_spans[0].spans
+        position = 0
+        for i, span in enumerate(spans):
+            # Field tags (proto field number << 3 | wire type) make each match unambiguous.
+            for tag, value, field in (
+                (b"\x0a\x10", span.trace_id, "trace"),
+                (b"\x12\x08", span.span_id, "span"),
+                (b"\x39", span.start_time_unix_nano.to_bytes(8, "little"), "start"),
+                (b"\x41", span.end_time_unix_nano.to_bytes(8, "little"), "end"),
+            ):
+                found = self.template.find(tag + value, position)
+                assert found >= 0, (i, field)
+                position = found + len(tag)
+                self.patches.append((position, i, field))
+        self.durations = [span.end_time_unix_nano - span.start_time_unix_nano for span in spans]
+
+    def payload(self, r: int) -> bytes:
+        data = bytearray(self.template)
+        for offset, i, field in self.patches:
+            index = r * self.batch + i
+            if field == "trace":
+                data[offset : offset + 16] = (index + 1).to_bytes(16, "big")
+            elif field == "span":
+                data[offset : offset + 8] = (index + 1).to_bytes(8, "big")
+            else:
+                start = T0_NS + index * SPAN_SPACING_NS
+                value = start if field == "start" else start + self.durations[i]
+                data[offset : offset + 8] = value.to_bytes(8, "little")
+        return bytes(data)
+
+
+def _sender(url: str, batch: int, requests: list[int], connections: int, result: multiprocessing.Queue) -> None:
+    """One sender process: ``connections`` threads, each with a keep-alive connection."""
+    import threading
+
+    factory = PayloadFactory(batch)
+    parts = urlsplit(url)
+    retries = [0]
+    lock = threading.Lock()
+
+    def run(mine: list[int]) -> None:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        for r in mine:
+            body = factory.payload(r)
+            while True:
+                conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
+                response = conn.getresponse()
+                response.read()
+                if response.status == 200:
+                    break
+                if response.status not in (429, 503):
+                    raise RuntimeError(f"request {r}: HTTP {response.status}")
+                with lock:
+                    retries[0] += 1
+                time.sleep(min(float(response.getheader("Retry-After") or 1), 1.0) * 0.1)
+        conn.close()
+
+    threads = [threading.Thread(target=run, args=(requests[i::connections],)) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    result.put(retries[0])
+
+
+def parse_only_spans_per_s(batch: int, requests: int) -> float:
+    """opentelemetry-proto (upb) parsing the same payloads, spans per second, one core."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    factory = PayloadFactory(batch)
+    payloads = [factory.payload(r) for r in range(requests)]
+    best = 0.0
+    for _ in range(3):
+        started = time.perf_counter()
+        for payload in payloads:
+            ExportTraceServiceRequest.FromString(payload)
+        best = max(best, requests * batch / (time.perf_counter() - started))
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spans", type=int, default=1_000_000, help="spans to send (rounded down to whole batches)")
+    parser.add_argument("--batch", type=int, default=512, help="spans per request")
+    parser.add_argument("--senders", type=int, default=2, help="sender processes")
+    parser.add_argument("--connections", type=int, default=4, help="keep-alive connections per sender process")
+    parser.add_argument("--db", type=Path, help="store file (default: a temporary directory)")
+    args = parser.parse_args()
+
+    requests = args.spans // args.batch
+    total = requests * args.batch
+    tmp = tempfile.TemporaryDirectory(prefix="sre-agent-bench-")
+    db = args.db or Path(tmp.name) / "ingest.duckdb"
+    server = start_serve(db, grpc=False)
+    print(f"serve pid {server.proc.pid} on {server.http_url}, store {db}", file=sys.stderr)
+    ctx = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = ctx.Queue()
+    indices = list(range(requests))
+    senders = [
+        ctx.Process(
+            target=_sender, args=(server.http_url, args.batch, indices[i :: args.senders], args.connections, results)
+        )
+        for i in range(args.senders)
+    ]
+    try:
+        started = time.perf_counter()
+        for process in senders:
+            process.start()
+        retries = sum(results.get(timeout=3600) for _ in senders)
+        elapsed = time.perf_counter() - started
+        for process in senders:
+            process.join()
+            if process.exitcode != 0:
+                raise SystemExit(f"a sender failed (exit {process.exitcode})")
+    finally:
+        code = server.stop()
+    if code != 0:
+        raise SystemExit(f"serve exited {code}: {server.stderr}")
+    stored = count_rows(db)
+    if stored != total:
+        raise SystemExit(f"row count mismatch: sent {total}, stored {stored}")
+    spans_per_s = total / elapsed
+    print(f"sent {total} spans in {requests} requests in {elapsed:.2f} s ({retries} retried after 429/503)")
+    parse_only = parse_only_spans_per_s(args.batch, min(requests, 200))
+    ratio = spans_per_s / parse_only
+    print(f"ingest: spans_per_s={spans_per_s:.0f} parse_only_spans_per_s={parse_only:.0f} ratio={ratio:.3f}")
+    tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
