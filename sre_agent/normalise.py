@@ -30,6 +30,9 @@ import math
 from collections.abc import Iterable
 from typing import Any, Final
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from sre_agent.schema import (
     CONTENT_ATTRIBUTES,
     RESOURCE_FIRST_COLUMNS,
@@ -85,7 +88,9 @@ def stringify(value: Any) -> str:
 
 def _float_str(value: float) -> str:
     if math.isfinite(value):
-        return repr(value)
+        # Arrow's shortest round-trip spelling, as the vectorised decoder writes doubles.
+        text: str = pc.cast(pa.array([value], pa.float64()), pa.string())[0].as_py()
+        return text
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
@@ -152,8 +157,7 @@ class Normaliser:
             one per database (:attr:`sre_agent.store.Store.hash_key`) so
             hashes are comparable within a store but not across stores.
 
-    A Normaliser keeps small caches (attribute bytes -> decoded entry) and is
-    safe to share between threads.
+    A Normaliser holds no mutable state and is safe to share between threads.
     """
 
     def __init__(self, keep_content: bool = False, max_attribute_bytes: int = 4096, *, hash_key: bytes) -> None:
@@ -170,10 +174,6 @@ class Normaliser:
                 span_prio = _SPAN_BASE + rank
                 res_base = _RESOURCE_FIRST_BASE if column in RESOURCE_FIRST_COLUMNS else _RESOURCE_BASE
                 self.key_columns.setdefault(key, (index[column], span_prio, res_base + rank))
-        # Cache: serialized KeyValue bytes -> decoded entry (see sre_agent.otlp).
-        self.kv_cache: dict[bytes, tuple[str, str, Any, int, int]] = {}
-        # Cache: KeyValue prefix (key + value tag) -> (kind, value offset, key, slot, priority).
-        self.head_cache: dict[bytes, tuple[int, int, str, int, int]] = {}
 
     def redact(self, text: str | bytes) -> str:
         """The redacted form of a value: its UTF-8 length and a keyed hash."""

@@ -1,0 +1,303 @@
+"""Flatten a parsed (lite) ``ExportTraceServiceRequest`` into the canonical spans table.
+
+The per-span Python loop only copies the span's own fields and hands its
+raw attribute bytes to :func:`sre_agent._attrs.decode_attributes`; the
+canonical columns are then resolved for the whole batch with array
+operations, following :data:`sre_agent.schema.SPAN_ATTRIBUTE_SOURCES`: the
+first present key wins, span attributes before resource attributes, except
+for :data:`~sre_agent.schema.RESOURCE_FIRST_COLUMNS` where the resource wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sre_agent._attrs import KIND_DOUBLE, KIND_INT, Attributes, decode_attributes
+from sre_agent.normalise import (
+    CANONICAL_COLUMNS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    Normaliser,
+    any_value_to_python,
+    first_finish_reason,
+)
+from sre_agent.schema import ENGINE_SPAN_NAMES, RESOURCE_FIRST_COLUMNS, SPAN_ATTRIBUTE_SOURCES, spans_arrow_schema
+
+__all__ = ["MAX_ERRORS", "flatten_spans"]
+
+MAX_ERRORS = 5  # reasons kept per batch; the count is always exact
+_SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
+_STATUS_CODES = ("unset", "ok", "error")
+_ROW_FIELDS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "status_code",
+    "status_message",
+    "scope_name",
+)
+_NS_LIMIT = 1 << 63  # fixed64 times beyond int64 (year 2262) cannot be stored
+_ARROW_TYPES = {f.name: f.type for f in spans_arrow_schema()}
+
+
+class _Batch:
+    """What the span loop collects."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []  # one tuple of _ROW_FIELDS per span
+        self.attributes: list[bytes] = []  # raw KeyValue bytes of every span, concatenated
+        self.offsets: list[int] = [0]  # span i owns attributes[offsets[i]:offsets[i + 1]]
+        self.event_errors: dict[int, str] = {}  # span index -> error type from events/status
+        self.resource_slots: list[tuple[int, list[Any]]] = []  # (spans so far, canonical values)
+        self.resource_maps: list[tuple[int, list[str], list[str]]] = []  # (spans so far, keys, values)
+
+
+def flatten_spans(request: Any, norm: Normaliser) -> tuple[pa.Table, int, list[str]]:
+    """Return ``(table, rejected, errors)`` for a request parsed with the lite classes."""
+    batch = _Batch()
+    rejected = 0
+    errors: list[str] = []
+    rows_append = batch.rows.append
+    attributes_extend = batch.attributes.extend
+    offsets_append = batch.offsets.append
+    attributes = batch.attributes
+    for resource_spans in request.resource_spans:
+        res_keys, res_values, res_slot, _ = norm.resource_entries(resource_spans.resource.attributes)
+        batch.resource_slots.append((len(batch.rows), res_slot))
+        batch.resource_maps.append((len(batch.rows), res_keys, res_values))
+        for scope_spans in resource_spans.scope_spans:
+            scope_name = scope_spans.scope.name or None
+            for span in scope_spans.spans:
+                trace_id = span.trace_id
+                span_id = span.span_id
+                parent = span.parent_span_id
+                start = span.start_time_unix_nano
+                if len(trace_id) != 16 or len(span_id) != 8 or (parent and len(parent) != 8) or start >= _NS_LIMIT:
+                    rejected += 1
+                    if len(errors) < MAX_ERRORS:
+                        errors.append(_rejection(span))
+                    continue
+                end = span.end_time_unix_nano
+                status = span.status
+                code = status.code
+                kind = span.kind
+                if code == 2 or len(span.events):
+                    error = _event_error_type(span.events) or ("error" if code == 2 else None)
+                    if error is not None:
+                        batch.event_errors[len(batch.rows)] = error
+                rows_append(
+                    (
+                        trace_id.hex(),
+                        span_id.hex(),
+                        parent.hex() if parent else None,
+                        span.name,
+                        _SPAN_KINDS[kind] if 0 <= kind < 6 else "unspecified",
+                        start,
+                        end if 0 < end < _NS_LIMIT else None,
+                        _STATUS_CODES[code] if 0 <= code < 3 else "unset",
+                        status.message or None,
+                        scope_name,
+                    )
+                )
+                attributes_extend(span.attributes)
+                offsets_append(len(attributes))
+    return _table(batch, norm), rejected, errors
+
+
+def _rejection(span: Any) -> str:
+    if span.start_time_unix_nano >= _NS_LIMIT:
+        return f"span {span.name!r}: start time {span.start_time_unix_nano} is beyond 2262"
+    return (
+        f"span {span.name!r}: bad id lengths (trace_id {len(span.trace_id)} bytes, "
+        f"span_id {len(span.span_id)} bytes, parent_span_id {len(span.parent_span_id)} bytes)"
+    )
+
+
+def _event_error_type(events: Any) -> str | None:
+    for event in events:
+        if event.name == "exception":
+            for kv in event.attributes:
+                if kv.key == "exception.type":
+                    return str(any_value_to_python(kv.value))
+    return None
+
+
+def _table(batch: _Batch, norm: Normaliser) -> pa.Table:
+    n = len(batch.rows)
+    attrs = decode_attributes(batch.attributes, norm)
+    offsets = np.asarray(batch.offsets, dtype=np.int64)
+    span_of_attr = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+    rows: list[Any] = list(zip(*batch.rows, strict=True)) if n else [()] * len(_ROW_FIELDS)
+    columns: dict[str, Any] = {
+        name: pa.array(values, type=_ARROW_TYPES[name]) for name, values in zip(_ROW_FIELDS, rows, strict=True)
+    }
+    key_index = {name: i for i, name in enumerate(attrs.key_names)}
+    for slot, name in enumerate(CANONICAL_COLUMNS):
+        chosen = _choose(SPAN_ATTRIBUTE_SOURCES[name], attrs, key_index, span_of_attr, n)
+        from_spans = _typed(name, chosen, attrs)
+        from_resource = _resource_column(name, slot, batch.resource_slots, n)
+        if from_resource is None:
+            columns[name] = from_spans
+        elif name in RESOURCE_FIRST_COLUMNS:
+            columns[name] = pc.coalesce(from_resource, from_spans)
+        else:
+            columns[name] = pc.coalesce(from_spans, from_resource)
+    if batch.event_errors:
+        events = [batch.event_errors.get(i) for i in range(n)]
+        columns["error_type"] = pc.coalesce(columns["error_type"], pa.array(events, pa.string()))
+    names = columns["name"]
+    columns["is_engine"] = pc.or_(
+        pc.or_(pc.is_in(names, pa.array(sorted(ENGINE_SPAN_NAMES))), pc.match_substring(names, " Req ")),
+        pc.or_(pc.starts_with(names, "Req "), pc.or_(pc.is_valid(columns["ttft_s"]), pc.is_valid(columns["e2e_s"]))),
+    )
+    tokens = columns["output_tokens"]
+    per_token = pc.divide(columns["decode_s"], pc.cast(pc.subtract(tokens, 1), pa.float64()))
+    columns["tpot_s"] = pc.if_else(pc.greater(tokens, 1), per_token, pa.scalar(None, pa.float64()))
+    elapsed = pc.subtract(columns["end_ns"], columns["start_ns"])
+    columns["duration_s"] = pc.divide(pc.cast(elapsed, pa.float64(), safe=False), 1e9)
+    columns["attributes"] = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), attrs.keys, attrs.values)
+    columns["resource_attributes"] = _resource_map(batch.resource_maps, n)
+    schema = spans_arrow_schema()
+    return pa.Table.from_arrays([_as_type(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+def _as_type(values: Any, arrow_type: pa.DataType) -> pa.Array:
+    if isinstance(values, pa.Array):
+        return values if values.type == arrow_type else values.cast(arrow_type)
+    return pa.array(values, type=arrow_type)
+
+
+def _resource_map(groups: list[tuple[int, list[str], list[str]]], n: int) -> pa.Array:
+    """Every span carries its resource's attributes: repeat each resource's map over its spans."""
+    keys: list[str] = []
+    values: list[str] = []
+    sizes = np.zeros(n, np.int64)
+    bounds = [first for first, _, _ in groups[1:]] + [n] if groups else []
+    for (first, res_keys, res_values), end in zip(groups, bounds, strict=True):
+        keys.extend(res_keys * (end - first))
+        values.extend(res_values * (end - first))
+        sizes[first:end] = len(res_keys)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    return pa.MapArray.from_arrays(pa.array(offsets), pa.array(keys, pa.string()), pa.array(values, pa.string()))
+
+
+def _choose(
+    sources: tuple[str, ...], attrs: Attributes, key_index: dict[str, int], span_of_attr: np.ndarray, n: int
+) -> np.ndarray:
+    """Per span, the index of the attribute that feeds the column (-1 = none).
+
+    Keys are written from the lowest priority to the highest, so the best
+    present key wins; within one key the first occurrence wins.
+    """
+    chosen = np.full(n, -1, np.int64)
+    for key in reversed(sources):
+        key_id = key_index.get(key)
+        if key_id is None:
+            continue
+        where = np.flatnonzero(attrs.key_ids == key_id)[::-1]
+        chosen[span_of_attr[where]] = where
+    return chosen
+
+
+def _typed(name: str, chosen: np.ndarray, attrs: Attributes) -> pa.Array:
+    """The canonical column from the chosen attributes; values that do not fit become NULL."""
+    present = chosen >= 0
+    arrow_type = _ARROW_TYPES[name]
+    if not present.any():
+        return pa.nulls(chosen.size, type=arrow_type)
+    safe = np.where(present, chosen, 0)
+    if name in INT_COLUMNS or name in FLOAT_COLUMNS:
+        numeric = name in FLOAT_COLUMNS
+        out = (attrs.numbers if numeric else attrs.integers)[safe]
+        kinds = attrs.kinds[safe]
+        is_number = (kinds == KIND_DOUBLE) | (kinds == KIND_INT)
+        ok = present & (is_number if numeric else attrs.integer_ok[safe])
+        if arrow_type == pa.int32():
+            ok &= (out > -(2**31)) & (out < 2**31)
+        # Numbers sent as strings (or other odd types) are parsed one by one.
+        for span in np.flatnonzero(present & ~ok & ~is_number).tolist():
+            index = int(chosen[span])
+            raw = attrs.slow_values.get(index, attrs.values[index].as_py())
+            parsed = _as_float(raw) if numeric else _as_int(raw)
+            if parsed is not None:
+                out[span] = parsed
+                ok[span] = True
+        return pa.array(out, type=arrow_type, mask=~ok)
+    texts = attrs.values.take(pa.array(chosen, mask=~present))
+    if name == "finish_reason":
+        return pa.array(_finish_reasons(texts.to_pylist()), pa.string())
+    return texts
+
+
+def _finish_reasons(texts: list[str | None]) -> list[str | None]:
+    cache: dict[str, str | None] = {}
+    out: list[str | None] = []
+    for text in texts:
+        if text is None:
+            out.append(None)
+            continue
+        reason = cache.get(text, "\0")
+        if reason == "\0":
+            reason = cache[text] = first_finish_reason(text)
+        out.append(reason)
+    return out
+
+
+def _resource_column(name: str, slot: int, resource_slots: list[tuple[int, list[Any]]], n: int) -> pa.Array | None:
+    """Per-span values a column takes from the resource, or None when no resource has it."""
+    if all(values[slot] is None for _, values in resource_slots):
+        return None
+    out: list[Any] = []
+    bounds = [first for first, _ in resource_slots[1:]] + [n]
+    for (first, values), end in zip(resource_slots, bounds, strict=True):
+        out.extend([_coerce(name, values[slot])] * (end - first))
+    return pa.array(out, type=_ARROW_TYPES[name])
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in INT_COLUMNS:
+        return _as_int(value)
+    if name in FLOAT_COLUMNS:
+        return _as_float(value)
+    if name == "finish_reason":
+        return first_finish_reason(value)
+    return _as_str(value)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = int(value) if isinstance(value, int) else int(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if -(1 << 63) <= number < (1 << 63) else None
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _as_str(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return _as_str(value[0]) if value else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
