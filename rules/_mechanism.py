@@ -42,12 +42,16 @@ if TYPE_CHECKING:
     from sre_agent.decompose import StageDecomposition
     from sre_agent.metric_view import MetricView
 
+#: Headline metrics measured per output token: wholly decode-stage, engine time.
+PER_TOKEN_METRICS: Final[tuple[str, ...]] = ("tpot", "itl")
 #: z below which a change is not evidence at all.
 Z_MIN: Final[float] = 2.0
 #: z from which a change is certain (confidence 1 before effect-size damping).
 Z_FULL: Final[float] = 5.0
 #: Fewest requests per side and per covariate bucket for a conditional comparison.
 MIN_BUCKET: Final[int] = 20
+#: Width (ratio) of a running-batch bucket: narrow enough that load-driven batch growth stays visible.
+RUNNING_BUCKET: Final[float] = 1.25
 #: Tokens per step must move by this factor (p90 or mean) to call the batch shape changed.
 BATCH_SHAPE_FACTOR: Final[float] = 1.5
 _NS: Final[int] = 1_000_000_000
@@ -135,9 +139,11 @@ def tail_shares(stages: StageDecomposition, regression: Regression, comparison: 
 def stage_share(stages: StageDecomposition, stage: str, regression: Regression, comparison: Comparison) -> float:
     """Share of the headline's tail excess held by ``stage`` (see :func:`tail_shares`).
 
-    Falls back to 1 when the headline *is* that stage's own metric (TPOT/ITL
-    for decode) and no decomposition could be made.
+    A per-token headline (TPOT/ITL) is all decode. Falls back to 1 when the
+    headline *is* that stage's own metric and no decomposition could be made.
     """
+    if regression.metric in PER_TOKEN_METRICS:
+        return 1.0 if stage == "decode" else 0.0
     shares = tail_shares(stages, regression, comparison)
     if shares:
         return shares.get(stage, 0.0)
@@ -153,7 +159,7 @@ def engine_share(stages: StageDecomposition, regression: Regression, comparison:
     share is 1 for a significant regression and 0 otherwise.
     """
     shares = tail_shares(stages, regression, comparison)
-    if shares:
+    if shares and regression.metric not in PER_TOKEN_METRICS:
         return sum(shares.get(s, 0.0) for s in ("queue", "prefill", "decode"))
     return 1.0 if regression.significant else 0.0
 
@@ -171,7 +177,8 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     """Per sampled request (``span_id``): requests running on its replica at one moment of its life.
 
     ``at="prefill"``: when it was scheduled (queue end); ``at="decode"``: the
-    midpoint of its decode. A request counts as running from its scheduling
+    mean over a quarter, half and three quarters of its decode (the batch
+    changes while a request decodes). A request counts as running from its scheduling
     (arrival + queue) to its end (arrival + e2e). Counted over every
     selected engine span of both windows, per replica (``service.instance.id``,
     else ``host.name``, else ``service.name``). Columns ``span_id``, ``running``.
@@ -188,18 +195,22 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     sched = pl.col("start_ns") + (pl.col("queue_s") * _NS).cast(pl.Int64)
     end = pl.col("start_ns") + (pl.col("e2e_s") * _NS).cast(pl.Int64)
     first = pl.col("start_ns") + (pl.col("ttft_s").fill_null(pl.col("queue_s")) * _NS).cast(pl.Int64)
-    moment = sched if at == "prefill" else (first + end) // 2
+    fractions = (0.0,) if at == "prefill" else (0.25, 0.5, 0.75)
+    origin = sched if at == "prefill" else first
     full = full.with_columns(sched.alias("_sched"), end.alias("_end"))
-    sample = sample.with_columns(moment.alias("_t"))
+    sample = sample.with_columns(origin.alias("_from"), (end - origin).alias("_span"))
     parts: list[pl.DataFrame] = []
     for (replica,), group in sample.group_by("replica"):
         events = full.filter(pl.col("replica") == replica)
         starts = np.sort(events["_sched"].to_numpy())
         ends = np.sort(events["_end"].to_numpy())
-        t = group["_t"].to_numpy()
-        running = np.searchsorted(starts, t, side="right") - np.searchsorted(ends, t, side="right")
-        parts.append(pl.DataFrame({"span_id": group["span_id"], "running": np.maximum(running, 1).astype(np.int64)}))
-    out = pl.concat(parts) if parts else pl.DataFrame(schema={"span_id": pl.String, "running": pl.Int64})
+        counts = []
+        for f in fractions:
+            t = group["_from"].to_numpy() + (group["_span"].to_numpy() * f).astype(np.int64)
+            counts.append(np.searchsorted(starts, t, side="right") - np.searchsorted(ends, t, side="right"))
+        running = np.maximum(np.mean(counts, axis=0), 1.0)
+        parts.append(pl.DataFrame({"span_id": group["span_id"], "running": running.astype(np.float64)}))
+    out = pl.concat(parts) if parts else pl.DataFrame(schema={"span_id": pl.String, "running": pl.Float64})
     cached[at] = out
     return out
 
@@ -275,9 +286,9 @@ def conditional_log_shift(frame: pl.DataFrame, cost: str, bucket: str, label: st
 
 
 def pow2_bucket(column: str, width: float = 2.0) -> pl.Expr:
-    """Geometric bucket label of a positive column: ``"lo-hi"`` with hi = lo * width."""
-    lo = (width ** (pl.col(column).cast(pl.Float64).clip(1.0, None).log(width).floor())).cast(pl.Int64)
-    return pl.format("{}-{}", lo, (lo * width).cast(pl.Int64))
+    """Geometric bucket label of a positive column: ``"lo-hi"`` with hi = lo * width (values below 1 count as 1)."""
+    lo = width ** (pl.col(column).cast(pl.Float64).clip(1.0, None).log(width).floor())
+    return pl.format("{}-{}", lo.round(1), (lo * width).round(1))
 
 
 # ------------------------------------------------------------ localisation
@@ -361,12 +372,13 @@ class BatchShape:
 
     @property
     def changed(self) -> bool:
-        """Whether the work-adjusted mean or p99 tokens per step moved by :data:`BATCH_SHAPE_FACTOR` or more."""
-        for pair in (self.mean, self.p99):
-            r = self.adjusted(pair)
-            if r is not None and (r >= BATCH_SHAPE_FACTOR or r <= 1 / BATCH_SHAPE_FACTOR):
-                return True
-        return False
+        """Whether the work-adjusted p99 tokens per step moved by :data:`BATCH_SHAPE_FACTOR` or more.
+
+        The mean is not used: it grows with the running batch (more decodes per
+        step), so load or slower decodes move it without any batching change.
+        """
+        r = self.cap_ratio
+        return r is not None and (r >= BATCH_SHAPE_FACTOR or r <= 1 / BATCH_SHAPE_FACTOR)
 
     def evidence(self) -> list[Evidence]:
         """Evidence rows for the tokens-per-step distribution."""
@@ -442,6 +454,8 @@ MIN_SLOWDOWN: Final[float] = 0.10
 FULL_SLOWDOWN: Final[float] = 0.30
 #: Change of uncached prompt tokens per request that makes steps carry different prefill work (20 %).
 WORK_CHANGE: Final[float] = 0.20
+#: Confidence factor when each request brings different prefill work (cache-hit drop, longer prompts).
+WORK_CHANGED_DAMPING: Final[float] = 0.25
 #: Confidence factor when the batch shape changed too (batch_composition explains it better).
 BATCH_CHANGED_DAMPING: Final[float] = 0.4
 
@@ -498,8 +512,10 @@ def assess_slowdown(
         evidence += batch.evidence()
         # Steps that changed shape, or that carry more prefill per request (cache-hit drop, longer
         # prompts), are slower for reasons other rules name; the step itself need not have slowed.
-        if batch.changed or abs(math.log(max(1e-9, batch.work_ratio))) >= math.log(1.0 + WORK_CHANGE):
+        if batch.changed:
             confidence *= BATCH_CHANGED_DAMPING
+        if abs(math.log(max(1e-9, batch.work_ratio))) >= math.log(1.0 + WORK_CHANGE):
+            confidence *= WORK_CHANGED_DAMPING
     return Slowdown(shift, clip01(share * shift.explained_share), confidence, tuple(evidence))
 
 
@@ -509,7 +525,7 @@ def with_running(
     """``frame`` plus ``running`` and ``bucket`` (running batch x ``size`` bucket); mean running per side."""
     frame = frame.join(running_batch(comparison, at), on="span_id", how="inner")
     frame = frame.with_columns(size.alias("_size")).with_columns(
-        pl.format("{} x size {}", pow2_bucket("running"), pow2_bucket("_size", 4.0)).alias("bucket")
+        pl.format("{} x size {}", pow2_bucket("running", RUNNING_BUCKET), pow2_bucket("_size", 4.0)).alias("bucket")
     )
     means = {s: side(frame, s)["running"].mean() for s in SIDES}
     return frame, SidePair(*(float(v) if isinstance(v, int | float) else None for v in means.values()))

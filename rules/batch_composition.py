@@ -10,16 +10,18 @@ stalls every decode sharing it (ITL/TPOT tails rise, vllm RFC#3130).
 Signals:
 
 * ``vllm:iteration_tokens`` histogram: mean and p99 tokens per step per
-  window. Its p99 carries the step budget. Both are divided by the change
+  window. Its p99 carries the step budget and is what is judged (the mean
+  grows with the running batch under any load). Both are divided by the change
   in uncached prompt tokens per request (prompt-token counter per request x
   (1 - prefix-cache hit rate)), because a cache-hit drop or longer prompts
   make prefill steps bigger without any change in batching;
 * running batch: ``vllm:num_requests_running`` gauge, else the mean number
   of requests running on the same replica (span overlap);
 * prefill share of processed tokens (prompt vs generation token counters),
-  arrival rate and tokens per request, which must stay put: if arrivals rose
-  by 15 % or more, bigger batches are ``load``'s doing; if work per request
-  changed by 20 % or more, ``traffic_mix``'s.
+  arrival rate per replica and tokens per request, which must stay put: if
+  arrivals per replica changed by 15 % or more, bigger batches are ``load``'s
+  or ``capacity``'s doing; if work per request changed by 20 % or more,
+  ``traffic_mix``'s.
 
 ``explained`` (0..1): the engine stages' (queue + prefill + decode) share of
 the headline's tail excess x ``min(1, |ln(work-adjusted p99 ratio)| / ln 4)``
@@ -82,7 +84,13 @@ def batch_composition(
         for s in ("baseline", "candidate")
     }
     work_pair = SidePair(*(float(v) if v is not None else None for v in work.values()))
-    if _changed(arrival_rate.ratio, MAX_RATE_CHANGE) or _changed(work_pair.ratio, MAX_WORK_CHANGE):
+    replicas = {s: side(frame, s).select(pl.coalesce("service_instance", "host_name").n_unique()).item() or 1
+                for s in ("baseline", "candidate")}  # fmt: skip
+    per_replica = SidePair(
+        None if arrival_rate.baseline is None else arrival_rate.baseline / replicas["baseline"],
+        None if arrival_rate.candidate is None else arrival_rate.candidate / replicas["candidate"],
+    )
+    if _changed(per_replica.ratio, MAX_RATE_CHANGE) or _changed(work_pair.ratio, MAX_WORK_CHANGE):
         return None
     running = metrics.gauge("running_requests")
     running_how = "num_requests_running gauge, window mean"
@@ -92,7 +100,12 @@ def batch_composition(
         running = SidePair(*(float(m) if isinstance(m, int | float) else None for m in means))
         running_how = "requests running on the same replica (span overlap)"
     evidence = [
-        Evidence("arrival_rate_rps", rnd(arrival_rate.baseline), rnd(arrival_rate.candidate), "unchanged load"),
+        Evidence(
+            "arrival_rate_rps_per_replica",
+            rnd(per_replica.baseline),
+            rnd(per_replica.candidate),
+            f"unchanged load; replicas {replicas['baseline']} -> {replicas['candidate']}",
+        ),
         Evidence("tokens_per_request", rnd(work_pair.baseline, 1), rnd(work_pair.candidate, 1), "input + output"),
         Evidence("running_batch", rnd(running.baseline, 2), rnd(running.candidate, 2), running_how),
     ]

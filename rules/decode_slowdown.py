@@ -8,9 +8,9 @@ lost CUDA-graph coverage, a sampler or detokeniser regression, eager mode).
 
 Signal: ``tpot_s`` per request (decode time / (output tokens - 1)),
 compared as ``log(tpot)`` within buckets of running batch (requests running on
-the same replica at the midpoint of the request's decode, from span overlap
-over every selected request) x prompt length (factor-4 buckets); buckets need
-20 requests per side. The per-bucket changes are averaged with the
+the same replica during the request's decode, the mean at a quarter, half and
+three quarters of it, from span overlap over every selected request; x1.25
+buckets) x prompt length (x4 buckets); buckets need 20 requests per side. The per-bucket changes are averaged with the
 candidate's request counts as weights.
 
 ``explained`` (0..1): the decode stage's share of the headline's tail excess
@@ -19,9 +19,9 @@ remains at equal buckets (``conditional / raw``).
 
 ``confidence``: significance of the conditional change's z score x
 ``min(1, rise / 30 %)`` x bucket coverage (``min(1, covered share / 0.5)``),
-damped x 0.4 when the tokens-per-step distribution changed or uncached
-prompt tokens per request changed by 20 % or more (steps then carry other
-work: ``batch_composition``, ``prefix_cache`` or ``traffic_mix`` explain them).
+x 0.4 when the step cap (p99 tokens per step) moved (``batch_composition``)
+and x 0.25 when uncached prompt tokens per request changed by 20 % or more
+(steps then carry other prefill work: ``prefix_cache`` or ``traffic_mix``).
 
 Quiet (``None``) below a 10 % rise at equal buckets or z < 2.
 """

@@ -28,6 +28,9 @@ at least 0.7 when the KV cache also filled up (p90 >= 80 % after rising 30
 points or more), times ``min(1, candidate KV p90 / 0.9)``. Without a preemption counter, a KV
 cache that went from below 80 % to above 95 % at p90 gives at most 0.4.
 
+Scope: the replica (``host.name``, else ``service.instance.id`` on the metric
+points) holding >= 80 % of the candidate's preemptions when several report.
+
 Quiet when preemptions per request did not rise (z < 2 or below 0.002 per
 request) and KV usage did not newly saturate; :class:`RuleSkipped` when
 neither metric exists.
@@ -55,6 +58,8 @@ FILLED_USAGE: Final[float] = 0.8
 FILLED_RISE: Final[float] = 0.3
 #: Confidence floor when preemptions rose (z >= 2) and the cache filled up.
 CORROBORATED_CONFIDENCE: Final[float] = 0.7
+#: Share of the candidate's preemptions on one replica that confines the finding to it.
+CONFINED_SHARE: Final[float] = 0.8
 #: Confidence ceiling when only the usage gauge is known.
 USAGE_ONLY_CONFIDENCE: Final[float] = 0.4
 _ENGINE_STAGES: Final[tuple[str, ...]] = ("queue", "prefill", "decode")
@@ -118,6 +123,9 @@ def kv_pressure(
     shares = tail_shares(stages, regression, comparison)
     engine = {s: shares.get(s, 0.0) for s in _ENGINE_STAGES}
     stage = max(engine, key=lambda s: engine[s]) if sum(engine.values()) > 0 else None
+    scope, scope_evidence = _scope(_preemptions_by_replica(comparison, metrics))
+    if scope_evidence is not None:
+        evidence.append(scope_evidence)
     what = (
         f"preemptions per {unit} rose {evidence[0].baseline} -> {evidence[0].candidate}"
         if has_preemptions
@@ -130,9 +138,52 @@ def kv_pressure(
         explained=at_stake * coverage,
         confidence=confidence,
         stage=stage,
+        scope=scope,
         evidence=tuple(evidence),
         next_check=NEXT_CHECK,
     )
+
+
+def _preemptions_by_replica(comparison: Comparison, metrics: MetricView) -> dict[tuple[str, str], float]:
+    """Candidate-window preemption counter deltas per replica, keyed by (attribute, value).
+
+    The replica is named by ``host.name``, else ``service.instance.id``, as the
+    metric points carry them. (MetricView sums over series; the scope needs them apart.)
+    """
+    name = metrics.name_for("preemptions")
+    if name is None:
+        return {}
+    w = comparison.window("candidate")
+    version = "" if w.version is None else "AND service_version = ?"
+    params: list[object] = [name, w.start_ns, w.end_ns] + ([w.version] if w.version is not None else [])
+    rows = comparison.con.execute(
+        f"""
+        SELECT CASE WHEN host_name IS NOT NULL THEN 'host.name' ELSE 'service.instance.id' END,
+          coalesce(host_name, service_instance), sum(inc)
+        FROM (SELECT host_name, service_instance,
+                CASE WHEN temporality = 'delta' THEN value WHEN prev IS NULL THEN 0
+                     WHEN value >= prev THEN value - prev ELSE value END AS inc
+              FROM (SELECT *, lag(value) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev
+                    FROM metric_points WHERE name = ? AND time_ns >= ? AND time_ns < ? {version}
+                      AND isfinite(value)))
+        WHERE coalesce(host_name, service_instance) IS NOT NULL GROUP BY ALL
+        """,
+        params,
+    ).fetchall()
+    return {(str(k), str(v)): float(n or 0.0) for k, v, n in rows}
+
+
+def _scope(by_replica: dict[tuple[str, str], float]) -> tuple[dict[str, str], Evidence | None]:
+    """The replica holding >= 80 % of the candidate's preemptions when several replicas report."""
+    total = sum(by_replica.values())
+    if len(by_replica) < 2 or total <= 0:
+        return {}, None
+    (key, value), top = max(by_replica.items(), key=lambda kv: kv[1])
+    if top / total < CONFINED_SHARE:
+        return {}, None
+    evidence = Evidence(f"preemptions[{key}={value}]", None, round(top), f"{top / total:.0%} of the candidate's "
+                        f"{total:.0f} preemptions on {len(by_replica)} replicas")  # fmt: skip
+    return {key: value}, evidence
 
 
 def _pct(x: float | None) -> str:

@@ -19,7 +19,7 @@ overlap) x uncached tokens (factor-4 buckets).
 excess times the share of the raw log change that remains at equal buckets.
 
 ``confidence``: as ``decode_slowdown`` (significance x effect size x coverage,
-x 0.4 when the step shape or the uncached work per request changed), halved without any
+x 0.4 when the step cap moved, x 0.25 when the uncached work per request changed), halved without any
 cache signal.
 
 Quiet below a 10 % rise at equal buckets or z < 2.

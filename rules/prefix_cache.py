@@ -22,6 +22,10 @@ through prefill chunks sharing steps with decodes, so ``explained`` is then
 the relative rise of tokens computed per request (newly uncached prompt
 tokens over the baseline's uncached prompt + output tokens), capped at 1.
 
+The drop is measured against the hit rate *expected* for the candidate's
+prompts under the baseline's caching (see ``_expected_hit_rate``), so a
+longer-prompt mix is not read as a cache failure.
+
 ``confidence``: spans: significance of the drop's z score times
 ``min(1, drop / 0.2)``; counters or gauge only (exact totals without a
 per-request variance): ``0.85 x min(1, drop / 0.2)``.
@@ -44,6 +48,7 @@ from sre_agent.rules._mechanism import (
     confined_slice,
     headline_column,
     metric_hit_rate,
+    pow2_bucket,
     ratio_estimate,
     rnd,
     side,
@@ -65,6 +70,35 @@ NEXT_CHECK: Final[str] = (
     "compare prefix hashes of the system prompt before and after; check enable_prefix_caching (or SGLang's "
     "--disable-radix-cache), the chat template and the tokenizer version; check cache evictions"
 )
+
+
+def _expected_hit_rate(frame: pl.DataFrame, with_cache: pl.DataFrame | None, baseline_rate: float) -> float:
+    """The hit rate the candidate's prompts would get under the baseline's caching.
+
+    A longer-prompt mix lowers the token-weighted hit rate without any cache
+    change (the shared prefix is a smaller part of each prompt). With
+    per-request cached tokens: the baseline's hit rate per prompt-length
+    bucket (x2), weighted by the candidate's prompt tokens per bucket. With
+    totals only: the lower of the baseline rate and the baseline's cached
+    tokens per request over the candidate's mean prompt.
+    """
+    if with_cache is not None:
+        data = with_cache.with_columns(pow2_bucket("input_tokens").alias("_len"))
+        per_bucket = (
+            side(data, "baseline")
+            .group_by("_len")
+            .agg((pl.col("cached_tokens").clip(0, None).sum() / pl.col("input_tokens").sum()).alias("_hit"))
+        )
+        cand = side(data, "candidate").join(per_bucket, on="_len", how="left")
+        total = float(cand["input_tokens"].sum())
+        if total <= 0:
+            return baseline_rate
+        weighted = cand.select((pl.col("input_tokens") * pl.col("_hit").fill_null(baseline_rate)).sum()).item()
+        return float(weighted) / total
+    means = [side(frame, s)["input_tokens"].mean() for s in ("baseline", "candidate")]
+    if isinstance(means[0], int | float) and isinstance(means[1], int | float) and means[1] > 0:
+        return baseline_rate * min(1.0, float(means[0]) / float(means[1]))
+    return baseline_rate
 
 
 def prefix_cache(
@@ -92,8 +126,13 @@ def prefix_cache(
     rate = span_rate if span_rate is not None else (metric[0] if metric is not None else None)
     if rate is None or rate.baseline is None or rate.candidate is None:
         raise RuleSkipped("no prefix-cache signal: neither cached_tokens on spans nor hit/query counters or gauge")
-    drop = rate.baseline - rate.candidate
-    if drop < MIN_DROP or drop < MIN_RELATIVE_DROP * rate.baseline:
+    expected = _expected_hit_rate(frame, with_cache if span_rate is not None else None, rate.baseline)
+    evidence.append(
+        Evidence("prefix_cache_hit_rate_expected", rnd(rate.baseline), rnd(expected),
+                 "the candidate's prompts under the baseline's caching (prompt-length mix adjusted)")
+    )  # fmt: skip
+    drop = expected - rate.candidate
+    if drop < MIN_DROP or drop < MIN_RELATIVE_DROP * expected:
         return None
     confidence = min(1.0, drop / FULL_DROP) * (significance(z) if span_rate is not None else METRIC_ONLY_CONFIDENCE)
 
