@@ -243,6 +243,11 @@ class Writer:
     # -- producer side --------------------------------------------------
 
     @property
+    def closing(self) -> bool:
+        """True once :meth:`close` was called: new work is refused."""
+        return self._closing
+
+    @property
     def queued_rows(self) -> int:
         """Rows waiting in the queue (not yet committed)."""
         return self._queued_rows

@@ -377,7 +377,7 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
                 try:
                     future = ctx.writer.submit(table_kind, decoded.table)
                 except OverloadedError as exc:
-                    return _overloaded(exc, media_type)
+                    return _overloaded(exc, media_type, closing=ctx.writer.closing)
         if future is not None:
             try:
                 await asyncio.wrap_future(future)  # acknowledge only what is committed
@@ -396,7 +396,7 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
             ctx.writer.check_capacity()  # refuse before reading a body we could not queue
             body = await read_body(request, ctx.config.max_body_bytes)
         except OverloadedError as exc:
-            return _overloaded(exc, media_type)
+            return _overloaded(exc, media_type, closing=ctx.writer.closing)
         except PayloadTooLargeError as exc:
             return status_response(413, _RPC_RESOURCE_EXHAUSTED, str(exc), media_type)
         except BadPayloadError as exc:
@@ -418,10 +418,10 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
     return export
 
 
-def _overloaded(exc: OverloadedError, media_type: str) -> Response:
-    return status_response(
-        429, _RPC_UNAVAILABLE, str(exc), media_type, headers={"Retry-After": str(max(1, round(exc.retry_after_s)))}
-    )
+def _overloaded(exc: OverloadedError, media_type: str, *, closing: bool = False) -> Response:
+    """429 when the queue is full; 503 while shutting down (another replica may take it)."""
+    headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+    return status_response(503 if closing else 429, _RPC_UNAVAILABLE, str(exc), media_type, headers=headers)
 
 
 # -- the app ----------------------------------------------------------------------

@@ -78,6 +78,30 @@ def test_sigkill_loses_no_acknowledged_span_and_resends_do_not_double_count(tmp_
     assert count_rows(db) == len(present) * BATCH
 
 
+def test_sigterm_mid_stream_commits_every_acknowledged_request_and_exits_0(tmp_path: Path) -> None:
+    db = tmp_path / "graceful.duckdb"
+    server = start_serve(db, grpc=False)
+    acked: set[int] = set()
+    stop = threading.Event()
+    batches = list(range(200))
+    senders = [
+        threading.Thread(target=_send_batches, args=(server.http_url, batches[i::3], acked, stop)) for i in range(3)
+    ]
+    for sender in senders:
+        sender.start()
+    deadline = time.monotonic() + 60
+    while len(acked) < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    code = server.stop(signal.SIGTERM)
+    stop.set()
+    for sender in senders:
+        sender.join(30)
+    assert code == 0, server.stderr
+    present = _batches_present(db)
+    assert present >= acked
+    assert count_rows(db) == len(present) * BATCH
+
+
 def _batches_present(db: Path) -> set[int]:
     import duckdb
 
