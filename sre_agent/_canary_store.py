@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from sre_agent.canary import CanarySpec, QuantileEstimate, QuantileNeed, SideStats
-from sre_agent.compare import SIDES, Comparison, resolve_windows
+from sre_agent.compare import SIDES, Comparison, SideWindow, filter_sql, resolve_windows
 from sre_agent.sequential import histogram_quantile_cs, point_rank, quantile_cs_ranks
 
 if TYPE_CHECKING:
@@ -51,28 +51,141 @@ FINDINGS_SAMPLE_PER_SIDE: Final[int] = 20_000
 _ERROR = "(status_code = 'error' OR error_type IS NOT NULL)"
 
 
-def _counts(comparison: Comparison, spec: CanarySpec) -> dict[str, dict[str, int]]:
-    """side -> {requests, errors, good, n_<column>} in one scan."""
+def _valid(column: str) -> str:
+    """NULL for malformed latencies (negative, NaN, infinite), as compare does."""
+    return f"CASE WHEN {column} >= 0 AND isfinite({column}) THEN {column} END"
+
+
+# A row where compare.engine_sql would fill a latency the store lacks (TTFT from queue + prefill,
+# e2e from the span duration, TPOT from decode time). Without such rows the stored, validated
+# columns *are* the derived ones, and the verdict scans them directly (derivations cost more
+# than the verdict itself on millions of spans); with any, it scans engine_sql.
+_FILLABLE = (
+    f"({_valid('ttft_s')} IS NULL AND {_valid('queue_s')} + {_valid('prefill_s')} IS NOT NULL) OR "
+    f"({_valid('e2e_s')} IS NULL AND {_valid('duration_s')} IS NOT NULL) OR "
+    f"({_valid('tpot_s')} IS NULL AND output_tokens > 1)"
+)
+
+
+class _Sources:
+    """The two ways to read the selected engine spans, both with columns ``side`` and the latencies."""
+
+    def __init__(self, comparison: Comparison, windows: tuple[SideWindow, SideWindow]) -> None:
+        b, c = windows
+        self.comparison = comparison
+        self.side = f"CASE WHEN {b.predicate()} THEN 'baseline' WHEN {c.predicate()} THEN 'candidate' END"
+        self.where = f"is_engine AND ({b.predicate()} OR {c.predicate()}) AND {filter_sql(comparison.selection)}"
+
+    def predicted_counts(self) -> dict[str, dict[str, int]]:
+        """side -> stored non-null values per latency column (a cheap scan): the expected counts."""
+        columns = sorted(set(SPAN_COLUMN.values()))
+        rows = self.comparison.con.execute(
+            f"SELECT {self.side}, {', '.join(f'count({col})' for col in columns)} FROM spans "
+            f"WHERE {self.where} GROUP BY 1"
+        ).fetchall()
+        out: dict[str, dict[str, int]] = {s: dict.fromkeys((f"n_{col}" for col in columns), 0) for s in SIDES}
+        for row in rows:
+            if row[0] is not None:
+                out[row[0]] = {f"n_{col}": int(v) for col, v in zip(columns, row[1:], strict=True)}
+        return out
+
+    def stored(self) -> str:
+        """The stored latencies, validated, plus a ``fillable`` flag (see ``_FILLABLE``)."""
+        validated = ", ".join(f"{_valid(col)} AS {col}" for col in sorted(set(SPAN_COLUMN.values())))
+        return (
+            f"(SELECT {self.side} AS side, status_code, error_type, {validated}, ({_FILLABLE}) AS fillable "
+            f"FROM spans WHERE {self.where})"
+        )
+
+    def derived(self, columns: str = "status_code, error_type, ttft_s, tpot_s, e2e_s, queue_s") -> str:
+        """compare's derived engine spans, with a constant ``fillable = false``."""
+        return self.comparison.engine_sql(f"side, {columns}, FALSE AS fillable")
+
+
+class _Plan:
+    """The order statistics a set of needs asks for, given each side's (expected) value counts.
+
+    Both sides share one ``quantile_disc`` fraction list per column (the
+    union of theirs), so a single ``GROUP BY side`` scan answers them all;
+    each side then reads only its own fractions.
+    """
+
+    def __init__(self, needs: list[QuantileNeed], counts: dict[str, dict[str, int]]) -> None:
+        self.counts = counts
+        ranks: dict[str, set[tuple[str, int]]] = {}  # column -> {(side, rank)}
+        self.spots: dict[tuple[str, str], tuple[str, int, int | None, int | None, int]] = {}
+        for need in needs:
+            column = SPAN_COLUMN[need.metric]
+            n = counts[need.side][f"n_{column}"]
+            if n == 0:
+                continue
+            lower, upper = quantile_cs_ranks(n, need.quantile, need.alpha)
+            point = point_rank(n, need.quantile)
+            ranks.setdefault(column, set()).update((need.side, r) for r in (lower, upper, point) if r is not None)
+            self.spots[(need.side, need.key)] = (column, n, lower, upper, point)
+        self.order = [(column, sorted(r)) for column, r in sorted(ranks.items())]
+
+    def aggregates(self) -> list[str]:
+        """One ``quantile_disc`` per column; ``(k - 0.5) / n`` is exactly the k-th order statistic."""
+        out = []
+        for column, wanted in self.order:
+            fractions = ", ".join(repr((k - 0.5) / self.counts[side][f"n_{column}"]) for side, k in wanted)
+            out.append(f"quantile_disc({column}, [{fractions}])")
+        return out
+
+    def estimates(
+        self, results: dict[str, tuple[Any, ...]], exact: dict[str, dict[str, int]]
+    ) -> dict[tuple[str, str], QuantileEstimate | None]:
+        """(side, need key) -> estimate, or ``None`` where the expected count was wrong."""
+        values: dict[tuple[str, str, int], float] = {}
+        for side, row in results.items():
+            for (column, wanted), result in zip(self.order, row, strict=True):
+                for (want_side, k), v in zip(wanted, result or [], strict=False):
+                    if want_side == side:
+                        values[(side, column, k)] = float(v)
+        out: dict[tuple[str, str], QuantileEstimate | None] = {}
+        for (side, key), (column, n, lower, upper, point) in self.spots.items():
+            if exact[side][f"n_{column}"] != n:
+                out[(side, key)] = None
+                continue
+            out[(side, key)] = QuantileEstimate(
+                n,
+                values[(side, column, point)],
+                values[(side, column, lower)] if lower is not None else 0.0,
+                values[(side, column, upper)] if upper is not None else math.inf,
+            )
+        return out
+
+
+def _scan(
+    con: duckdb.DuckDBPyConnection, spec: CanarySpec, plan: _Plan, source: str
+) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], QuantileEstimate | None], bool]:
+    """One ``GROUP BY side`` scan: per-side counts, the plan's order statistics, and whether any row was fillable."""
     columns = sorted(set(SPAN_COLUMN.values()))
-    good_parts = [f"NOT {_ERROR}"]
+    good = [f"NOT {_ERROR}"]
     for s in spec.latency_slos:
         assert s.metric is not None
-        good_parts.append(f"coalesce({SPAN_COLUMN[s.metric]} <= {float(s.threshold)!r}, TRUE)")
+        good.append(f"coalesce({SPAN_COLUMN[s.metric]} <= {float(s.threshold)!r}, TRUE)")
+    names = ["requests", "errors", "good", *(f"n_{c}" for c in columns)]
     selects = [
-        "side",
-        "count(*) AS requests",
-        f"count(*) FILTER (WHERE {_ERROR}) AS errors",
-        f"count(*) FILTER (WHERE {' AND '.join(good_parts)}) AS good",
-        *(f"count({c}) AS n_{c}" for c in columns),
+        "count(*)",
+        f"count(*) FILTER (WHERE {_ERROR})",
+        f"count(*) FILTER (WHERE {' AND '.join(good)})",
+        *(f"count({c})" for c in columns),
+        "bool_or(fillable)",
+        *plan.aggregates(),
     ]
-    inner = comparison.engine_sql("side, status_code, error_type, " + ", ".join(columns))
-    sql = f"SELECT {', '.join(selects)} FROM {inner} GROUP BY side"
-    cursor = comparison.con.execute(sql)
-    names = [d[0] for d in cursor.description]
-    out: dict[str, dict[str, int]] = {side: dict.fromkeys(names[1:], 0) for side in SIDES}
-    for row in cursor.fetchall():
-        out[row[0]] = {k: int(v or 0) for k, v in zip(names[1:], row[1:], strict=True)}
-    return out
+    rows = con.execute(
+        f"SELECT side, {', '.join(selects)} FROM {source} WHERE side IS NOT NULL GROUP BY side"
+    ).fetchall()
+    counts: dict[str, dict[str, int]] = {side: dict.fromkeys(names, 0) for side in SIDES}
+    results: dict[str, tuple[Any, ...]] = {}
+    fillable = False
+    for row in rows:
+        counts[row[0]] = {name: int(v or 0) for name, v in zip(names, row[1:], strict=False)}
+        fillable = fillable or bool(row[1 + len(names)])
+        results[row[0]] = tuple(row[2 + len(names) :])
+    return counts, plan.estimates(results, counts), fillable
 
 
 def _source(metric: str, counts: dict[str, dict[str, int]], comparison: Comparison) -> str:
@@ -89,51 +202,6 @@ def _source(metric: str, counts: dict[str, dict[str, int]], comparison: Comparis
     if spans_have:
         return "spans"
     return hist_signal if hist_has() else "spans"
-
-
-def _span_quantiles(
-    comparison: Comparison, needs: list[QuantileNeed], counts: dict[str, dict[str, int]]
-) -> dict[tuple[str, str], QuantileEstimate]:
-    """Exact order statistics for every span-based need, in one scan; keyed by (side, need key)."""
-    plan: dict[tuple[str, str], list[int]] = {}  # (side, column) -> ranks wanted
-    spots: dict[tuple[str, str], tuple[str, int, int | None, int | None, int]] = {}
-    for need in needs:
-        column = SPAN_COLUMN[need.metric]
-        n = counts[need.side][f"n_{column}"]
-        if n == 0:
-            continue
-        lower, upper = quantile_cs_ranks(n, need.quantile, need.alpha)
-        point = point_rank(n, need.quantile)
-        ranks = plan.setdefault((need.side, column), [])
-        ranks.extend(r for r in (lower, upper, point) if r is not None)
-        spots[(need.side, need.key)] = (column, n, lower, upper, point)
-    if not plan:
-        return {}
-    aggregates: list[str] = []
-    order: list[tuple[str, str, list[int]]] = []
-    for (side, column), ranks in plan.items():
-        unique = sorted(set(ranks))
-        n = counts[side][f"n_{column}"]
-        # quantile_disc(x, (k - 0.5) / n) is exactly the k-th order statistic (1-based).
-        fractions = ", ".join(repr((k - 0.5) / n) for k in unique)
-        aggregates.append(f"quantile_disc({column}, [{fractions}]) FILTER (WHERE side = '{side}')")
-        order.append((side, column, unique))
-    inner = comparison.engine_sql("side, " + ", ".join(sorted({c for _, c in plan})))
-    row = comparison.con.execute(f"SELECT {', '.join(aggregates)} FROM {inner}").fetchone()
-    assert row is not None
-    values: dict[tuple[str, str, int], float] = {}
-    for (side, column, unique), result in zip(order, row, strict=True):
-        for k, v in zip(unique, result or [], strict=False):
-            values[(side, column, k)] = float(v)
-    out: dict[tuple[str, str], QuantileEstimate] = {}
-    for (side, key), (column, n, lower, upper, point) in spots.items():
-        out[(side, key)] = QuantileEstimate(
-            n,
-            values[(side, column, point)],
-            values[(side, column, lower)] if lower is not None else 0.0,
-            values[(side, column, upper)] if upper is not None else math.inf,
-        )
-    return out
 
 
 def _histogram_quantile(comparison: Comparison, need: QuantileNeed, signal: str) -> QuantileEstimate:
@@ -157,14 +225,23 @@ def gather(
     """
     baseline_w, candidate_w, notes = resolve_windows(con, selection)
     comparison = Comparison(con, selection, baseline_w, candidate_w, notes=notes)
-    counts = _counts(comparison, spec)
+    sources = _Sources(comparison, (baseline_w, candidate_w))
+    expected = sources.predicted_counts()
     needs = spec.quantile_needs()
-    sources = {m: _source(m, counts, comparison) for m in {n.metric for n in needs}}
-    estimates = _span_quantiles(comparison, [n for n in needs if sources[n.metric] == "spans"], counts)
+    metric_source = {m: _source(m, expected, comparison) for m in {n.metric for n in needs}}
+    span_needs = [n for n in needs if metric_source[n.metric] == "spans"]
+    counts, found, fillable = _scan(con, spec, _Plan(span_needs, expected), sources.stored())
+    if fillable:  # some latency must be derived: read compare's derived spans instead
+        counts, found, _ = _scan(con, spec, _Plan(span_needs, expected), sources.derived())
+    missed = [n for n in span_needs if found.get((n.side, n.key)) is None]
+    if missed:  # the expected counts were off (malformed or derived values): ask again with the exact ones
+        _, again, _ = _scan(con, spec, _Plan(missed, counts), sources.stored() if not fillable else sources.derived())
+        found.update(again)
+    estimates: dict[tuple[str, str], QuantileEstimate] = {k: v for k, v in found.items() if v is not None}
     for need in needs:
-        if sources[need.metric] != "spans":
-            estimates[(need.side, need.key)] = _histogram_quantile(comparison, need, sources[need.metric])
-    for metric, source in sources.items():
+        if metric_source[need.metric] != "spans":
+            estimates[(need.side, need.key)] = _histogram_quantile(comparison, need, metric_source[need.metric])
+    for metric, source in metric_source.items():
         if source != "spans":
             notes.append(f"{metric} read from the {source} histogram (bucket edges widen its CI)")
     sides: list[SideStats] = []

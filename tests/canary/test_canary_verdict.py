@@ -283,3 +283,37 @@ def test_slow_diagnosis_is_cut_off_and_the_verdict_still_stands(
     assert verdict.verdict == "fail"
     assert verdict.findings == ()
     assert any("did not finish within 0.05 s" in n for n in verdict.notes)
+
+
+def test_derived_and_malformed_latencies_match_compare(tmp_path: Path) -> None:
+    """Spans without e2e (only a duration) and with malformed TTFTs: the verdict reads what compare derives."""
+    path = tmp_path / "derived.duckdb"
+    rng = np.random.default_rng(8)
+    base, cand = spans_table(rng, 2000, "v1", Profile()), spans_table(rng, 2000, "v2", Profile())
+    e2e = cand.schema.get_field_index("e2e_s")
+    ttft = cand.schema.get_field_index("ttft_s")
+    cand = cand.set_column(e2e, "e2e_s", pa.nulls(cand.num_rows, pa.float64()))  # SGLang-like: duration only
+    bad_ttft = np.array(cand.column("ttft_s").to_pylist())
+    bad_ttft[::100] = -1.0  # malformed values compare drops
+    cand = cand.set_column(ttft, "ttft_s", pa.array(bad_ttft))
+    write_store(path, [base, cand])
+    spec = CanarySpec.from_strings(["e2e_p99=60s", "ttft_p90=5s"], findings=0)
+    with Store.open(path, read_only=True) as store:
+        verdict = evaluate(store.connection, VERSIONS, spec)
+        con = store.connection
+        durations = sorted(
+            v for (v,) in con.execute("SELECT duration_s FROM spans WHERE service_version = 'v2'").fetchall()
+        )
+        valid_ttft = sorted(
+            v
+            for (v,) in con.execute("SELECT ttft_s FROM spans WHERE service_version = 'v2' AND ttft_s >= 0").fetchall()
+        )
+    e2e_check, ttft_check = verdict.slos
+    expected_e2e = quantile_estimate(durations, 0.99, spec.check_alpha)
+    expected_ttft = quantile_estimate(valid_ttft, 0.9, spec.check_alpha)
+    assert e2e_check.n_candidate == 2000
+    assert e2e_check.candidate == pytest.approx(expected_e2e.estimate)
+    assert e2e_check.ci == pytest.approx((expected_e2e.lo, expected_e2e.hi))
+    assert ttft_check.n_candidate == 2000 - 20
+    assert ttft_check.candidate == pytest.approx(expected_ttft.estimate)
+    assert ttft_check.ci == pytest.approx((expected_ttft.lo, expected_ttft.hi))
