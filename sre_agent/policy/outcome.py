@@ -442,11 +442,11 @@ def _error_text(body: Any) -> str:
 
 
 def _classify_status(status: int, body: Any) -> tuple[OutcomeClass, str]:
-    text = _error_text(body)
     if status == 429:
         return OutcomeClass.RATE_LIMITED, "HTTP 429"
     if status == 408:
         return OutcomeClass.TIMEOUT, "HTTP 408"
+    text = _error_text(body)
     if status == 413 or any(m in text for m in _CONTEXT_MARKERS):
         return OutcomeClass.CONTEXT_OVERFLOW, f"HTTP {status}: prompt does not fit"
     if status >= 500:

@@ -91,6 +91,7 @@ class retry_if_recoverable(retry_base):
         if outcome is None:
             return False  # an exception escaped the attempt: a bug, let it surface
         state = _state(retry_state)
+        state.last = outcome  # the wait strategy reads it here instead of locking the future again
         state.continuation = False
         state.skip_wait = False
         return state.planner.plan(state, outcome)
@@ -141,7 +142,7 @@ class wait_server_hint(wait_base):
         state = _state(retry_state)
         if state.continuation or state.skip_wait:
             return 0.0
-        outcome = _outcome(retry_state)
+        outcome = state.last  # set by retry_if_recoverable, which tenacity always runs first
         if outcome is not None and outcome.retry_after_s is not None:
             return outcome.retry_after_s
         return float(self.fallback(retry_state))
