@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from sre_agent.compare import LATENCIES, SIDES
-from sre_agent.rules_api import Evidence, Regression, SidePair
+from sre_agent.rules_api import Evidence, Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
     from sre_agent.compare import Comparison
@@ -169,6 +169,18 @@ def side(frame: pl.DataFrame, name: str) -> pl.DataFrame:
     return frame.filter(pl.col("side") == name)
 
 
+def require_both_sides(frame: pl.DataFrame, what: str) -> None:
+    """Raise :class:`RuleSkipped` naming ``what`` when either side has no rows."""
+    if any(side(frame, s).height == 0 for s in SIDES):
+        raise RuleSkipped(f"no {what} on one side")
+
+
+def windows_overlap(comparison: Comparison) -> bool:
+    """Whether the two windows overlap in time (version mode), so spans cannot be sided by start time."""
+    b, c = comparison.window("baseline"), comparison.window("candidate")
+    return b.start_ns < c.end_ns and c.start_ns < b.end_ns
+
+
 # ------------------------------------------------------------- running batch
 _RUNNING_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, pl.DataFrame]] = weakref.WeakKeyDictionary()
 
@@ -186,18 +198,28 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     cached = _RUNNING_CACHE.setdefault(comparison, {})
     if at in cached:
         return cached[at]
-    cols = (
-        "span_id, coalesce(service_instance, host_name, service_name, '') AS replica, start_ns, "
-        "coalesce(queue_s, 0) AS queue_s, ttft_s, e2e_s"
+    replica = "coalesce(service_instance, host_name, service_name, '')"
+    # Every selected request's busy interval, as two integers per request: no ids, so the whole
+    # population stays small even over millions of requests.
+    full = comparison.con.sql(
+        f"SELECT {replica} AS replica, start_ns + CAST(coalesce(queue_s, 0) * 1e9 AS BIGINT) AS _sched, "
+        f"start_ns + CAST(e2e_s * 1e9 AS BIGINT) AS _end FROM "
+        f"{comparison.engine_sql('service_instance, host_name, service_name, start_ns, queue_s, e2e_s')} "
+        "WHERE e2e_s IS NOT NULL"
+    ).pl()
+    sample = comparison.requests.filter(pl.col("e2e_s").is_not_null()).select(
+        "span_id",
+        pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica"),
+        "start_ns",
+        pl.col("queue_s").fill_null(0.0),
+        "ttft_s",
+        "e2e_s",
     )
-    full = comparison.con.sql(f"SELECT * FROM {comparison.engine_sql(cols)} WHERE e2e_s IS NOT NULL").pl()
-    sample = comparison.requests.select("span_id").join(full, on="span_id", how="inner")
     sched = pl.col("start_ns") + (pl.col("queue_s") * _NS).cast(pl.Int64)
     end = pl.col("start_ns") + (pl.col("e2e_s") * _NS).cast(pl.Int64)
     first = pl.col("start_ns") + (pl.col("ttft_s").fill_null(pl.col("queue_s")) * _NS).cast(pl.Int64)
     fractions = (0.0,) if at == "prefill" else (0.25, 0.5, 0.75)
     origin = sched if at == "prefill" else first
-    full = full.with_columns(sched.alias("_sched"), end.alias("_end"))
     sample = sample.with_columns(origin.alias("_from"), (end - origin).alias("_span"))
     parts: list[pl.DataFrame] = []
     for (replica,), group in sample.group_by("replica"):
@@ -590,12 +612,14 @@ __all__ = [
     "per_request",
     "pow2_bucket",
     "ratio_estimate",
+    "require_both_sides",
     "rnd",
     "running_batch",
     "side",
     "significance",
     "stage_share",
     "tail_shares",
+    "windows_overlap",
     "with_running",
     "z_change",
 ]

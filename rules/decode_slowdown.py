@@ -35,8 +35,8 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import assess_slowdown, batch_shape, stage_share, with_running
-from sre_agent.rules_api import Finding, Regression, RuleSkipped
+from sre_agent.rules._mechanism import assess_slowdown, batch_shape, require_both_sides, stage_share, with_running
+from sre_agent.rules_api import Finding, Regression
 
 NEXT_CHECK: Final[str] = (
     "compare decode step time at equal running batch size before and after (engine logs or a fixed-batch "
@@ -50,11 +50,7 @@ def decode_slowdown(
 ) -> Finding | None:
     """A ``decode_slowdown`` finding when TPOT rose at equal batch size (see module docstring)."""
     frame = comparison.requests.filter(pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1))
-    if (
-        frame.filter(pl.col("side") == "baseline").height == 0
-        or frame.filter(pl.col("side") == "candidate").height == 0
-    ):
-        raise RuleSkipped("no per-request decode timing (tpot) on one side")
+    require_both_sides(frame, "per-request decode timing (tpot)")
     frame, running = with_running(comparison, frame, "decode", pl.col("input_tokens").fill_null(1))
     verdict = assess_slowdown(
         frame,

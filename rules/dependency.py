@@ -43,6 +43,7 @@ from sre_agent.rules._mechanism import (
     rnd,
     side,
     significance,
+    windows_overlap,
     z_change,
 )
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
@@ -80,16 +81,11 @@ class _Shift:
         return self.calls * (self.mean_c - self.mean_b)
 
 
-def _windows_overlap(comparison: Comparison) -> bool:
-    b, c = comparison.window("baseline"), comparison.window("candidate")
-    return b.start_ns < c.end_ns and c.start_ns < b.end_ns
-
-
 def dependency(comparison: Comparison, regression: Regression, dimensions: list[str]) -> list[Finding] | None:
     """A ``dependency`` finding per non-engine span group whose duration rose (see module docstring)."""
     if not comparison.has_other_spans:
         raise RuleSkipped("no spans outside the engine (no gateway or dependency instrumentation)")
-    if _windows_overlap(comparison):
+    if windows_overlap(comparison):
         raise RuleSkipped("the windows overlap (version comparison): dependency spans cannot be assigned a side")
     sql = other_spans_sql(comparison)
     slices = comparison.con.sql(

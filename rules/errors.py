@@ -49,6 +49,7 @@ from sre_agent.rules._mechanism import (
     rnd,
     side,
     significance,
+    windows_overlap,
     z_change,
 )
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
@@ -114,8 +115,7 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
     moved: list[tuple[float, str, Evidence, float]] = []
     engine = comparison.requests
     roots_seen = False
-    b, c = comparison.window("baseline"), comparison.window("candidate")
-    if comparison.has_other_spans and not (b.start_ns < c.end_ns and c.start_ns < b.end_ns):
+    if comparison.has_other_spans and not windows_overlap(comparison):
         roots = comparison.con.sql(
             f"SELECT side, slice, duration_s, status_code, error_type FROM {other_spans_sql(comparison)} WHERE is_root"
         ).pl()

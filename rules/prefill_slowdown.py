@@ -34,8 +34,15 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import assess_slowdown, batch_shape, metric_hit_rate, stage_share, with_running
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
+from sre_agent.rules._mechanism import (
+    assess_slowdown,
+    batch_shape,
+    metric_hit_rate,
+    require_both_sides,
+    stage_share,
+    with_running,
+)
+from sre_agent.rules_api import Evidence, Finding, Regression
 
 #: Confidence factor when nothing says how many prompt tokens were cached.
 NO_CACHE_SIGNAL_DAMPING: Final[float] = 0.5
@@ -51,11 +58,7 @@ def prefill_slowdown(
 ) -> Finding | None:
     """A ``prefill_slowdown`` finding when prefill per uncached token rose at equal batch size."""
     frame = comparison.requests.filter(pl.col("prefill_s").is_not_null() & (pl.col("input_tokens") > 0))
-    if (
-        frame.filter(pl.col("side") == "baseline").height == 0
-        or frame.filter(pl.col("side") == "candidate").height == 0
-    ):
-        raise RuleSkipped("no per-request prefill timing on one side")
+    require_both_sides(frame, "per-request prefill timing")
     hit = metric_hit_rate(metrics, comparison.request_counts)
     cache_known = hit is not None or frame["cached_tokens"].drop_nulls().len() > 0
     side_hit = pl.lit(0.0)

@@ -34,7 +34,16 @@ from typing import Final
 import polars as pl
 
 from sre_agent.compare import Comparison
-from sre_agent.rules._mechanism import clip01, other_spans_sql, ratio_estimate, rnd, side, significance, z_change
+from sre_agent.rules._mechanism import (
+    clip01,
+    other_spans_sql,
+    ratio_estimate,
+    rnd,
+    side,
+    significance,
+    windows_overlap,
+    z_change,
+)
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
 #: Smallest rise of attempts per logical request.
@@ -52,8 +61,7 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
     """A ``retry_amplification`` finding when attempts per logical request rose (see module docstring)."""
     if not comparison.has_other_spans:
         raise RuleSkipped("no gateway spans: attempts per logical request are unknown")
-    b, c = comparison.window("baseline"), comparison.window("candidate")
-    if b.start_ns < c.end_ns and c.start_ns < b.end_ns:
+    if windows_overlap(comparison):
         raise RuleSkipped("the windows overlap (version comparison): gateway traces cannot be assigned a side")
     sql = other_spans_sql(comparison)
     per_trace = comparison.con.sql(
