@@ -109,3 +109,15 @@ def test_ledger_never_reruns_a_call_that_raised() -> None:
 def test_policy_stops_compose_with_tenacity_stops() -> None:
     combined = stop_on_budget() | stop_on_fleet_budget() | stop_after_attempt(3)
     assert isinstance(combined, stop_any)
+
+
+def test_hedge_delay_follows_the_latency_p95_once_twenty_attempts_were_seen() -> None:
+    from sre_agent.policy import PolicyEngine, Target
+
+    adaptive = PolicyEngine([Target("http://x/v1", "m")], hedge_after_s=None)
+    assert adaptive._hedge_delay("m") is None  # no history: no hedging
+    for latency in range(1, 21):
+        adaptive.latency.add("m", float(latency))
+    assert adaptive._hedge_delay("m") == 20.0  # p95 of 1..20 s (nearest rank)
+    assert PolicyEngine([Target("http://x/v1", "m")], hedge_after_s=0.0)._hedge_delay("m") is None
+    assert PolicyEngine([Target("http://x/v1", "m")], hedge_after_s=1.5)._hedge_delay("m") == 1.5

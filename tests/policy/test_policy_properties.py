@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
@@ -11,7 +12,16 @@ from hypothesis import strategies as st
 from policy_fakes import FAULT_KINDS, FakeClock, Fault, ScriptedTransport
 from tenacity.wait import wait_none
 
-from sre_agent.policy import BudgetLimits, ChatRequest, PolicyEngine, Pricing, RetryBudget, Target, wait_full_jitter
+from sre_agent.policy import (
+    BudgetLimits,
+    ChatRequest,
+    PolicyEngine,
+    PolicyResult,
+    Pricing,
+    RetryBudget,
+    Target,
+    wait_full_jitter,
+)
 
 faults = st.builds(
     Fault,
@@ -147,3 +157,28 @@ def test_fleet_budget_caps_amplification_in_a_full_outage(
     # Without the fleet budget each request would have made max_attempts attempts.
     if ratio < 1.0 and max_attempts > 2:
         assert attempts < requests * max_attempts
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=st.lists(faults, min_size=1, max_size=8), budget=limits, targets=st.integers(1, 2))
+def test_the_async_path_keeps_the_same_budgets(script: list[Fault], budget: BudgetLimits, targets: int) -> None:
+    clock = FakeClock()
+    transport = ScriptedTransport(script, clock)
+
+    async def fake_sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+
+    engine = _engine(clock, budget, targets, async_sleep=fake_sleep)
+
+    async def go() -> PolicyResult:
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await engine.arun(client, ChatRequest(({"role": "user", "content": "why?"},), max_output_tokens=800))
+
+    result = asyncio.run(go())
+    assert len(result.attempts) <= budget.max_attempts
+    if budget.max_tokens is not None:
+        assert result.tokens <= budget.max_tokens
+    if budget.max_usd is not None:
+        assert result.cost_usd <= budget.max_usd + 1e-12
+    if budget.deadline_s is not None:
+        assert result.elapsed_s <= budget.deadline_s + 1e-9
