@@ -117,9 +117,16 @@ def rnd(x: float | None, digits: int = 4) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), digits)
 
 
-def headline_column(regression: Regression) -> str:
-    """The per-request column of the headline metric (ITL is read as TPOT on spans)."""
-    return LATENCIES.get("tpot" if regression.metric == "itl" else regression.metric, "e2e_s")
+def headline_column(regression: Regression, columns: list[str]) -> str:
+    """The per-request column of the headline metric (ITL is read as TPOT on spans).
+
+    Trace-level headlines (``trace``, ``gateway``, ``dependency``) are the
+    ``<name>_s`` columns the comparison lifts onto each request; ``e2e_s``
+    when that column is not among ``columns``.
+    """
+    metric = "tpot" if regression.metric == "itl" else regression.metric
+    column = LATENCIES.get(metric, f"{metric}_s")
+    return column if column in columns else "e2e_s"
 
 
 def tail_shares(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> dict[str, float]:

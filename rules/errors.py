@@ -129,7 +129,7 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
     scope_evidence: list[Evidence] = []
     if engine.height:
         categorised = _categories(engine, {"engine_error_rate": "status_code", "finish_reason": "finish_reason"})
-        engine_moved = _moved(categorised, headline_column(regression), q, "engine requests")
+        engine_moved = _moved(categorised, headline_column(regression, categorised.columns), q, "engine requests")
         moved += engine_moved
         if engine_moved:
             top = max(engine_moved, key=lambda m: m[0])

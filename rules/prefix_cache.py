@@ -144,7 +144,7 @@ def prefix_cache(
     if base.height:
         tokens = float(base.select(uncached.clip(1, None).sum()).item())
         seconds_per_token = float(base["prefill_s"].sum()) / tokens if tokens > 0 else None
-    col = headline_column(regression)
+    col = headline_column(regression, frame.columns)
     cand = side(frame, "candidate").filter(pl.col(col).is_not_null())
     excess = regression.excess
     explained = 0.0

@@ -16,7 +16,9 @@ their share of the root-span tail.
 ``explained`` (0..1): how much of the candidate's trace tail is newly made of
 retried requests, ``(tail_share_c - tail_share_b) / (1 - tail_share_b)``
 where ``tail_share`` is the share of retried requests among traces at or
-above that side's root-duration quantile (the headline quantile).
+above that side's quantile (the headline quantile) of the root duration, or
+of the headline's own per-trace time when the headline is gateway or
+dependency time (failed attempts and back-off are gateway time).
 
 ``confidence``: significance of the z score of attempts per request x
 ``min(1, rise / 0.1)`` (ten extra attempts per hundred requests counts as
@@ -48,6 +50,8 @@ from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
 #: Smallest rise of attempts per logical request.
 MIN_RISE: Final[float] = 0.02
+#: Fewest traces per side to read the tail on a gateway-side stage.
+MIN_TAIL_TRACES: Final[int] = 100
 #: Rise counted as unmistakable.
 FULL_RISE: Final[float] = 0.10
 
@@ -74,7 +78,7 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
             max(coalesce(attempt, 0)) AS max_resend
           FROM {sql} GROUP BY trace_id
         )
-        SELECT side, slice, trace_s, wrapped, greatest(wrapped, max_resend + 1) AS attempts FROM t
+        SELECT trace_id, side, slice, trace_s, wrapped, greatest(wrapped, max_resend + 1) AS attempts FROM t
         WHERE side IS NOT NULL AND trace_s IS NOT NULL
         """
     ).pl()
@@ -84,7 +88,7 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
     if int(per_trace["wrapped"].sum() or 0) == 0:
         # No wrappers: the engine spans are called directly from the root; count them per trace instead.
         traces = comparison.traces.join(comparison.requests.select("span_id", "slice"), on="span_id")
-        per_trace = traces.unique("trace_id").select("side", "slice", "trace_s", "attempts").drop_nulls()
+        per_trace = traces.unique("trace_id").select("trace_id", "side", "slice", "trace_s", "attempts").drop_nulls()
         source = "engine spans per trace"
     per_trace = per_trace.with_columns(pl.col("attempts").clip(1, None).cast(pl.Float64))
     one = pl.lit(1.0)
@@ -97,11 +101,20 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
     if rise < MIN_RISE or z < 2.0:
         return None
     q = regression.quantile if regression.quantile >= 0.5 else 0.9
+    # The tail is read on the headline's own per-trace time when it is a gateway-side stage
+    # (failed attempts and back-off are gateway time), else on the root span's duration.
+    tail_col, tail_frame = "trace_s", per_trace
+    stage_col = f"{regression.metric}_s"
+    if regression.metric in ("gateway", "dependency") and stage_col in comparison.requests.columns:
+        per_request = comparison.requests.select("trace_id", stage_col).drop_nulls().unique("trace_id")
+        joined = per_trace.join(per_request, on="trace_id", how="inner")
+        if min(side(joined, s).height for s in ("baseline", "candidate")) >= MIN_TAIL_TRACES:
+            tail_col, tail_frame = stage_col, joined
     shares: dict[str, tuple[float, float]] = {}
     for s in ("baseline", "candidate"):
-        part = side(per_trace, s)
-        threshold = part["trace_s"].quantile(q, interpolation="lower")
-        tail = part.filter(pl.col("trace_s") >= threshold)
+        part = side(tail_frame, s)
+        threshold = part[tail_col].quantile(q, interpolation="lower")
+        tail = part.filter(pl.col(tail_col) >= threshold)
         shares[s] = (float((part["attempts"] > 1).mean()), float((tail["attempts"] > 1).mean()))  # type: ignore[arg-type]
     tail_b, tail_c = shares["baseline"][1], shares["candidate"][1]
     explained = clip01((tail_c - tail_b) / (1.0 - tail_b)) if tail_b < 1 else 0.0
@@ -109,8 +122,8 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
         Evidence("attempts_per_request", rnd(eb.value), rnd(ec.value), f"{source}; z = {z:.1f}"),
         Evidence("retried_request_share", rnd(shares["baseline"][0]), rnd(shares["candidate"][0]),
                  "logical requests with more than one attempt"),
-        Evidence(f"retried_share_of_trace_p{round(q * 100)}_tail", rnd(tail_b), rnd(tail_c),
-                 "retried requests among traces at or above the side's quantile"),
+        Evidence(f"retried_share_of_{tail_col.removesuffix('_s')}_p{round(q * 100)}_tail", rnd(tail_b), rnd(tail_c),
+                 f"retried requests among traces at or above the side's quantile of {tail_col}"),
         Evidence("engine_load_factor", rnd(eb.value), rnd(ec.value),
                  f"engine calls per logical request: offered load x{ec.value / eb.value:.2f} at the same arrivals"),
     )  # fmt: skip
