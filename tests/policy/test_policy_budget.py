@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from policy_fakes import FakeClock
 from tenacity import stop_after_attempt
@@ -79,9 +81,17 @@ def test_ledger_runs_a_side_effecting_call_once_by_id_or_by_content() -> None:
     runs: list[dict[str, object]] = []
     first = ToolCall("call_1", "refund", {"order": 7, "amount": 10})
     again = ToolCall("call_9", "refund", {"amount": 10, "order": 7})  # new id, same arguments
-    entry = ledger.execute("req", first, lambda a: runs.append(a) or "refunded")
-    assert ledger.execute("req", again, lambda a: runs.append(a) or "again").result == "refunded"
-    assert ledger.execute("other-request", again, lambda a: runs.append(a) or "ok").result == "ok"
+
+    def refund(answer: str) -> Callable[[dict[str, object]], str]:
+        def run(args: dict[str, object]) -> str:
+            runs.append(args)
+            return answer
+
+        return run
+
+    entry = ledger.execute("req", first, refund("refunded"))
+    assert ledger.execute("req", again, refund("again")).result == "refunded"
+    assert ledger.execute("other-request", again, refund("ok")).result == "ok"
     assert len(runs) == 2
     assert entry.executions == 1
     reads: list[int] = []

@@ -157,10 +157,15 @@ def test_context_overflow_without_fallback_is_not_retried(base_url: str) -> None
 
 def test_tool_calls_run_once_through_the_ledger(base_url: str) -> None:
     filed: list[dict[str, Any]] = []
+
+    def create_ticket(args: dict[str, Any]) -> dict[str, str]:
+        filed.append(args)
+        return {"id": "T-1"}
+
     engine = PolicyEngine(
         [_target(base_url, "tools")],
         BudgetLimits(max_attempts=5),
-        tools={"create_ticket": lambda args: filed.append(args) or {"id": "T-1"}},
+        tools={"create_ticket": create_ticket},
         sleep=lambda s: None,
     )
     with httpx.Client() as client:

@@ -98,9 +98,9 @@ def test_an_adaptive_policy_beats_the_best_fixed_one_on_held_out_tasks(report: d
 
 
 def test_fitting_never_sees_test_labels() -> None:
-    lines = []
+    lines: list[dict[str, Any]] = []
     for t in range(40):
-        arms = {
+        arms: dict[str, list[dict[str, Any]]] = {
             "cheap": [
                 {
                     "correct": (t + i) % 7 == 0,
