@@ -100,6 +100,7 @@ class Seq:
         chain: list[tuple[object, int]],
         prompt_len: int,
         target_out: int,
+        *,
         max_tokens: int,
         arrival_s: float,
     ) -> None:
@@ -191,9 +192,10 @@ class Replica:
 
     def accepts(self, prompt_len: int, max_tokens: int) -> bool:
         """Whether the request passes vLLM's length validation (else HTTP 400)."""
-        return prompt_len + max_tokens <= self.max_model_len() and -(
-            -(prompt_len + max_tokens) // self.config.block_size
-        ) <= self.pool.total
+        return (
+            prompt_len + max_tokens <= self.max_model_len()
+            and -(-(prompt_len + max_tokens) // self.config.block_size) <= self.pool.total
+        )
 
     def submit(self, seq: Seq, now_s: float) -> None:
         """Queue a request that arrived at ``now_s`` (it joins at the next step boundary)."""
@@ -417,8 +419,7 @@ class Replica:
         for seq in running:
             context += seq.computed + 1
             remaining = seq.target_out - seq.generated
-            if remaining < left:
-                left = remaining
+            left = min(left, remaining)
         first = cost.step_s(0, n, context, config.prefill_factor, config.decode_factor)
         ramp = config.decode_factor * cost.context_token_s * n
         kv_room = (self.pool.available() // n) * bs

@@ -177,6 +177,7 @@ class Simulation:
         replicas: Sequence[Replica],
         gateway: GatewayConfig,
         routes: dict[str, tuple[str, ...]],
+        *,
         seed: int,
         sink: TelemetrySink | None = None,
         changes: Sequence[tuple[float, Change]] = (),
@@ -272,7 +273,9 @@ class Simulation:
         if not replica.accepts(req.input_tokens, req.max_tokens):
             self._fail(attempt, arrive + 0.002, 400)
             return
-        seq = Seq(req.request_id, req.chain, req.input_tokens, req.output_tokens, req.max_tokens, arrive)
+        seq = Seq(
+            req.request_id, req.chain, req.input_tokens, req.output_tokens, max_tokens=req.max_tokens, arrival_s=arrive
+        )
         attempt.seq = seq
         self._advance(replica, arrive)
         replica.submit(seq, arrive)

@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, MetricsData, Sum
 from opentelemetry.sdk.resources import Resource
@@ -62,17 +62,35 @@ class TelemetryOutput(Protocol):
 
 
 def _any_value(value: object) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
+    kind = type(value)
+    if kind is float:
         return {"doubleValue": value}
+    if kind is bool:
+        return {"boolValue": value}
+    if kind is int:
+        return {"intValue": str(value)}
     return {"stringValue": str(value)}
 
 
+# Non-float attributes repeat endlessly (tenant, route, model, token counts); their encoded
+# KeyValue objects are shared. json.dumps serialises a shared object like any other.
+_KV_CACHE: dict[tuple[str, object], dict[str, Any]] = {}
+
+
 def _attributes(attrs: Any) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _any_value(v)} for k, v in attrs.items()]
+    out = []
+    cache = _KV_CACHE
+    for k, v in attrs.items():
+        if type(v) is float:
+            out.append({"key": k, "value": {"doubleValue": v}})
+            continue
+        kv = cache.get((k, v))
+        if kv is None:
+            kv = {"key": k, "value": _any_value(v)}
+            if len(cache) < 100_000:
+                cache[(k, v)] = kv
+        out.append(kv)
+    return out
 
 
 def _resource(res: Resource) -> dict[str, Any]:
@@ -215,16 +233,16 @@ class JsonLinesOutput:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.lines = 0
-        raw: IO[bytes] = gzip.open(self.path, "wb", compresslevel=3) if self.path.suffix == ".gz" else open(  # noqa: SIM115
-            self.path, "wb"
-        )
-        self._fh: io.TextIOWrapper | None = io.TextIOWrapper(raw, encoding="utf-8")
+        # The file stays open across export calls until shutdown(), so no with-block.
+        gz = self.path.suffix == ".gz"
+        raw: io.BufferedIOBase = gzip.open(self.path, "wb", compresslevel=3) if gz else open(self.path, "wb")  # noqa: SIM115
+        self._fh: io.BufferedIOBase | None = raw
 
     def _write(self, obj: dict[str, Any]) -> None:
         if self._fh is None:
             raise SreAgentError(f"{self.path}: output already closed")
-        self._fh.write(json.dumps(obj, separators=(",", ":")))
-        self._fh.write("\n")
+        self._fh.write(json.dumps(obj, separators=(",", ":"), check_circular=False).encode())
+        self._fh.write(b"\n")
         self.lines += 1
 
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:

@@ -25,6 +25,7 @@ from sre_agent.replays.telemetry import TelemetryEmitter
 from sre_agent.replays.workload import (
     MixShift,
     RateChange,
+    TraceRow,
     WorkloadRequest,
     build_workload,
     load_trace,
@@ -66,8 +67,15 @@ def _params(change: Change, scenario: Scenario, allowed: tuple[str, ...]) -> dic
 def build_workload_for(scenario: Scenario) -> list[WorkloadRequest]:
     """The scenario's requests, traffic changes (rate, mix, template) applied."""
     spec = scenario.workload
+    rows: Sequence[TraceRow]
     if spec.trace == "synthetic":
-        rows = synthetic_rows(spec.rate_per_s, spec.duration_s * 2, scenario.seed, spec.input_mean, spec.output_mean)
+        rows = synthetic_rows(
+            spec.rate_per_s,
+            spec.duration_s * 2,
+            scenario.seed,
+            input_mean=spec.input_mean,
+            output_mean=spec.output_mean,
+        )
     else:
         rows = load_trace(spec.trace)
     rate_changes: list[RateChange] = []
@@ -331,7 +339,7 @@ def replay(
     if output is None:
         return run_scenario(scenario)
     epoch = time.time_ns() if speed else epoch_ns(scenario)
-    emitter = TelemetryEmitter(output, epoch, scenario.seed, scenario.attribute_set, speed=speed)
+    emitter = TelemetryEmitter(output, epoch, seed=scenario.seed, attribute_set=scenario.attribute_set, speed=speed)
     emitter.progress = progress
     try:
         result = run_scenario(scenario, emitter)

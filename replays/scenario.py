@@ -59,7 +59,11 @@ CAUSES = frozenset(
 CHANGE_KINDS = frozenset({"rate", "mix", "dependency", "remove_replica", "fault", "retry", "template_break"})
 # Metrics a scenario may claim; "<stage>_p50|p99" are ratios, "error_rate" is an absolute delta.
 REGRESSION_METRICS = frozenset(
-    {f"{m}_{q}" for m in ("e2e", "engine_e2e", "ttft", "tpot", "queue", "prefill", "decode", "dependency") for q in ("p50", "p99")}
+    {
+        f"{m}_{q}"
+        for m in ("e2e", "engine_e2e", "ttft", "tpot", "queue", "prefill", "decode", "dependency")
+        for q in ("p50", "p99")
+    }
     | {"error_rate", "attempts_per_request", "preemptions_per_request", "prefix_hit_ratio", "itl_p99"}
 )
 
@@ -187,7 +191,13 @@ class _Table:
     def key(self, name: str) -> str:
         return f"{self.where}.{name}" if self.where else name
 
-    def take(self, name: str, kind: type[T] | tuple[type, ...], default: Any = ..., convert: Callable[[Any], Any] | None = None) -> Any:
+    def take(
+        self,
+        name: str,
+        kind: type[T] | tuple[type, ...],
+        default: Any = ...,
+        convert: Callable[[Any], Any] | None = None,
+    ) -> Any:
         if name not in self.data:
             if default is ...:
                 raise ScenarioError(f"{self.file}: missing key {self.key(name)!r}")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -60,9 +59,9 @@ from sre_agent.replays.stats import Histogram as EngineHistogram
 
 __all__ = [
     "ENGINE_SCOPE",
+    "ENGINE_SERVICE",
     "GATEWAY_SERVICE",
     "PROMETHEUS_SCOPE",
-    "ENGINE_SERVICE",
     "MetricBuilder",
     "SeededIdGenerator",
     "SpanBuilder",
@@ -95,11 +94,12 @@ class SeededIdGenerator(IdGenerator):
         return self._rng.getrandbits(128) or 1
 
 
-@dataclass(frozen=True)
 class _Scopes:
-    engine: InstrumentationScope = InstrumentationScope(ENGINE_SCOPE)
-    gateway: InstrumentationScope = InstrumentationScope(GATEWAY_SCOPE)
-    prometheus: InstrumentationScope = InstrumentationScope(PROMETHEUS_SCOPE)
+    """Instrumentation scopes, created once."""
+
+    engine = InstrumentationScope(ENGINE_SCOPE)
+    gateway = InstrumentationScope(GATEWAY_SCOPE)
+    prometheus = InstrumentationScope(PROMETHEUS_SCOPE)
 
 
 SCOPES = _Scopes()
@@ -292,7 +292,11 @@ def _http_status(attempt: Attempt | None) -> int:
 # ----------------------------------------------------------------------------- metrics
 
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("vllm:prefix_cache_queries_total", "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    (
+        "vllm:prefix_cache_queries_total",
+        "prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+    ),
     ("vllm:prefix_cache_hits_total", "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
     ("vllm:num_preemptions_total", "preemptions", "Cumulative number of preemption from the engine."),
     ("vllm:prompt_tokens_total", "prompt_tokens", "Number of prefill tokens processed."),
@@ -375,6 +379,7 @@ class TelemetryEmitter:
         self,
         output: TelemetryOutput,
         epoch_ns: int,
+        *,
         seed: int,
         attribute_set: str = "v1",
         batch_spans: int = 4096,

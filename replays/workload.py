@@ -185,7 +185,7 @@ def resolve_trace(name: str) -> Path:
 def _open_text(path: Path) -> io.TextIOBase:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")  # noqa: SIM115 - returned to a with-block in the caller
+    return open(path, encoding="utf-8")
 
 
 def _parse_azure_time(text: str) -> float:
@@ -241,7 +241,7 @@ def _load_trace(path: Path) -> tuple[TraceRow, ...]:
 
 
 def synthetic_rows(
-    rate_per_s: float, duration_s: float, seed: int, input_mean: int = 1000, output_mean: int = 200
+    rate_per_s: float, duration_s: float, seed: int, *, input_mean: int = 1000, output_mean: int = 200
 ) -> list[TraceRow]:
     """Poisson arrivals with log-normal prompt and output lengths (means as given, in tokens)."""
     rng = random.Random(seed)
@@ -271,6 +271,7 @@ def _warped_rows(
     duration_s: float,
     start_s: float,
     rate_scale: float,
+    *,
     changes: Sequence[RateChange],
     loop_s: float | None = None,
 ) -> Iterator[tuple[float, TraceRow]]:
@@ -428,7 +429,9 @@ def build_workload(
     base_weights = {t.name: t.weight for t in tenants}
     shifts = sorted(mix_shifts, key=lambda m: m.at_s)
     out: list[WorkloadRequest] = []
-    for rid, (t, row) in enumerate(_warped_rows(rows, duration_s, start_s, rate_scale, rate_changes, loop_s)):
+    for rid, (t, row) in enumerate(
+        _warped_rows(rows, duration_s, start_s, rate_scale, changes=rate_changes, loop_s=loop_s)
+    ):
         weights = dict(base_weights)
         for shift in shifts:
             if shift.at_s <= t:

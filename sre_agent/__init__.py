@@ -34,6 +34,7 @@ _LAZY: dict[str, str] = {
     "RemoteError": "sre_agent.errors",
     "Report": "sre_agent.report",
     "RetryBudget": "sre_agent.policy.budget",
+    "Scenario": "sre_agent.replays.scenario",
     "ScenarioError": "sre_agent.errors",
     "Selection": "sre_agent.selection",
     "SelectionError": "sre_agent.errors",
@@ -48,6 +49,8 @@ _LAZY: dict[str, str] = {
     "diagnose": "sre_agent.diagnose",
     "ingest_files": "sre_agent.files",
     "load_config": "sre_agent.config",
+    "load_scenario": "sre_agent.replays.scenario",
+    "run_scenario": "sre_agent.replays.replay",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
@@ -77,6 +80,8 @@ if TYPE_CHECKING:
     from sre_agent.normalise import Normaliser
     from sre_agent.policy.budget import RetryBudget
     from sre_agent.policy.client import PolicyEngine
+    from sre_agent.replays.replay import run_scenario
+    from sre_agent.replays.scenario import Scenario, load_scenario
     from sre_agent.report import Report
     from sre_agent.rules_api import CAUSES, Evidence, Finding
     from sre_agent.selection import Selection, Window

@@ -59,6 +59,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--db", metavar="PATH", help="store file to create (default: a temporary file)")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format")
+    # Replays a fraction of the incident (tests); not part of the documented interface.
+    parser.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
 
 
@@ -72,7 +74,7 @@ def stage_table(con: Any, deploy_ns: int, window_ns: int) -> list[dict[str, Any]
             FROM spans
             WHERE {where} AND {column} IS NOT NULL AND start_ns >= ? AND start_ns < ?
             GROUP BY 1
-        """  # noqa: S608 - the pieces are constants above
+        """
         result = {
             bool(after): (p50, p99, n)
             for after, p50, p99, n in con.execute(
@@ -119,8 +121,9 @@ def _render_table(rows: list[dict[str, Any]], fmt: str) -> str:
         )
         for r in rows:
             (b50, b99, _), (a50, a99, _) = r["before"], r["after"]
+            cells = (num(b50), num(a50), num(b99), num(a99), ratio(b99, a99))
             lines.append(
-                f"{r['stage']:14s} {num(b50):>11s} {num(a50):>10s} {num(b99):>11s} {num(a99):>10s} {ratio(b99, a99):>7s}"
+                f"{r['stage']:14s} {cells[0]:>11s} {cells[1]:>10s} {cells[2]:>11s} {cells[3]:>10s} {cells[4]:>7s}"
             )
     return "\n".join(lines)
 
@@ -135,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     from sre_agent.store import Store
 
     scenario = load_scenario(DEMO_SCENARIO)
+    if args.scale != 1.0:
+        scenario = scenario.scaled(args.scale)
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if args.db:
         db_path = Path(args.db)

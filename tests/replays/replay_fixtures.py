@@ -24,7 +24,7 @@ def scenario_with(
     trace: str | None = None,
     tenants: tuple[Tenant, ...] | None = None,
     rate_scale: float | None = None,
-    loop_s: float | None | str = "keep",
+    loop_s: float | str | None = "keep",
 ) -> Scenario:
     """A bundled scenario with some fields replaced (deploy kept at half the duration)."""
     sc = load_scenario(base)

@@ -34,7 +34,6 @@ def test_littles_law_holds_per_replica() -> None:
     out = MemoryOutput()
     result = replay(sc, out)
     scrapes: dict[str, list[float]] = {r.name: [] for r in result.replicas}
-    last_scrape_ns = 0
     for data in out.metrics:
         for rm in data.resource_metrics:
             host = str(rm.resource.attributes["host.name"])
@@ -81,14 +80,19 @@ def test_prefix_cache_off_raises_prefill_tokens_by_the_measured_hit_ratio() -> N
     assert hit == pytest.approx(reuse, abs=0.03)
     assert stats_off.prefix_cache_queries == 0  # vLLM records no prefix-cache stats with caching off
     # every cached token is a prefill token the cache-less engine computes
-    assert stats_off.prefill_tokens_computed / stats_on.prefill_tokens_computed == pytest.approx(1 / (1 - reuse), rel=0.05)
+    assert stats_off.prefill_tokens_computed / stats_on.prefill_tokens_computed == pytest.approx(
+        1 / (1 - reuse), rel=0.05
+    )
 
 
 def test_halving_kv_blocks_raises_preemptions() -> None:
     preemptions = {}
     for blocks in (1400, 700):
         sc = scenario_with(
-            engine=EngineConfig(num_gpu_blocks=blocks), duration_s=400, replicas=1, profile="llama3-70b-h100x4",
+            engine=EngineConfig(num_gpu_blocks=blocks),
+            duration_s=400,
+            replicas=1,
+            profile="llama3-70b-h100x4",
             rate_scale=0.6,
         )
         result = run_scenario(sc)
@@ -133,7 +137,11 @@ def test_mooncake_whole_trace_with_unbounded_cache_hits_37_percent() -> None:
 def _mooncake_scenario(duration_s: float):  # type: ignore[no-untyped-def]
     unbounded = EngineConfig(num_gpu_blocks=10**8, max_model_len=131072, max_num_batched_tokens=16384)
     sc = scenario_with(
-        engine=unbounded, duration_s=duration_s, replicas=1, profile="llama3-8b-h100",
-        trace=str(TRACES / "mooncake-fast25" / "conversation_trace.jsonl"), loop_s=None,
+        engine=unbounded,
+        duration_s=duration_s,
+        replicas=1,
+        profile="llama3-8b-h100",
+        trace=str(TRACES / "mooncake-fast25" / "conversation_trace.jsonl"),
+        loop_s=None,
     )
     return dataclasses.replace(sc, routes={k: dataclasses.replace(v, max_tokens=2000) for k, v in sc.routes.items()})

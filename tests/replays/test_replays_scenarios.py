@@ -67,7 +67,7 @@ def test_bad_scenarios_name_file_and_key(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=r"typo\.toml: unknown key 'deploy\.att_s'"):
         load_scenario(bad)
     bad.write_text(good.replace("[expected]\ncause = ", '[expected]\ncause = "cosmic_rays"\nx = '))
-    with pytest.raises(ScenarioError, match="expected.cause 'cosmic_rays'"):
+    with pytest.raises(ScenarioError, match=r"expected\.cause 'cosmic_rays'"):
         load_scenario(bad)
     bad.write_text('[workload]\nduration_s = "long"\n')
     with pytest.raises(ScenarioError, match=r"workload\.duration_s must be float"):

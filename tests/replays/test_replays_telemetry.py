@@ -29,7 +29,7 @@ from sre_agent.replays.workload import WorkloadRequest
 from sre_agent.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
-from receiver_harness import start_serve  # noqa: E402
+from receiver_harness import start_serve
 
 V1_LATENCIES = {
     "gen_ai.latency.time_in_queue",
@@ -63,7 +63,8 @@ def test_every_trace_has_the_gateway_dependency_attempt_engine_shape(flaky: tupl
         roots = [s for s in spans if s.parent is None]
         assert len(roots) == 1
         root = roots[0]
-        assert root.kind is SpanKind.SERVER and root.resource.attributes["service.name"] == "llm-gateway"
+        assert root.kind is SpanKind.SERVER
+        assert root.resource.attributes["service.name"] == "llm-gateway"
         assert {"tenant.id", "http.route", "gen_ai.request.model"} <= set(root.attributes or {})
         attempts = [s for s in spans if s.kind is SpanKind.CLIENT and s.name == "POST"]
         engines = [s for s in spans if s.name == "llm_request"]
@@ -79,12 +80,15 @@ def test_every_trace_has_the_gateway_dependency_attempt_engine_shape(flaky: tupl
         retried += len(attempts) > 1
         for engine in engines:
             assert engine.kind is SpanKind.SERVER
-            assert engine.instrumentation_scope is not None and engine.instrumentation_scope.name == "vllm.llm_engine"
+            assert engine.instrumentation_scope is not None
+            assert engine.instrumentation_scope.name == "vllm.llm_engine"
             res = engine.resource.attributes
-            assert res["service.name"] == "vllm" and res["host.name"] == res["service.instance.id"]
+            assert res["service.name"] == "vllm"
+            assert res["host.name"] == res["service.instance.id"]
             attrs = dict(engine.attributes or {})
-            assert V1_LATENCIES <= set(attrs)
-            assert "gen_ai.response.model" not in attrs and "gen_ai.latency.time_in_scheduler" not in attrs
+            assert set(attrs) >= V1_LATENCIES
+            assert "gen_ai.response.model" not in attrs
+            assert "gen_ai.latency.time_in_scheduler" not in attrs
             e2e_ns = (engine.end_time or 0) - (engine.start_time or 0)
             assert attrs["gen_ai.latency.e2e"] == pytest.approx(e2e_ns / 1e9, abs=2e-9)
             assert attrs["gen_ai.latency.time_in_queue"] + attrs["gen_ai.latency.time_in_model_prefill"] == (
@@ -97,7 +101,7 @@ def test_every_trace_has_the_gateway_dependency_attempt_engine_shape(flaky: tupl
 
 def _record(temperature: float) -> RequestRecord:
     req = WorkloadRequest(7, 1.0, "acme", "/v1/chat/completions", 100, 20, 256, temperature, 0.0, [("x", 100)], 7)
-    seq = Seq(7, req.chain, 100, 20, 256, 1.01)
+    seq = Seq(7, req.chain, 100, 20, max_tokens=256, arrival_s=1.01)
     seq.scheduled_s, seq.first_token_s, seq.last_token_s, seq.finish_s, seq.generated = 1.02, 1.05, 1.3, 1.3, 20
     seq.finish_reason = "stop"
     attempt = Attempt(0, "replica-1", "v1", 1.0, 1.31, "ok", None, 200, seq)
@@ -106,11 +110,15 @@ def _record(temperature: float) -> RequestRecord:
 
 def test_v1_sets_sampling_params_only_when_truthy_and_v0_always() -> None:
     v1 = SpanBuilder(0, seed=1, attribute_set="v1").build(_record(temperature=0.0))[-1].attributes or {}
-    assert "gen_ai.request.temperature" not in v1 and "gen_ai.request.top_p" not in v1
-    assert v1["gen_ai.request.max_tokens"] == 256 and v1["gen_ai.request.n"] == 1
+    assert "gen_ai.request.temperature" not in v1
+    assert "gen_ai.request.top_p" not in v1
+    assert v1["gen_ai.request.max_tokens"] == 256
+    assert v1["gen_ai.request.n"] == 1
     v0 = SpanBuilder(0, seed=1, attribute_set="v0").build(_record(temperature=0.0))[-1].attributes or {}
-    assert v0["gen_ai.request.temperature"] == 0.0 and v0["gen_ai.response.model"] == "m"
-    assert "gen_ai.latency.time_in_scheduler" in v0 and not V1_LATENCIES - {
+    assert v0["gen_ai.request.temperature"] == 0.0
+    assert v0["gen_ai.response.model"] == "m"
+    assert "gen_ai.latency.time_in_scheduler" in v0
+    assert not V1_LATENCIES - {
         "gen_ai.latency.time_in_queue",
         "gen_ai.latency.time_to_first_token",
         "gen_ai.latency.e2e",
@@ -120,7 +128,11 @@ def test_v1_sets_sampling_params_only_when_truthy_and_v0_always() -> None:
 def _hex_to_b64(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {
-            k: (base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId") else _hex_to_b64(v))
+            k: (
+                base64.b64encode(bytes.fromhex(v)).decode()
+                if k in ("traceId", "spanId", "parentSpanId")
+                else _hex_to_b64(v)
+            )
             for k, v in obj.items()
         }
     if isinstance(obj, list):
@@ -144,20 +156,24 @@ def _store_counts(db: Path) -> dict[str, Any]:
         spans = con.execute("SELECT count(*), count(*) FILTER (WHERE is_engine) FROM spans").fetchone()
         names = dict(con.execute("SELECT name, count(*) FROM metric_points GROUP BY name").fetchall())
         versions = con.execute("SELECT DISTINCT service_name, service_version FROM spans ORDER BY 1, 2").fetchall()
-        nulls = con.execute("SELECT count(*) FROM spans WHERE is_engine AND (ttft_s IS NULL OR tpot_s IS NULL)").fetchone()
-    assert spans is not None and nulls is not None
+        nulls = con.execute(
+            "SELECT count(*) FROM spans WHERE is_engine AND (ttft_s IS NULL OR tpot_s IS NULL)"
+        ).fetchone()
+    assert spans is not None
+    assert nulls is not None
     return {"spans": spans[0], "engine": spans[1], "metrics": names, "versions": versions, "engine_nulls": nulls[0]}
 
 
 def test_jsonl_round_trips_through_ingest_and_matches_the_store_output(tmp_path: Path) -> None:
     jsonl = tmp_path / "incident.jsonl.gz"
-    assert main(["replay", "none_version_bump", "--scale", "0.1", "--out", str(jsonl)]) == 0
+    assert main(["replay", "none_version_bump", "--scale", "0.05", "--out", str(jsonl)]) == 0
     assert main(["ingest", "--db", str(tmp_path / "ingested.duckdb"), str(jsonl)]) == 0
-    assert main(["replay", "none_version_bump", "--scale", "0.1", "--db", str(tmp_path / "direct.duckdb")]) == 0
+    assert main(["replay", "none_version_bump", "--scale", "0.05", "--db", str(tmp_path / "direct.duckdb")]) == 0
     ingested = _store_counts(tmp_path / "ingested.duckdb")
     direct = _store_counts(tmp_path / "direct.duckdb")
     assert ingested == direct
-    assert ingested["engine"] > 300 and ingested["spans"] > 4 * ingested["engine"] * 0.9
+    assert ingested["engine"] > 150
+    assert ingested["spans"] > 4 * ingested["engine"] * 0.9
     assert ingested["versions"] == [("llm-gateway", "gw-1"), ("vllm", "2026.01.14-1"), ("vllm", "2026.01.15-1")]
     for name in (
         "vllm:num_requests_running",
@@ -181,7 +197,7 @@ def test_jsonl_round_trips_through_ingest_and_matches_the_store_output(tmp_path:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_sdk_exporters_into_serve_reject_nothing(protocol: str, tmp_path: Path) -> None:
-    scenario = load_scenario("errors_http_500").scaled(0.05)
+    scenario = load_scenario("errors_http_500").scaled(0.03)
     expected = MemoryOutput()
     replay(scenario, expected)
     server = start_serve(tmp_path / "served.duckdb")
@@ -195,5 +211,7 @@ def test_sdk_exporters_into_serve_reject_nothing(protocol: str, tmp_path: Path) 
     counts = _store_counts(tmp_path / "served.duckdb")
     assert counts["spans"] == len(expected.spans)
     assert counts["engine"] == sum(s.name == "llm_request" for s in expected.spans)
-    scrapes = Counter(m.name for data in expected.metrics for rm in data.resource_metrics for m in rm.scope_metrics[0].metrics)
+    scrapes = Counter(
+        m.name for data in expected.metrics for rm in data.resource_metrics for m in rm.scope_metrics[0].metrics
+    )
     assert counts["metrics"]["vllm:kv_cache_usage_perc"] == scrapes["vllm:kv_cache_usage_perc"]
