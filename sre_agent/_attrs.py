@@ -110,16 +110,15 @@ class _Buffer:
     def views(self, offsets: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Strings at (offset, length) of the buffer, as a validated Arrow string array."""
         count = offsets.size
-        views = np.zeros((count, 16), np.uint8)
-        words = views.view(np.int32)
-        words[:, 0] = lengths
-        head = np.where(np.arange(12) < lengths[:, None], self.data[offsets[:, None] + np.arange(12)], 0)
-        inline = lengths <= 12
-        views[inline, 4:16] = head[inline]
-        outline = ~inline
-        views[outline, 4:8] = head[outline, :4]
-        words[outline, 2] = 0  # variadic buffer 0: the batch buffer
-        words[outline, 3] = offsets[outline]
+        # A view is: int32 length, then the bytes inline when <= 12, else a 4-byte
+        # prefix, int32 buffer index (0: the batch buffer) and int32 offset.
+        head = self.data[offsets[:, None] + np.arange(12)] * (np.arange(12) < lengths[:, None])
+        pointer = np.zeros((count, 2), np.int32)
+        pointer[:, 1] = offsets
+        views = np.empty((count, 16), np.uint8)
+        views[:, :4] = lengths.astype(np.int32)[:, None].view(np.uint8)
+        views[:, 4:8] = head[:, :4]
+        views[:, 8:16] = np.where((lengths <= 12)[:, None], head[:, 4:12], pointer.view(np.uint8))
         array = pa.Array.from_buffers(pa.binary_view(), count, [None, pa.py_buffer(views), self.arrow])
         try:
             return array.cast(pa.string())
@@ -178,8 +177,14 @@ def decode_attributes(flat: list[bytes], norm: Normaliser) -> Attributes:
     fast_at = np.flatnonzero(fast)
     slow_at = np.flatnonzero(~fast)
     slow = [slow_entry(flat[i], norm) for i in slow_at.tolist()]
-    pieces_keys = [buf.views(starts[fast_at] + 2, key_len[fast_at]), pa.array([s[0] for s in slow], pa.string())]
-    keys = pa.concat_arrays(pieces_keys).take(_positions(m, [fast_at, slow_at]))
+    key_names, fast_ids = _distinct_keys(buf, starts[fast_at] + 2, key_len[fast_at])
+    key_ids = np.empty(m, np.int64)
+    key_ids[fast_at] = fast_ids
+    index = {name: i for i, name in enumerate(key_names)}
+    for position, entry in zip(slow_at.tolist(), slow, strict=True):
+        key_ids[position] = index.setdefault(entry[0], len(index))
+    key_names = list(index)
+    keys = pa.array(key_names, pa.string()).take(pa.array(key_ids))
 
     strings_at = np.flatnonzero(kinds == KIND_STRING)
     doubles_at = np.flatnonzero(kinds == KIND_DOUBLE)
@@ -194,12 +199,32 @@ def decode_attributes(flat: list[bytes], norm: Normaliser) -> Attributes:
     ]
     values = pa.concat_arrays(value_pieces).take(_positions(m, [strings_at, doubles_at, ints_at, bools_at, slow_at]))
 
-    encoded = keys.dictionary_encode()
-    key_names: list[str] = encoded.dictionary.to_pylist()
-    key_ids = np.asarray(encoded.indices, dtype=np.int64)
     values = _redact_content(values, key_ids, key_names, fast, norm)
     slow_values = {int(i): s[2] for i, s in zip(slow_at.tolist(), slow, strict=True)}
     return Attributes(keys, values, key_ids, key_names, kinds, numbers, integers, integer_ok, slow_values)
+
+
+def _distinct_keys(buf: _Buffer, offsets: np.ndarray, lengths: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The distinct keys among fast-path attributes and each attribute's index into them.
+
+    Keys repeat on every span, so they are compared as fixed-width rows
+    (length byte + zero-padded bytes, hashed by Arrow) and only the distinct
+    ones are decoded in Python.
+    """
+    if offsets.size == 0:
+        return [], np.zeros(0, np.int64)
+    width = int(lengths.max())
+    columns = np.arange(width)
+    rows = np.empty((offsets.size, width + 1), np.uint8)
+    rows[:, 0] = lengths
+    rows[:, 1:] = buf.data[offsets[:, None] + columns] * (columns < lengths[:, None])
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width + 1), offsets.size, [None, pa.py_buffer(rows)])
+    encoded = fixed.dictionary_encode()
+    try:
+        names = [row[1 : 1 + row[0]].decode("utf-8") for row in encoded.dictionary.to_pylist()]
+    except UnicodeDecodeError as exc:
+        raise BadPayloadError(f"span attribute key is not valid UTF-8: {exc}") from exc
+    return names, np.asarray(encoded.indices, dtype=np.int64)
 
 
 def format_doubles(values: np.ndarray) -> pa.Array:

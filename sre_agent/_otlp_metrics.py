@@ -28,6 +28,7 @@ _RESOURCE_KEYS = {
 }
 _MODEL_KEYS = ("model_name", "gen_ai.request.model", "gen_ai.response.model", "model")
 MAX_ERRORS = 5
+_INT64_LIMIT = 1 << 63  # fixed64/uint64 fields beyond int64 cannot be stored
 
 
 def _first(keys: list[str], values: list[str], wanted: tuple[str, ...]) -> str | None:
@@ -88,7 +89,9 @@ def flatten_metrics(request: Any, norm: Normaliser, schema: pa.Schema) -> tuple[
                     temporality = _TEMPORALITY[code] if 0 <= code < 3 else None
                 for point in data.data_points:
                     keys, values = norm.map_items(point.attributes)
-                    reason = None if point.time_unix_nano else "missing time_unix_nano"
+                    reason = (
+                        None if 0 < point.time_unix_nano < _INT64_LIMIT else "time_unix_nano missing or beyond 2262"
+                    )
                     row = dict(base)
                     if reason is None:
                         reason = _fill_point(row, kind, point, metric, temporality)
@@ -109,7 +112,7 @@ def flatten_metrics(request: Any, norm: Normaliser, schema: pa.Schema) -> tuple[
 def _fill_point(row: dict[str, Any], kind: str, point: Any, metric: Any, temporality: str | None) -> str | None:
     """Fill the value columns of one point; returns a rejection reason or None."""
     row["time_ns"] = point.time_unix_nano
-    row["start_time_ns"] = point.start_time_unix_nano or None
+    row["start_time_ns"] = point.start_time_unix_nano if 0 < point.start_time_unix_nano < _INT64_LIMIT else None
     row["temporality"] = temporality
     if kind in ("gauge", "sum"):
         which = point.WhichOneof("value")
@@ -117,12 +120,16 @@ def _fill_point(row: dict[str, Any], kind: str, point: Any, metric: Any, tempora
         row["is_monotonic"] = bool(metric.sum.is_monotonic) if kind == "sum" else None
         return None
     row["count"] = point.count
+    if point.count >= _INT64_LIMIT:
+        return "count beyond int64"
     row["sum"] = point.sum if kind == "summary" or point.HasField("sum") else None
     if kind == "histogram":
         bounds = list(point.explicit_bounds)
         counts = list(point.bucket_counts)
         if counts and len(counts) != len(bounds) + 1:
             return f"{len(counts)} bucket counts for {len(bounds)} bounds (want bounds + 1)"
+        if counts and max(counts) >= _INT64_LIMIT:
+            return "bucket count beyond int64"
         row["bounds"] = bounds
         row["bucket_counts"] = counts
     elif kind == "exponential_histogram":
@@ -136,15 +143,17 @@ def _exponential_buckets(point: Any) -> tuple[list[float], list[int]]:
     Bucket ``k`` covers ``(base**k, base**(k+1)]`` with ``base = 2**(2**-scale)``.
     Negative and zero observations are folded into the first bucket.
     """
-    base = 2.0 ** (2.0**-point.scale)
     positive = point.positive
     counts = list(positive.bucket_counts)
     offset = positive.offset
     try:
+        base = 2.0 ** (2.0**-point.scale)
         bounds = [base ** (offset + i) for i in range(len(counts) + 1)]
-    except OverflowError:
+    except OverflowError:  # a scale or offset no real histogram uses
         return [], []
     low = point.zero_count + sum(point.negative.bucket_counts)
+    if max([low, *counts]) >= _INT64_LIMIT:
+        return [], []
     return bounds, [low, *counts, 0]
 
 
