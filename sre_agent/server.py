@@ -26,7 +26,7 @@ import socket
 import threading
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import uvicorn
@@ -156,6 +156,28 @@ class ApiContext:
     writer: Writer
     stats: ReceiverStats
     normaliser: Normaliser
+    # Read cursors are derived from one connection that nothing else uses, under a
+    # lock: DuckDB connection objects are not thread-safe, and the store's own
+    # connection belongs to the writer thread.
+    _reader_root: duckdb.DuckDBPyConnection | None = field(default=None, repr=False)
+    _reader_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self._reader_root is None:
+            self._reader_root = self.store.cursor()
+
+    def close(self) -> None:
+        """Close the connection read cursors derive from (safe to call twice)."""
+        with self._reader_lock:
+            if self._reader_root is not None:
+                self._reader_root.close()
+                self._reader_root = None
+
+    def _new_cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._reader_lock:
+            if self._reader_root is None:
+                raise StoreError("the server is shutting down")
+            return self._reader_root.cursor()
 
     def tenant_for(self, request: Request) -> str | None:
         """The tenant the request is confined to, or None for an admin token / open server.
@@ -197,7 +219,7 @@ class ApiContext:
             effective = None
         else:
             effective = tenant
-        cursor = self.store.cursor()
+        cursor = self._new_cursor()
         try:
             if effective is not None:
                 _shadow_tables(cursor, effective)
@@ -532,6 +554,7 @@ def open_context(config: Config) -> Iterator[ApiContext]:
 
     store = Store.open(config.db)
     writer: Writer | None = None
+    ctx: ApiContext | None = None
     try:
         stats = ReceiverStats()
         writer = Writer(
@@ -546,11 +569,14 @@ def open_context(config: Config) -> Iterator[ApiContext]:
             max_attribute_bytes=config.max_attribute_bytes,
             hash_key=_hash_key(config, store),
         )
+        ctx = ApiContext(config=config, store=store, writer=writer, stats=stats, normaliser=normaliser)
         writer.start()
-        yield ApiContext(config=config, store=store, writer=writer, stats=stats, normaliser=normaliser)
+        yield ctx
     finally:
         if writer is not None:
             writer.close()
+        if ctx is not None:
+            ctx.close()
         store.close()
 
 

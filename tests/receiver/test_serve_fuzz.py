@@ -174,7 +174,7 @@ def _post(client: Any, path: str, body: bytes, headers: dict[str, str]) -> int:
 def test_asgi_app_never_5xx_on_garbage(tmp_path: Path) -> None:
     with _app_client(tmp_path) as client:
 
-        @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+        @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
         @given(requests())
         def check(request: tuple[str, bytes, dict[str, str]]) -> None:
             path, body, headers = request
@@ -190,7 +190,7 @@ def test_real_server_never_5xx_on_garbage(tmp_path: Path) -> None:
     try:
         with httpx.Client(base_url=server.http_url, timeout=30) as client:
 
-            @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+            @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
             @given(requests())
             def check(request: tuple[str, bytes, dict[str, str]]) -> None:
                 path, body, headers = request

@@ -41,6 +41,7 @@ def stalled(tmp_path: Path) -> Iterator[tuple[ApiContext, grpc.Channel]]:
         channel.close()
         server.stop(grace=None).wait(5)
         writer.close()
+        ctx.close()
         store.close()
 
 
