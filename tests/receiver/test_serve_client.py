@@ -57,7 +57,10 @@ def test_unreachable_server_and_missing_url() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    with _client(refuse) as client, pytest.raises(RemoteError, match="cannot reach sre-agent at http://sre-agent.test"):
+    with (
+        _client(refuse) as client,
+        pytest.raises(RemoteError, match=r"cannot reach sre-agent at http://sre-agent\.test"),
+    ):
         get_json(CONFIG, "/api/v1/status", client=client)
     with pytest.raises(RemoteError, match="--url"):
         get_json(Config(), "/api/v1/status")
