@@ -105,7 +105,8 @@ class _Buffer:
 
     def byte(self, index: np.ndarray) -> np.ndarray:
         """``data[index]``; indexes past an attribute read the next one or the padding (callers mask those)."""
-        return self.data[index]
+        gathered: np.ndarray = self.data[index]
+        return gathered
 
     def views(self, offsets: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Strings at (offset, length) of the buffer, as a validated Arrow string array."""

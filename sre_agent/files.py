@@ -181,7 +181,9 @@ def ingest_files(
         result = FileResult(str(path))
         results.append(result)
         try:
-            _ingest_one(Path(path), result, store, normaliser, progress, max_body_bytes, batch_rows)
+            _ingest_one(
+                Path(path), result, store, normaliser, progress=progress, cap=max_body_bytes, batch_rows=batch_rows
+            )
         except FileNotFoundError:
             result.error = "no such file"
         except IsADirectoryError:
@@ -194,11 +196,23 @@ def ingest_files(
     return results
 
 
+@dataclass
+class _Context:
+    """What every reader of one file needs."""
+
+    result: FileResult
+    batcher: _Batcher
+    norm: Normaliser
+    cap: int
+    report: _Progress
+
+
 def _ingest_one(
     path: Path,
     result: FileResult,
     store: Store,
     norm: Normaliser,
+    *,
     progress: ProgressCallback | None,
     cap: int,
     batch_rows: int,
@@ -209,18 +223,19 @@ def _ingest_one(
         report = _Progress(raw, str(path), progress, total)
         compressed = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
-        stream: IO[bytes] = (
+        stream: io.BufferedReader = (
             io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), MiB) if compressed else io.BufferedReader(raw, MiB)
         )
         head = stream.peek(64)[:64].lstrip(_WHITESPACE)
+        ctx = _Context(result, batcher, norm, cap, report)
         try:
             if not head:
                 result.format = "empty"
             elif head[:1] in (b"{", b"["):
-                result.format = _read_json(stream, result, batcher, norm, cap, report)
+                result.format = _read_json(stream, ctx)
             else:
                 result.format = "protobuf"
-                _read_length_prefixed(stream, result, batcher, norm, cap, report)
+                _read_length_prefixed(stream, ctx)
         finally:
             # Whatever was decoded before a read error is still committed.
             batcher.flush(result)
@@ -232,13 +247,12 @@ def _ingest_one(
 # ---------------------------------------------------------------- JSON
 
 
-def _read_json(
-    stream: IO[bytes], result: FileResult, batcher: _Batcher, norm: Normaliser, cap: int, report: _Progress
-) -> str:
+def _read_json(stream: IO[bytes], ctx: _Context) -> str:
     """JSON lines, or one (pretty-printed) document; returns the format name."""
+    cap = ctx.cap
     first = stream.readline(cap + 1)
     if _complete_json_line(first):
-        _read_lines(_chain_lines(first, stream, cap), result, batcher, norm, report)
+        _read_lines(_chain_lines(first, stream, cap), ctx)
         return "jsonl"
     # A document spread over lines: read it whole, within the cap.
     rest = stream.read(cap + 1 - len(first)) if len(first) <= cap else b""
@@ -249,10 +263,10 @@ def _read_json(
         except (ValueError, RecursionError):
             document = None
         if document is not None:
-            _decode_into(document, 1, result, batcher, norm)
+            _decode_into(document, 1, ctx)
             return "json"
     # Not one document either: treat it as JSON lines and report the bad ones.
-    _read_lines(_chain_lines(buffer, stream, cap), result, batcher, norm, report)
+    _read_lines(_chain_lines(buffer, stream, cap), ctx)
     return "jsonl"
 
 
@@ -306,12 +320,10 @@ def _chain_lines(prefix: bytes, stream: IO[bytes], cap: int) -> Iterator[bytes |
         yield line
 
 
-def _read_lines(
-    lines: Iterator[bytes | None], result: FileResult, batcher: _Batcher, norm: Normaliser, report: _Progress
-) -> None:
+def _read_lines(lines: Iterator[bytes | None], ctx: _Context) -> None:
     for number, line in enumerate(lines, start=1):
         if line is None:
-            result.bad(number, "line longer than the body cap; skipped")
+            ctx.result.bad(number, "line longer than the body cap; skipped")
             continue
         text = line.strip()
         if not text:
@@ -319,39 +331,39 @@ def _read_lines(
         try:
             document = json.loads(text)
         except UnicodeDecodeError:
-            result.bad(number, "not valid UTF-8")
+            ctx.result.bad(number, "not valid UTF-8")
             continue
         except (ValueError, RecursionError) as exc:
-            result.bad(number, f"invalid JSON: {exc}")
+            ctx.result.bad(number, f"invalid JSON: {exc}")
             continue
-        _decode_into(document, number, result, batcher, norm)
+        _decode_into(document, number, ctx)
         if number % 64 == 0:
-            report()
+            ctx.report()
 
 
-def _decode_into(document: Any, number: int, result: FileResult, batcher: _Batcher, norm: Normaliser) -> None:
+def _decode_into(document: Any, number: int, ctx: _Context) -> None:
     try:
-        decoded = decode_json_document(document, norm)
+        decoded = decode_json_document(document, ctx.norm)
     except BadPayloadError as exc:
-        result.bad(number, str(exc))
+        ctx.result.bad(number, str(exc))
         return
-    _accept(decoded, number, result, batcher)
+    _accept(decoded, number, ctx)
 
 
-def _accept(decoded: DecodedSpans | DecodedMetrics, number: int, result: FileResult, batcher: _Batcher) -> None:
+def _accept(decoded: DecodedSpans | DecodedMetrics, number: int, ctx: _Context) -> None:
+    result = ctx.result
     if decoded.rejected:
         what = "spans" if isinstance(decoded, DecodedSpans) else "points"
         reason = decoded.errors[0] if decoded.errors else "rejected"
         result.bad(number, f"{decoded.rejected} {what} rejected: {reason}", count=decoded.rejected)
-    batcher.add(decoded, result)
+    ctx.batcher.add(decoded, result)
 
 
 # ---------------------------------------------------------------- protobuf
 
 
-def _read_length_prefixed(
-    stream: IO[bytes], result: FileResult, batcher: _Batcher, norm: Normaliser, cap: int, report: _Progress
-) -> None:
+def _read_length_prefixed(stream: IO[bytes], ctx: _Context) -> None:
+    result, cap = ctx.result, ctx.cap
     number = 0
     while True:
         header = stream.read(4)
@@ -372,12 +384,12 @@ def _read_length_prefixed(
             result.bad(number, f"truncated message ({len(payload)} of {length} bytes)")
             return
         try:
-            decoded = _decode_message(payload, norm)
+            decoded = _decode_message(payload, ctx.norm)
         except BadPayloadError as exc:
             result.bad(number, str(exc))
         else:
-            _accept(decoded, number, result, batcher)
-        report()
+            _accept(decoded, number, ctx)
+        ctx.report()
 
 
 def _decode_message(payload: bytes, norm: Normaliser) -> DecodedSpans | DecodedMetrics:

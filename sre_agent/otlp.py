@@ -112,7 +112,8 @@ def _lite_request_class() -> type[Message]:
                             fld.ClearField("type_name")
         pool.Add(proto)
     name = "opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest"
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+    lite: type[Message] = message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+    return lite
 
 
 # ---------------------------------------------------------------- spans

@@ -200,10 +200,10 @@ class Store:
             inserted = self._insert(
                 "spans",
                 batch,
-                ("trace_id", "span_id"),
-                "start_ns",
-                int(batch["start_ns"][0].as_py()),
-                int(batch["start_ns"][-1].as_py()),
+                key=("trace_id", "span_id"),
+                time_column="start_ns",
+                lo=int(batch["start_ns"][0].as_py()),
+                hi=int(batch["start_ns"][-1].as_py()),
             )
             self._detect_versions(batch)
         return inserted
@@ -221,14 +221,14 @@ class Store:
             return self._insert(
                 "metric_points",
                 batch,
-                ("series_key", "time_ns"),
-                "time_ns",
-                int(batch["time_ns"][0].as_py()),
-                int(batch["time_ns"][-1].as_py()),
+                key=("series_key", "time_ns"),
+                time_column="time_ns",
+                lo=int(batch["time_ns"][0].as_py()),
+                hi=int(batch["time_ns"][-1].as_py()),
             )
 
     def _insert(
-        self, table_name: str, batch: pa.Table, key: tuple[str, str], time_column: str, lo: int, hi: int
+        self, table_name: str, batch: pa.Table, *, key: tuple[str, str], time_column: str, lo: int, hi: int
     ) -> int:
         """One INSERT ... SELECT from the Arrow batch, skipping known keys.
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     with Store.open(config.db) as store:
         hash_key = config.hash_key.encode("utf-8") if config.hash_key else store.hash_key
         normaliser = Normaliser(config.keep_content, config.max_attribute_bytes, hash_key=hash_key)
-        with _progress_bar(args.files) as progress:
+        with _ProgressBar(args.files) as progress:
             results = ingest_files(
                 args.files,
                 store,
@@ -109,7 +109,7 @@ def _report(result: Any) -> None:
         print("  ... (more rejected items not listed)", file=sys.stderr)
 
 
-class _progress_bar:  # noqa: N801 - used as a context manager like a function
+class _ProgressBar:
     """A rich progress bar on stderr for large inputs; a no-op otherwise."""
 
     def __init__(self, files: list[str]) -> None:

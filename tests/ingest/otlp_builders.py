@@ -112,8 +112,8 @@ def trace_request(
     resource_spans.resource.attributes.extend(key_values(resource or {"service.name": "vllm-server"}))
     scope_spans = resource_spans.scope_spans.add()
     scope_spans.scope.name = scope
-    for i, spec in enumerate(spans):
-        spec = dict(spec)
+    for i, given in enumerate(spans):
+        spec = dict(given)
         attributes = spec.pop("attributes", {})
         events = spec.pop("events", [])
         status = spec.pop("status", None)

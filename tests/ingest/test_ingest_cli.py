@@ -14,7 +14,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sre_agent", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "sre_agent", *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
     )
 
 

@@ -48,7 +48,8 @@ def test_tracer_provider_writes_spans_to_a_real_file(processor: type, tmp_path: 
         ).fetchall()
     assert [r[0] for r in rows] == ["gateway request", "llm_request", "retry"]
     gateway, engine, retry = rows
-    assert gateway[1] is True and engine[1] is False
+    assert gateway[1] is True
+    assert engine[1] is False
     assert engine[2:5] == (True, 21, 0.1)
     assert retry[5:7] == (1, "error")
     assert {r[7] for r in rows} == {"1.2.3"}

@@ -121,7 +121,8 @@ def test_gzip_variants(name: str, tmp_path: Path, store: Store, norm: Normaliser
     (result,) = ingest_files([path], store, norm)
     assert result.ok
     assert result.spans == 1
-    assert result.format is not None and result.format.endswith("+gzip")
+    assert result.format is not None
+    assert result.format.endswith("+gzip")
 
 
 def test_gzip_bomb_is_rejected_without_blowing_memory(tmp_path: Path, store: Store, norm: Normaliser) -> None:
@@ -164,9 +165,11 @@ def test_missing_empty_and_corrupt_gzip_files(tmp_path: Path, store: Store, norm
         [tmp_path / "nope.jsonl", empty, corrupt, good], store, norm
     )
     assert missing.error == "no such file"
-    assert empty_result.ok and empty_result.spans == 0
+    assert empty_result.ok
+    assert empty_result.spans == 0
     assert corrupt_result.error is not None or corrupt_result.rejected
-    assert good_result.ok and good_result.spans == 2
+    assert good_result.ok
+    assert good_result.spans == 2
 
 
 def test_progress_reports_reach_the_file_size(tmp_path: Path, store: Store, norm: Normaliser) -> None:
