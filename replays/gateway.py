@@ -22,6 +22,7 @@ import heapq
 import itertools
 import math
 import random
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -160,7 +161,7 @@ class TelemetrySink(Protocol):
         """A 5-second metric scrape of every replica."""
 
 
-Change = Callable[["Simulation"], None]
+ChangeFn = Callable[["Simulation"], None]
 
 
 class Simulation:
@@ -180,7 +181,7 @@ class Simulation:
         *,
         seed: int,
         sink: TelemetrySink | None = None,
-        changes: Sequence[tuple[float, Change]] = (),
+        changes: Sequence[tuple[float, ChangeFn]] = (),
         faults: Sequence[Fault] = (),
         metric_interval_s: float = METRIC_INTERVAL_S,
     ) -> None:
@@ -233,7 +234,8 @@ class Simulation:
         if policy == "random":
             return candidates[self.rng.randrange(len(candidates))]
         if policy == "prefix_affinity":
-            home = candidates[hash(record.req.chain[0][0]) % len(candidates)]
+            # crc32 of the first chunk's key: stable across processes (hash() of a str is salted)
+            home = candidates[zlib.crc32(repr(record.req.chain[0][0]).encode()) % len(candidates)]
             lightest = min(candidates, key=Replica.load)
             return home if home.load() <= 2 * lightest.load() + 4 else lightest
         # least_loaded, ties broken round-robin so that idle replicas share the work

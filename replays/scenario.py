@@ -23,6 +23,7 @@ from sre_agent.replays.costmodel import PROFILES
 from sre_agent.replays.engine import EngineConfig
 from sre_agent.replays.gateway import LatencyDist, RetryPolicy
 from sre_agent.replays.workload import Route, Tenant
+from sre_agent.rules_api import CAUSES as RULE_CAUSES
 
 __all__ = [
     "CAUSES",
@@ -40,22 +41,8 @@ __all__ = [
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
-CAUSES = frozenset(
-    {
-        "prefix_cache",
-        "batch_composition",
-        "kv_pressure",
-        "capacity",
-        "load",
-        "traffic_mix",
-        "dependency",
-        "decode_slowdown",
-        "prefill_slowdown",
-        "retry_amplification",
-        "errors",
-        "none",
-    }
-)
+# The closed cause vocabulary of CONTRACTS section 3, as the rules know it.
+CAUSES = frozenset(RULE_CAUSES)
 CHANGE_KINDS = frozenset({"rate", "mix", "dependency", "remove_replica", "fault", "retry", "template_break"})
 # Metrics a scenario may claim; "<stage>_p50|p99" are ratios, "error_rate" is an absolute delta.
 REGRESSION_METRICS = frozenset(
