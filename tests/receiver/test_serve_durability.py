@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import psutil
-from receiver_harness import count_rows, start_serve, vllm_request
+from receiver_harness import ServeProcess, count_rows, start_serve, vllm_request
 
 PROTOBUF = {"content-type": "application/x-protobuf"}
 BATCH = 100
@@ -33,26 +33,34 @@ def _send_batches(url: str, batches: list[int], acked: set[int], stop: threading
                 acked.add(batch)
 
 
-def test_sigkill_loses_no_acknowledged_span_and_resends_do_not_double_count(tmp_path: Path) -> None:
-    db = tmp_path / "durable.duckdb"
-    server = start_serve(db, grpc=False)
-    acked: set[int] = set()
+def _stream_then_signal(server: ServeProcess, batches: list[int], acked: set[int], wait_for: int, sig: int) -> int:
+    """Three senders stream ``batches``; once ``wait_for`` are acknowledged, send ``sig`` mid-stream.
+
+    Returns the server's exit code after the senders have stopped.
+    """
     stop = threading.Event()
-    all_batches = list(range(300))
     senders = [
-        threading.Thread(target=_send_batches, args=(server.http_url, all_batches[i::3], acked, stop)) for i in range(3)
+        threading.Thread(target=_send_batches, args=(server.http_url, batches[i::3], acked, stop)) for i in range(3)
     ]
     for sender in senders:
         sender.start()
     deadline = time.monotonic() + 60
-    while len(acked) < 15 and time.monotonic() < deadline:
+    while len(acked) < wait_for and time.monotonic() < deadline:
         time.sleep(0.01)
-    server.stop(signal.SIGKILL)  # mid-stream: senders are still sending
+    code = server.stop(sig)
     stop.set()
     for sender in senders:
         sender.join(30)
-    assert server.proc.returncode == -signal.SIGKILL
-    assert len(acked) >= 15
+    assert len(acked) >= wait_for
+    return code
+
+
+def test_sigkill_loses_no_acknowledged_span_and_resends_do_not_double_count(tmp_path: Path) -> None:
+    db = tmp_path / "durable.duckdb"
+    server = start_serve(db, grpc=False)
+    acked: set[int] = set()
+    all_batches = list(range(300))
+    assert _stream_then_signal(server, all_batches, acked, 15, signal.SIGKILL) == -signal.SIGKILL
 
     acked_now = set(acked)
     restarted = start_serve(db, grpc=False)
@@ -82,21 +90,7 @@ def test_sigterm_mid_stream_commits_every_acknowledged_request_and_exits_0(tmp_p
     db = tmp_path / "graceful.duckdb"
     server = start_serve(db, grpc=False)
     acked: set[int] = set()
-    stop = threading.Event()
-    batches = list(range(200))
-    senders = [
-        threading.Thread(target=_send_batches, args=(server.http_url, batches[i::3], acked, stop)) for i in range(3)
-    ]
-    for sender in senders:
-        sender.start()
-    deadline = time.monotonic() + 60
-    while len(acked) < 6 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    code = server.stop(signal.SIGTERM)
-    stop.set()
-    for sender in senders:
-        sender.join(30)
-    assert code == 0, server.stderr
+    assert _stream_then_signal(server, list(range(200)), acked, 6, signal.SIGTERM) == 0, server.stderr
     present = _batches_present(db)
     assert present >= acked
     assert count_rows(db) == len(present) * BATCH
