@@ -206,7 +206,13 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> tup
     if window_ns is None:
         lo, hi, n = extent()
         if lo is None or hi is None or n == 0:
-            raise SelectionError("the store holds no engine request spans matching the filters")
+            # No spans at all (metrics-only telemetry): size the windows by the metric stream instead.
+            svc = f"WHERE service_name = {_q(selection.service)}" if selection.service else ""
+            row = fetch_one(con.execute(f"SELECT min(time_ns), max(time_ns), count(*) FROM metric_points {svc}"))
+            lo, hi, n = (row[0], row[1], int(row[2])) if row else (None, None, 0)
+            if lo is None or hi is None or n == 0:
+                raise SelectionError("the store holds no engine request spans or metrics matching the filters")
+            notes.append("no engine request spans: windows sized by the metric stream")
         window_ns = min(deploy_ns - lo, hi + 1 - deploy_ns)
         if window_ns <= 0:
             side = "before" if deploy_ns <= lo else "after"
@@ -274,6 +280,7 @@ class Comparison:
         self._dimensions: list[str] = []
         self._dimension_maps: dict[str, tuple[str, ...]] = {}
         self._trace_cache: pl.DataFrame | None = None
+        self._malformed: dict[str, int] = {}
 
     @classmethod
     def open(
@@ -390,23 +397,29 @@ class Comparison:
         side = f"CASE WHEN {b.predicate()} THEN 'baseline' WHEN {c.predicate()} THEN 'candidate' END"
         rows = self.con.sql(
             f"""
-            SELECT side, {self._slice_sql()} AS slice, bucket, count(*) AS n
-            FROM (SELECT {side} AS side, start_ns, {bucket} AS bucket FROM spans WHERE {self._scope_sql()})
-            WHERE side IS NOT NULL GROUP BY ALL
+            SELECT side, {self._slice_sql()} AS slice, bucket, count(*) AS n, sum(malformed) AS malformed
+            FROM (SELECT {side} AS side, start_ns, {bucket} AS bucket,
+                    CASE WHEN e2e_s < 0 OR isnan(e2e_s) OR ttft_s < 0 OR isnan(ttft_s) OR queue_s < 0
+                         OR isnan(queue_s) THEN 1 ELSE 0 END AS malformed
+                  FROM spans WHERE {self._scope_sql()})
+            WHERE side IS NOT NULL GROUP BY side, slice, bucket
             """
         ).fetchnumpy()
         hists: dict[str, stats.SliceHistogram] = {}
         counts: dict[str, int] = {}
         bad: dict[str, int] = {}
+        malformed: dict[str, int] = {}
         sides = rows["side"].astype(str) if len(rows["side"]) else rows["side"]
         for s in SIDES:
             mask = sides == s
             valid = mask & ~_isnull(rows["bucket"])
             counts[s] = int(rows["n"][mask].sum())
             bad[s] = int(rows["n"][mask & _isnull(rows["bucket"])].sum())
+            malformed[s] = int(_ints(rows["malformed"][mask]).sum())
             hists[s] = stats.SliceHistogram.from_long(
                 _ints(rows["slice"][valid]), _ints(rows["bucket"][valid]), _ints(rows["n"][valid])
             )
+        self._malformed = malformed
         return hists, counts, bad
 
     @property
@@ -470,6 +483,11 @@ class Comparison:
         for side in SIDES:
             if bad[side]:
                 self.notes.append(f"{bad[side]} {side} engine spans had no usable e2e latency and were ignored")
+            if self._malformed.get(side):
+                self.notes.append(
+                    f"{self._malformed[side]} {side} engine spans carried malformed latencies (negative or NaN); "
+                    "those values were ignored (e2e falls back to the span duration)"
+                )
         if counts["baseline"] == 0 and counts["candidate"] == 0 and not self.metrics.has_latency_histograms():
             b, c = self.window("baseline"), self.window("candidate")
             raise InsufficientDataError(
@@ -478,6 +496,12 @@ class Comparison:
                 f"candidate {format_time(c.start_ns)}..{format_time(c.end_ns)})"
             )
         for side in SIDES:
+            if counts[side] == 0 and not self.metrics.has_latency_histograms(side):
+                w = self.window(side)
+                raise InsufficientDataError(
+                    f"the {side} window {format_time(w.start_ns)}..{format_time(w.end_ns)} holds no engine requests "
+                    "and no latency metrics: nothing to compare it with; widen or move the window"
+                )
             if 0 < counts[side] < stats.MIN_REQUESTS:
                 self.notes.append(f"only {counts[side]} {side} requests: estimates are unreliable")
             elif counts[side] == 0:
@@ -725,6 +749,36 @@ class Comparison:
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
         return frame
+
+    @cached_property
+    def failures(self) -> dict[str, tuple[int, int]]:
+        """side -> (failed, total) logical requests.
+
+        Root spans (the gateway's view) when the windows hold non-engine spans, so requests
+        rejected before reaching an engine count; else engine spans with status ERROR or a
+        finish reason of ``abort``/``error``.
+        """
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        if self.has_other_spans:
+            side = (
+                f"CASE WHEN start_ns >= {b.start_ns} AND start_ns < {b.end_ns} THEN 'baseline' "
+                f"WHEN start_ns >= {c.start_ns} AND start_ns < {c.end_ns} THEN 'candidate' END"
+            )
+            sql = (
+                f"SELECT side, count(*) FILTER (WHERE status_code = 'error'), count(*) FROM "
+                f"(SELECT {side} AS side, status_code FROM spans WHERE parent_span_id IS NULL "
+                f"AND NOT coalesce(is_engine, false) AND start_ns >= {min(b.start_ns, c.start_ns)} "
+                f"AND start_ns < {max(b.end_ns, c.end_ns)}) WHERE side IS NOT NULL GROUP BY side"
+            )
+        else:
+            sql = (
+                "SELECT side, count(*) FILTER (WHERE status_code = 'error' OR finish_reason IN ('abort', 'error')), "
+                f"count(*) FROM {self.engine_sql('side, status_code, finish_reason')} GROUP BY side"
+            )
+        rows = self.con.sql(sql).fetchall()
+        out = dict.fromkeys(SIDES, (0, 0))
+        out.update({str(r[0]): (int(r[1]), int(r[2])) for r in rows})
+        return out
 
     # --------------------------------------------------------------- metrics
     @cached_property

@@ -33,6 +33,8 @@ STAGES_OF: Final[dict[str, tuple[str, ...]]] = {
     "tpot": ("decode",),
     "itl": ("decode",),
     "queue": ("queue",),
+    "dependency": ("dependency",),
+    "gateway": ("gateway",),
     "prefill": ("prefill",),
     "decode": ("decode",),
 }
@@ -74,7 +76,9 @@ def stage_decomposition(
     """
     import polars as pl
 
-    metric = regression.metric if regression.metric in (*LATENCIES, "trace") else "e2e"
+    if regression.metric == "error_rate":
+        return StageDecomposition("error_rate", regression.quantile, (0, 0), {}, {}, {})
+    metric = regression.metric if regression.metric in (*LATENCIES, "trace", "dependency", "gateway") else "e2e"
     stages = STAGES_OF.get(regression.metric, STAGES_OF["e2e"])
     col = LATENCIES.get(metric, f"{metric}_s")
     q = regression.quantile if regression.quantile >= 0.5 else 0.9

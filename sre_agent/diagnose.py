@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -42,6 +43,12 @@ QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.99)
 MIN_EFFECT: Final[float] = 1.10
 #: User-facing latencies that can be the headline; stages explain them, they are not headlines.
 HEADLINE_METRICS: Final[tuple[str, ...]] = ("trace", "e2e", "ttft", "tpot", "itl")
+#: Stages of the request path that can be the headline when no user-facing latency regressed...
+STAGE_METRICS: Final[tuple[str, ...]] = ("dependency", "gateway", "queue", "prefill", "decode")
+#: ...if they at least grew by half...
+STAGE_MIN_EFFECT: Final[float] = 1.5
+#: ...and by 10 ms (a 2 ms queue becoming 4 ms is not an incident).
+STAGE_MIN_DELTA_S: Final[float] = 0.010
 _METRIC_HISTOGRAMS: Final[dict[str, str]] = {
     "e2e": "e2e_seconds",
     "ttft": "ttft_seconds",
@@ -63,7 +70,9 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
     """
     out: list[MetricEstimate] = []
     have_spans = all(comparison.request_counts[s] > 0 for s in SIDES)
-    names = [*LATENCIES, "trace"] if have_spans and "trace_s" in comparison.requests.columns else list(LATENCIES)
+    names = list(LATENCIES)
+    if have_spans and "trace_s" in comparison.requests.columns:
+        names += ["trace", "dependency", "gateway"]
     for name in names:
         if not have_spans:
             continue
@@ -103,17 +112,33 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
 def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:
     """The regression to explain: the user-facing quantile that rose most surely.
 
-    Among significant e2e/TTFT/TPOT/ITL estimates at the highest quantile that
-    has any, the one with the largest lower CI bound of the ratio (the ratio
-    itself when there is no CI); when
+    Among significant trace/e2e/TTFT/TPOT/ITL estimates at the highest quantile
+    that has any, the one with the largest lower CI bound of the ratio (the
+    ratio itself when there is no CI); failing those, a stage (dependency,
+    gateway, queue, prefill, decode) that grew by half and 10 ms; when
     none is significant, e2e p99 with ``significant=False``. The location
     (Mann-Whitney, Hodges-Lehmann) and tail tests are attached as evidence.
     """
     candidates = [e for e in estimates if e.name in HEADLINE_METRICS and e.significant and e.source != "derived"]
+    if not candidates:
+        # Users did not feel it (yet), but a stage of the request path clearly slowed: a tripled
+        # dependency p99 is a regression even when it is a small part of e2e. Stricter bar.
+        candidates = [
+            e
+            for e in estimates
+            if e.name in STAGE_METRICS
+            and e.significant
+            and (e.ratio or 0) >= STAGE_MIN_EFFECT
+            and (e.candidate or 0) - (e.baseline or 0) >= STAGE_MIN_DELTA_S
+        ]
 
     def strength(e: MetricEstimate) -> float:
         return e.ratio_ci[0] if e.ratio_ci is not None else (e.ratio or 0.0) / 2
 
+    if not candidates:
+        errors = _error_regression(comparison)
+        if errors is not None:
+            return errors
     if candidates:
         # The tail first (incidents are about p99), then p90, then the median; within a quantile,
         # the metric whose ratio is surely largest.
@@ -127,8 +152,8 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
             return Regression("e2e", 0.99, None, None, None, False, note="no latency data on one side")
         best = fallback[0]
     location_p = hl = tail_p = None
-    if best.source == "spans" and best.name in (*LATENCIES, "trace"):
-        col = LATENCIES.get(best.name, f"{best.name}_s")
+    col = LATENCIES.get(best.name, f"{best.name}_s")
+    if best.source == "spans" and col in comparison.requests.columns:
         frame = comparison.requests
         import polars as pl
 
@@ -160,6 +185,30 @@ class RuleContext:
         if name not in self._values:
             self._values[name] = self._factories[name]()
         return self._values[name]
+
+
+#: An error-rate rise is a regression when it is at least 1 point, x1.5, and z >= 4
+#: (a high bar, because failures cluster in time and the z test assumes they do not).
+ERROR_MIN_RISE: Final[float] = 0.01
+ERROR_MIN_FACTOR: Final[float] = 1.5
+ERROR_MIN_Z: Final[float] = 4.0
+
+
+def _error_regression(comparison: Comparison) -> Regression | None:
+    """The failed share of logical requests as the headline, when it rose and latency did not."""
+    (fb, nb), (fc, nc) = comparison.failures["baseline"], comparison.failures["candidate"]
+    if nb < stats.MIN_REQUESTS or nc < stats.MIN_REQUESTS:
+        return None
+    pb, pc = fb / nb, fc / nc
+    pooled = (fb + fc) / (nb + nc)
+    se = math.sqrt(max(pooled * (1 - pooled), 1e-12) * (1 / nb + 1 / nc))
+    z = (pc - pb) / se
+    if pc - pb < ERROR_MIN_RISE or pc < ERROR_MIN_FACTOR * pb or z < ERROR_MIN_Z:
+        return None
+    se_diff = math.sqrt(pb * (1 - pb) / nb + pc * (1 - pc) / nc)
+    ci = (pc - pb - 1.96 * se_diff, pc - pb + 1.96 * se_diff)
+    # quantile 0.99 tells rules which tail to examine; the report prints no quantile for error_rate
+    return Regression("error_rate", 0.99, pb, pc, ci, True, note=f"failed share of requests, z = {z:.1f}")
 
 
 def _context(comparison: Comparison, regression: Regression, estimates: list[MetricEstimate]) -> RuleContext:
@@ -224,6 +273,9 @@ def _rank(
         # The regression lives in one slice, so every explanation without a scope of its own
         # is about that slice.
         findings = [f if f.scope else replace(f, scope=dict(localisation.scope)) for f in findings]
+    if regression.metric == "error_rate":
+        # The regression *is* the failed share: an errors finding accounts for all of it by definition.
+        findings = [replace(f, explained=1.0) if f.cause == "errors" else f for f in findings]
     ranked = sorted(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
     if not regression.significant:
         # Nothing regressed: say so first; whatever moved is listed after, for context.

@@ -76,7 +76,9 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
     """Score every value of every low-cardinality dimension (see module docstring)."""
     import polars as pl
 
-    metric = regression.metric if regression.metric in (*LATENCIES, "trace") else "e2e"
+    if regression.metric == "error_rate":
+        return Localisation("error_rate", None)
+    metric = regression.metric if regression.metric in (*LATENCIES, "trace", "dependency", "gateway") else "e2e"
     col = LATENCIES.get(metric, f"{metric}_s")
     frame = comparison.requests.filter(pl.col(col).is_not_null())
     dims = [d for d in (dimensions if dimensions is not None else comparison.dimensions) if d in frame.columns]

@@ -137,9 +137,12 @@ class MetricView:
         """Whether the signal has points in either window."""
         return self.name_for(signal) is not None
 
-    def has_latency_histograms(self) -> bool:
-        """Whether any latency histogram (TTFT, ITL, e2e, queue) has points."""
-        return any(self.has(s) for s in ("ttft_seconds", "itl_seconds", "e2e_seconds", "queue_seconds"))
+    def has_latency_histograms(self, side: str | None = None) -> bool:
+        """Whether any latency histogram (TTFT, ITL, e2e, queue) has observations (on ``side``, or either)."""
+        signals = ("ttft_seconds", "itl_seconds", "e2e_seconds", "queue_seconds")
+        if side is None:
+            return any(self.has(s) for s in signals)
+        return any(self.has(s) and self.histogram(s)[side] is not None for s in signals)
 
     def gauge(self, signal: str, stat: str = "mean") -> SidePair:
         """A gauge over each window: ``mean``, ``max``, ``p90`` of all points, or ``sum_mean``.

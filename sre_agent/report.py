@@ -76,7 +76,7 @@ class Report:
         """Rebuild a report from its :meth:`to_dict` JSON (e.g. an HTTP API answer) for rendering."""
         r = data.get("regression") or {}
         regression = Regression(
-            str(r.get("metric", "e2e")), float(r.get("quantile", 0.99)), r.get("baseline"), r.get("candidate"),
+            str(r.get("metric", "e2e")), float(r.get("quantile") or 0.99), r.get("baseline"), r.get("candidate"),
             tuple(r["ci"]) if r.get("ci") else None, bool(r.get("significant")),
         )  # fmt: skip
         estimates = [
@@ -117,7 +117,7 @@ class Report:
             "candidate": self.candidate,
             "regression": {
                 "metric": r.metric,
-                "quantile": r.quantile,
+                "quantile": None if r.metric == "error_rate" else r.quantile,
                 "baseline": r.baseline,
                 "candidate": r.candidate,
                 "ratio": r.ratio,
@@ -166,6 +166,9 @@ class Report:
 
     def _headline(self) -> str:
         r = self.regression
+        if r.metric == "error_rate":
+            verdict = "REGRESSED" if r.significant else "no significant regression"
+            return f"error rate: {_fmt_any(r.baseline)} -> {_fmt_any(r.candidate)} — {verdict}"
         label = f"{r.metric} p{round(r.quantile * 100)}"
         ratio = f" ({r.ratio:.2f}x)" if r.ratio else ""
         ci = f", 95% CI of the change {r.ci[0]:+.3f}..{r.ci[1]:+.3f} s" if r.ci else ""

@@ -23,6 +23,9 @@ import pyarrow as pa
 from sre_agent import schema
 
 T0_NS = 1_790_000_000 * 1_000_000_000
+# vLLM's default buckets
+E2E_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 NS = 1_000_000_000
 
 
@@ -88,9 +91,20 @@ def _simulate(side: Side, start_s: float, rng: random.Random) -> list[dict[str, 
         end = begin + prefill + decode
         heapq.heappush(free[replica], end)
         out.append(
-            {"arrival": t, "begin": begin, "end": end, "host": host, "tenant": tenant, "input": inp, "output": outp,
-             "cached": cached, "prefill": prefill, "decode": decode, "version": side.version}
-        )  # fmt: skip
+            {
+                "arrival": t,
+                "begin": begin,
+                "end": end,
+                "host": host,
+                "tenant": tenant,
+                "input": inp,
+                "output": outp,
+                "cached": cached,
+                "prefill": prefill,
+                "decode": decode,
+                "version": side.version,
+            }
+        )
     return out
 
 
@@ -109,40 +123,109 @@ def _span_rows(reqs: list[dict[str, object]], side: Side, opts: Options, rng: ra
             dep = side.dependency_s * rng.uniform(0.8, 1.2) * (20 if rng.random() < side.dependency_tail else 1)
             root, attempt_id = f"{rng.getrandbits(64):016x}", f"{rng.getrandbits(64):016x}"
             g0 = arrival - dep - 0.002
-            common = {"trace_id": trace, "status_code": "unset", "is_engine": False, "service_name": "llm-gateway",
-                      "service_version": "g1", "tenant_id": r["tenant"], "model": "llama-70b"}  # fmt: skip
-            attrs = {"tenant.id": str(r["tenant"]), "http.route": "/v1/chat/completions",
-                     "gen_ai.request.model": "llama-70b"}  # fmt: skip
+            common = {
+                "trace_id": trace,
+                "status_code": "unset",
+                "is_engine": False,
+                "service_name": "llm-gateway",
+                "service_version": "g1",
+                "tenant_id": r["tenant"],
+                "model": "llama-70b",
+            }
+            attrs = {
+                "tenant.id": str(r["tenant"]),
+                "http.route": "/v1/chat/completions",
+                "gen_ai.request.model": "llama-70b",
+            }
             res = {"service.name": "llm-gateway", "service.version": "g1"}
-            rows.append({**common, "span_id": root, "parent_span_id": None, "name": "POST /v1/chat/completions",
-                         "kind": "server", "start_ns": int(g0 * NS), "end_ns": int((end + 0.003) * NS),
-                         "duration_s": end + 0.003 - g0, "attributes": attrs, "resource_attributes": res})  # fmt: skip
-            rows.append({**common, "span_id": f"{rng.getrandbits(64):016x}", "parent_span_id": root,
-                         "name": "retrieval", "kind": "client", "start_ns": int(g0 * NS), "end_ns": int((g0 + dep) * NS),
-                         "duration_s": dep, "attributes": {"peer.service": "retrieval"}, "resource_attributes": res})  # fmt: skip
-            rows.append({**common, "span_id": attempt_id, "parent_span_id": root, "name": "POST", "kind": "client",
-                         "start_ns": int(arrival * NS), "end_ns": int(end * NS), "duration_s": e2e,
-                         "attributes": {"server.address": host}, "resource_attributes": res})  # fmt: skip
+            rows.append(
+                {
+                    **common,
+                    "span_id": root,
+                    "parent_span_id": None,
+                    "name": "POST /v1/chat/completions",
+                    "kind": "server",
+                    "start_ns": int(g0 * NS),
+                    "end_ns": int((end + 0.003) * NS),
+                    "duration_s": end + 0.003 - g0,
+                    "attributes": attrs,
+                    "resource_attributes": res,
+                }
+            )
+            rows.append(
+                {
+                    **common,
+                    "span_id": f"{rng.getrandbits(64):016x}",
+                    "parent_span_id": root,
+                    "name": "retrieval",
+                    "kind": "client",
+                    "start_ns": int(g0 * NS),
+                    "end_ns": int((g0 + dep) * NS),
+                    "duration_s": dep,
+                    "attributes": {"peer.service": "retrieval"},
+                    "resource_attributes": res,
+                }
+            )
+            rows.append(
+                {
+                    **common,
+                    "span_id": attempt_id,
+                    "parent_span_id": root,
+                    "name": "POST",
+                    "kind": "client",
+                    "start_ns": int(arrival * NS),
+                    "end_ns": int(end * NS),
+                    "duration_s": e2e,
+                    "attributes": {"server.address": host},
+                    "resource_attributes": res,
+                }
+            )
             engine_parent = attempt_id
         if not opts.engine_spans:
             continue
         bad = i < side.malformed
         rows.append(
-            {"trace_id": trace, "span_id": f"{rng.getrandbits(64):016x}", "parent_span_id": engine_parent,
-             "name": "llm_request", "kind": "server", "start_ns": int(arrival * NS) + skew,
-             "end_ns": int(end * NS) + skew, "duration_s": e2e, "status_code": "unset", "service_name": "vllm",
-             "service_version": r["version"], "service_instance": host, "host_name": host,
-             "tenant_id": None if opts.gateway_spans else r["tenant"], "is_engine": True, "model": "llama-70b",
-             "request_id": f"req-{i}", "input_tokens": r["input"], "output_tokens": r["output"],
-             "cached_tokens": r["cached"], "queue_s": -1.0 if bad else queue, "ttft_s": float("nan") if bad else queue + prefill,
-             "prefill_s": prefill, "decode_s": decode, "inference_s": prefill + decode,
-             "e2e_s": -5.0 if bad else e2e, "tpot_s": decode / (int(r["output"]) - 1), "finish_reason": "stop",  # type: ignore[call-overload]
-             "attempt": 0,
-             "resource_attributes": {"host.name": host, "service.instance.id": host, "service.name": "vllm",
-                                     "service.version": str(r["version"])},
-             "attributes": {} if opts.gateway_spans else {"tenant.id": str(r["tenant"]),
-                                                            "gen_ai.request.model": "llama-70b"}}
-        )  # fmt: skip
+            {
+                "trace_id": trace,
+                "span_id": f"{rng.getrandbits(64):016x}",
+                "parent_span_id": engine_parent,
+                "name": "llm_request",
+                "kind": "server",
+                "start_ns": int(arrival * NS) + skew,
+                "end_ns": int(end * NS) + skew,
+                "duration_s": e2e,
+                "status_code": "unset",
+                "service_name": "vllm",
+                "service_version": r["version"],
+                "service_instance": host,
+                "host_name": host,
+                "tenant_id": None if opts.gateway_spans else r["tenant"],
+                "is_engine": True,
+                "model": "llama-70b",
+                "request_id": f"req-{i}",
+                "input_tokens": r["input"],
+                "output_tokens": r["output"],
+                "cached_tokens": r["cached"],
+                "queue_s": -1.0 if bad else queue,
+                "ttft_s": float("nan") if bad else queue + prefill,
+                "prefill_s": prefill,
+                "decode_s": decode,
+                "inference_s": prefill + decode,
+                "e2e_s": -5.0 if bad else e2e,
+                "tpot_s": decode / (int(r["output"]) - 1),
+                "finish_reason": "stop",  # type: ignore[call-overload]
+                "attempt": 0,
+                "resource_attributes": {
+                    "host.name": host,
+                    "service.instance.id": host,
+                    "service.name": "vllm",
+                    "service.version": str(r["version"]),
+                },
+                "attributes": {}
+                if opts.gateway_spans
+                else {"tenant.id": str(r["tenant"]), "gen_ai.request.model": "llama-70b"},
+            }
+        )
     return rows
 
 
@@ -157,6 +240,11 @@ def _metric_rows(reqs: list[dict[str, object]], side: Side, start_s: float) -> l
         queries = hits = 0.0
         done = sorted(mine, key=lambda r: float(r["begin"]))  # type: ignore[arg-type]
         k = 0
+        finished = sorted(mine, key=lambda r: float(r["end"]))  # type: ignore[arg-type]
+        f = 0
+        e2e_counts = [0] * (len(E2E_BOUNDS) + 1)
+        ttft_counts = [0] * (len(TTFT_BOUNDS) + 1)
+        e2e_sum = ttft_sum = 0.0
         t = start_s + 5.0
         while t < start_s + side.duration_s:
             running = bisect.bisect_right(begins, t) - bisect.bisect_right(ends, t)
@@ -165,9 +253,25 @@ def _metric_rows(reqs: list[dict[str, object]], side: Side, start_s: float) -> l
                 queries += float(done[k]["input"])  # type: ignore[arg-type]
                 hits += float(done[k]["cached"])  # type: ignore[arg-type]
                 k += 1
-            base = {"time_ns": int(t * NS), "service_name": "vllm", "service_version": side.version,
-                    "service_instance": host, "host_name": host, "model": "llama-70b",
-                    "resource_attributes": {"host.name": host}, "attributes": {"model_name": "llama-70b"}}  # fmt: skip
+            while f < len(finished) and float(finished[f]["end"]) <= t:  # type: ignore[arg-type]
+                r = finished[f]
+                e2e = float(r["end"]) - float(r["arrival"])  # type: ignore[arg-type]
+                ttft = float(r["begin"]) + float(r["prefill"]) - float(r["arrival"])  # type: ignore[arg-type]
+                e2e_counts[bisect.bisect_left(E2E_BOUNDS, e2e)] += 1
+                ttft_counts[bisect.bisect_left(TTFT_BOUNDS, ttft)] += 1
+                e2e_sum += e2e
+                ttft_sum += ttft
+                f += 1
+            base = {
+                "time_ns": int(t * NS),
+                "service_name": "vllm",
+                "service_version": side.version,
+                "service_instance": host,
+                "host_name": host,
+                "model": "llama-70b",
+                "resource_attributes": {"host.name": host},
+                "attributes": {"model_name": "llama-70b"},
+            }
             for name, kind, value in (
                 ("vllm:num_requests_running", "gauge", float(running)),
                 ("vllm:num_requests_waiting", "gauge", float(waiting)),
@@ -175,9 +279,37 @@ def _metric_rows(reqs: list[dict[str, object]], side: Side, start_s: float) -> l
                 ("vllm:prefix_cache_queries", "sum", queries),
                 ("vllm:prefix_cache_hits", "sum", hits),
             ):
-                rows.append({**base, "name": name, "source_name": name, "kind": kind, "value": value,
-                             "is_monotonic": kind == "sum", "temporality": "cumulative" if kind == "sum" else None,
-                             "series_key": f"{name}|{host}"})  # fmt: skip
+                rows.append(
+                    {
+                        **base,
+                        "name": name,
+                        "source_name": name,
+                        "kind": kind,
+                        "value": value,
+                        "is_monotonic": kind == "sum",
+                        "temporality": "cumulative" if kind == "sum" else None,
+                        "series_key": f"{name}|{host}",
+                    }
+                )
+            for name, bounds, counts, total in (
+                ("vllm:e2e_request_latency_seconds", E2E_BOUNDS, e2e_counts, e2e_sum),
+                ("vllm:time_to_first_token_seconds", TTFT_BOUNDS, ttft_counts, ttft_sum),
+            ):
+                rows.append(
+                    {
+                        **base,
+                        "name": name,
+                        "source_name": name,
+                        "kind": "histogram",
+                        "value": None,
+                        "temporality": "cumulative",
+                        "count": sum(counts),
+                        "sum": total,
+                        "bounds": list(bounds),
+                        "bucket_counts": list(counts),
+                        "series_key": f"{name}|{host}",
+                    }
+                )
             t += 10.0
     return rows
 
