@@ -101,14 +101,29 @@ class _Prepared:
 
 
 class _LatencyStats:
-    """Recent attempt latencies per model (seconds); the median is the expected latency."""
+    """Recent attempt latencies per model (seconds).
 
-    def __init__(self, size: int = 128) -> None:
+    ``expected`` is an exponentially weighted mean (O(1) per attempt, the per-attempt
+    deadline check reads it); ``quantile`` sorts the last ``size`` values and is used
+    only where a percentile matters (hedge delay, allocation).
+    """
+
+    def __init__(self, size: int = 128, weight: float = 0.2) -> None:
         self._size = size
+        self._weight = weight
         self._by_model: dict[str, deque[float]] = {}
+        self._mean: dict[str, float] = {}
 
     def add(self, model: str, latency_s: float) -> None:
         self._by_model.setdefault(model, deque(maxlen=self._size)).append(latency_s)
+        mean = self._mean.get(model)
+        self._mean[model] = latency_s if mean is None else mean + self._weight * (latency_s - mean)
+
+    def count(self, model: str) -> int:
+        return len(self._by_model.get(model, ()))
+
+    def expected(self, model: str, prior: float) -> float:
+        return self._mean.get(model, prior)
 
     def quantile(self, model: str, q: float, prior: float) -> float:
         values = self._by_model.get(model)
@@ -262,7 +277,7 @@ class PolicyEngine:
             )
             self.latency.add(target.model, latency_s)
             outcome = self._after_answer(state, outcome)
-        state.expected_latency_s = self.latency.quantile(target.model, 0.5, target.expected_latency_s)
+        state.expected_latency_s = self.latency.expected(target.model, target.expected_latency_s)
         state.last = outcome
         state.outcomes.append(outcome)
         state.extra.setdefault("records", []).append(
@@ -466,8 +481,7 @@ class PolicyEngine:
     def _hedge_delay(self, model: str) -> float | None:
         if self.hedge_after_s is not None:
             return self.hedge_after_s if self.hedge_after_s > 0 else None
-        values = self.latency._by_model.get(model)
-        return self.latency.quantile(model, 0.95, 0.0) if values and len(values) >= 20 else None
+        return self.latency.quantile(model, 0.95, 0.0) if self.latency.count(model) >= 20 else None
 
     async def _attempt_async(self, state: AttemptState, client: httpx.AsyncClient) -> Outcome:
         prepared = self._prepare(state)

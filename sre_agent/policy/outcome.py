@@ -150,7 +150,8 @@ def parse_retry_after(headers: Mapping[str, str], now_s: float | None = None) ->
     official SDKs do, then ``Retry-After`` as seconds or an HTTP date (relative to
     ``now_s``, Unix seconds, default the wall clock). Negative waits become 0.
     """
-    lower = {k.lower(): v for k, v in headers.items()}
+    # httpx.Headers is already case-insensitive; a plain mapping is lower-cased once.
+    lower = headers if hasattr(headers, "multi_items") else {k.lower(): v for k, v in headers.items()}
     for name in _RETRY_AFTER_MS:
         raw = lower.get(name)
         if raw is not None:
@@ -446,11 +447,12 @@ def _classify_status(status: int, body: Any) -> tuple[OutcomeClass, str]:
         return OutcomeClass.RATE_LIMITED, "HTTP 429"
     if status == 408:
         return OutcomeClass.TIMEOUT, "HTTP 408"
+    if status >= 500:
+        # Providers report an oversized prompt as 400/413, never 5xx: no need to read the body.
+        return OutcomeClass.SERVER_ERROR, f"HTTP {status}"
     text = _error_text(body)
     if status == 413 or any(m in text for m in _CONTEXT_MARKERS):
         return OutcomeClass.CONTEXT_OVERFLOW, f"HTTP {status}: prompt does not fit"
-    if status >= 500:
-        return OutcomeClass.SERVER_ERROR, f"HTTP {status}"
     if any(m in text for m in _REFUSAL_MARKERS):
         return OutcomeClass.REFUSED, f"HTTP {status}: content policy"
     return OutcomeClass.CLIENT_ERROR, f"HTTP {status}"

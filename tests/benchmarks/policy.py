@@ -38,7 +38,7 @@ from sre_agent.policy.strategies import AttemptState
 
 ATTEMPTS = 4
 REQUESTS = 2000
-REPEATS = 5
+REPEATS = 7
 
 FAILURE = (503, {"content-type": "application/json"}, {"error": {"type": "server_error", "message": "overloaded"}})
 SUCCESS = (
@@ -128,8 +128,11 @@ def calibration_us() -> float:
 def main() -> None:
     policy_per_attempt_s()  # warm-up (imports, caches)
     tenacity_per_attempt_s()
-    policy = [policy_per_attempt_s() for _ in range(REPEATS)]
-    bare = [tenacity_per_attempt_s() for _ in range(REPEATS)]
+    # Interleaved so that a change in machine load hits both sides alike.
+    policy, bare = [], []
+    for _ in range(REPEATS):
+        policy.append(policy_per_attempt_s())
+        bare.append(tenacity_per_attempt_s())
     overhead_us = statistics.median(policy) * 1e6
     tenacity_us = statistics.median(bare) * 1e6
     print(f"attempts measured: {REQUESTS * ATTEMPTS} x {REPEATS} repeats each; medians")
