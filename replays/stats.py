@@ -39,17 +39,23 @@ ITERATION_TOKENS_BUCKETS: tuple[float, ...] = (
 class Histogram:
     """Cumulative explicit-bucket histogram (Prometheus ``le`` semantics: a value equal to a bound counts in it)."""
 
-    __slots__ = ("bounds", "count", "counts", "sum")
+    __slots__ = ("bounds", "count", "counts", "max", "min", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.count = 0
         self.sum = 0.0
+        # smallest and largest observation (0.0 while empty)
+        self.min = 0.0
+        self.max = 0.0
 
     def observe(self, value: float, weight: int = 1) -> None:
         """Record ``value`` ``weight`` times."""
         self.counts[bisect_left(self.bounds, value)] += weight
+        if self.count == 0 or value < self.min:
+            self.min = value
+        self.max = max(self.max, value)
         self.count += weight
         self.sum += value * weight
 
@@ -67,6 +73,10 @@ class Histogram:
         else:
             for i in range(n):
                 self.counts[bisect_left(self.bounds, first + step * i)] += weight
+        low, high = min(first, last), max(first, last)
+        if self.count == 0 or low < self.min:
+            self.min = low
+        self.max = max(self.max, high)
         self.count += n * weight
         self.sum += weight * (n * first + step * n * (n - 1) / 2)
 
@@ -91,6 +101,8 @@ class Histogram:
         h.counts = list(self.counts)
         h.count = self.count
         h.sum = self.sum
+        h.min = self.min
+        h.max = self.max
         return h
 
 

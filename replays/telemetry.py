@@ -354,7 +354,7 @@ class MetricBuilder:
             for name, field_name, doc, unit in _HISTOGRAMS:
                 hist: EngineHistogram = getattr(stats, field_name)
                 point_h = HistogramDataPoint(
-                    labels, start, now, hist.count, hist.sum, list(hist.counts), list(hist.bounds), 0.0, 0.0
+                    labels, start, now, hist.count, hist.sum, list(hist.counts), list(hist.bounds), hist.min, hist.max
                 )
                 metrics.append(Metric(name, doc, unit, Histogram([point_h], cumulative)))
             res = self.resources.get(ENGINE_SERVICE, r.version, r.name)
