@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "BadPayloadError": "sre_agent.errors",
     "CAUSES": "sre_agent.rules_api",
+    "CanarySpec": "sre_agent.canary_spec",
     "Comparison": "sre_agent.compare",
     "Config": "sre_agent.config",
     "ConfigError": "sre_agent.errors",
@@ -56,6 +57,7 @@ _LAZY: dict[str, str] = {
 __all__ = sorted([*_LAZY, "__version__"])
 
 if TYPE_CHECKING:
+    from sre_agent.canary_spec import CanarySpec
     from sre_agent.compare import Comparison
     from sre_agent.config import Config, load_config
     from sre_agent.diagnose import diagnose
