@@ -83,7 +83,7 @@ _RPC_UNAUTHENTICATED: Final = 16
 _RPC_PERMISSION_DENIED: Final = 7
 _RPC_RESOURCE_EXHAUSTED: Final = 8
 _RPC_UNAVAILABLE: Final = 14
-_RPC_INTERNAL: Final = 13
+_RPC_NOT_FOUND: Final = 5
 
 
 # -- authentication and tenant scoping ----------------------------------------
@@ -440,6 +440,15 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
     return export
 
 
+async def _wrong_otlp_path(request: Request) -> Response:
+    """POST / is what an exporter sends when given a bare ``http://host:4318`` as a traces endpoint."""
+    message = (
+        "POST /v1/traces or /v1/metrics: a signal-specific OTLP/HTTP endpoint is used unchanged, so append "
+        "/v1/traces yourself (e.g. vLLM --otlp-traces-endpoint http://HOST:4318/v1/traces)"
+    )
+    return status_response(404, _RPC_NOT_FOUND, message, media_type_of(request.headers.get("content-type")) or JSON)
+
+
 def _overloaded(exc: OverloadedError, media_type: str, *, closing: bool = False) -> Response:
     """429 when the queue is full; 503 while shutting down (another replica may take it)."""
     headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
@@ -480,6 +489,7 @@ def build_app(
         Route("/v1/metrics", _otlp_endpoint(ctx, "metrics"), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/", _wrong_otlp_path, methods=["POST"]),
     ]
     for module in [
         *_route_modules(route_modules, optional=False),

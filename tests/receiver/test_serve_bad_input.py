@@ -174,8 +174,11 @@ def test_huge_attribute_value_is_stored_bounded(running: Running) -> None:
     assert len(trace[0]["attributes"]["huge"]) <= 4096
 
 
-def test_wrong_method_and_empty_request(running: Running) -> None:
+def test_wrong_method_path_and_empty_request(running: Running) -> None:
     assert running.client.get("/v1/traces").status_code == 405
+    bare = running.client.post("/", content=_VALID, headers=_ct(PROTOBUF))  # vLLM given http://host:4318
+    assert bare.status_code == 404
+    assert "/v1/traces" in _status(bare).message
     empty = running.client.post("/v1/traces", content=b"", headers=_ct(PROTOBUF))
     assert empty.status_code == 200
 
