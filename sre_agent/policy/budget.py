@@ -36,7 +36,7 @@ class BudgetLimits:
     """Limits for one logical request; None means unlimited.
 
     Attributes:
-        max_attempts: attempts including the first, hedges and fallbacks.
+        max_attempts: HTTP attempts including the first, retries, hedges, fallbacks and tool turns.
         max_tokens: input plus output tokens over all attempts.
         max_usd: dollars over all attempts (needs pricing to be meaningful).
         deadline_s: seconds from the start of the request until an answer is useless.

@@ -148,7 +148,8 @@ class PolicyEngine:
         limits: per-request budget limits.
         fleet: a process-wide :class:`RetryBudget` shared by engines, or None.
         ledger: tool-call ledger (one per engine by default).
-        tools: name -> implementation; when given, tool calls are run and fed back (OpenAI chat format).
+        tools: name -> implementation; when given, tool calls are run through the ledger and fed back
+            as a new turn (OpenAI chat format only; other formats return the calls to the caller).
         read_only_tools: names of tools without side effects (may run again).
         verifier: text -> bool; a False verdict turns a success into ``invalid_output``.
         recovery: per-class recovery knobs.
@@ -296,7 +297,8 @@ class PolicyEngine:
             return outcome
         if outcome.cls is not OutcomeClass.SUCCESS:
             return outcome
-        if outcome.tool_calls and self.tools:
+        runs_tools = self.tools and self.targets[plan.target_index].provider_format == "openai-chat"
+        if outcome.tool_calls and runs_tools:
             messages: list[dict[str, Any]] = [
                 {
                     "role": "assistant",
