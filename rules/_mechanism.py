@@ -50,6 +50,8 @@ Z_MIN: Final[float] = 2.0
 Z_FULL: Final[float] = 5.0
 #: Fewest requests per side and per covariate bucket for a conditional comparison.
 MIN_BUCKET: Final[int] = 20
+#: Relative change of offered load per replica still counted as the same load.
+SAME_LOAD: Final[float] = 0.10
 #: Width (ratio) of a running-batch bucket: narrow enough that load-driven batch growth stays visible.
 RUNNING_BUCKET: Final[float] = 1.25
 #: Tokens per step must move by this factor (p90 or mean) to call the batch shape changed.
@@ -599,6 +601,66 @@ def other_spans_sql(comparison: Comparison) -> str:
     )"""
 
 
+# -------------------------------------------------------------- offered load
+def load_per_replica(comparison: Comparison, metrics: MetricView) -> tuple[SidePair, str]:
+    """Offered load per replica on each side, and its unit.
+
+    With engine spans on both sides: requests per second over the distinct
+    replicas serving them. Without: prompt + generation tokens per second
+    (counter deltas) over the replicas reporting the running gauge. A pair of
+    ``None`` when neither is known (no side can then be said to carry the same load).
+    """
+    counts = comparison.request_counts
+    frame = comparison.requests
+    if all(counts.get(s, 0) > 0 for s in SIDES) and frame.height:
+        rate = comparison.arrival_rate
+        replicas = [
+            side(frame, s).select(pl.coalesce("service_instance", "host_name").n_unique()).item() or 1 for s in SIDES
+        ]
+        if rate.baseline is not None and rate.candidate is not None:
+            return SidePair(rate.baseline / replicas[0], rate.candidate / replicas[1]), "requests/s per replica"
+    prompt, generated = metrics.counter_rate("prompt_tokens"), metrics.counter_rate("generation_tokens")
+    series = metrics.series_count("running_requests")
+    values: list[float | None] = []
+    for p, g, r in zip(
+        (prompt.baseline, prompt.candidate),
+        (generated.baseline, generated.candidate),
+        (series.baseline, series.candidate),
+        strict=True,
+    ):
+        values.append(None if p is None or g is None or not r else (p + g) / r)
+    return SidePair(values[0], values[1]), "tokens/s per replica (counters)"
+
+
+def service_time_queue_share(
+    comparison: Comparison, stages: StageDecomposition, regression: Regression, metrics: MetricView
+) -> float:
+    """Queue share of the tail excess that a slower engine step accounts for, else 0.
+
+    At the same offered load per replica (within 10 %) a longer service time
+    fills the slots and requests queue (Little's law), so a per-token slowdown
+    explains the queue as well; not when preemptions rose (KV pressure queues
+    requests itself) and not for per-token headlines (they hold no queue time).
+    """
+    if regression.metric in PER_TOKEN_METRICS:
+        return 0.0
+    queue = tail_shares(stages, regression, comparison).get("queue", 0.0)
+    if queue <= 0:
+        return 0.0
+    load, _ = load_per_replica(comparison, metrics)
+    if load.ratio is None or abs(load.ratio - 1.0) > SAME_LOAD:
+        return 0.0
+    preemptions = metrics.counter_delta("preemptions")
+    counts = comparison.request_counts
+    per_b, per_c = (
+        per_request(preemptions.baseline, counts["baseline"]),
+        per_request(preemptions.candidate, counts["candidate"]),
+    )
+    if per_b is not None and per_c is not None and per_c - per_b >= 0.002:
+        return 0.0
+    return queue
+
+
 __all__ = [
     "BATCH_SHAPE_FACTOR",
     "MIN_BUCKET",
@@ -614,6 +676,7 @@ __all__ = [
     "confined_slice",
     "engine_share",
     "headline_column",
+    "load_per_replica",
     "metric_hit_rate",
     "other_spans_sql",
     "per_request",
@@ -622,6 +685,7 @@ __all__ = [
     "require_both_sides",
     "rnd",
     "running_batch",
+    "service_time_queue_share",
     "side",
     "significance",
     "stage_share",

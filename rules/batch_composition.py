@@ -18,10 +18,11 @@ Signals:
 * running batch: ``vllm:num_requests_running`` gauge, else the mean number
   of requests running on the same replica (span overlap);
 * prefill share of processed tokens (prompt vs generation token counters),
-  arrival rate per replica and tokens per request, which must stay put: if
-  arrivals per replica changed by 15 % or more, bigger batches are ``load``'s
-  or ``capacity``'s doing; if work per request changed by 20 % or more,
-  ``traffic_mix``'s.
+  offered load per replica (requests/s from spans, else prompt + generation
+  tokens/s from the counters) and tokens per request, which must stay put: if
+  the load per replica changed by 15 % or more (or is unknown), bigger batches
+  are ``load``'s or ``capacity``'s doing; if work per request changed by 20 %
+  or more, ``traffic_mix``'s.
 
 ``explained`` (0..1): the engine stages' (queue + prefill + decode) share of
 the headline's tail excess x ``min(1, |ln(work-adjusted p99 ratio)| / ln 4)``
@@ -46,7 +47,16 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import batch_shape, clip01, engine_share, rnd, running_batch, side, tail_shares
+from sre_agent.rules._mechanism import (
+    batch_shape,
+    clip01,
+    engine_share,
+    load_per_replica,
+    rnd,
+    running_batch,
+    side,
+    tail_shares,
+)
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
 #: Arrival-rate change beyond which batch changes are load's doing.
@@ -73,7 +83,6 @@ def batch_composition(
     regression: Regression,
     metrics: MetricView,
     stages: StageDecomposition,
-    arrival_rate: SidePair,
 ) -> Finding | None:
     """A ``batch_composition`` finding when steps changed shape at the same load (see module docstring)."""
     frame = comparison.requests
@@ -84,13 +93,9 @@ def batch_composition(
         for s in ("baseline", "candidate")
     }
     work_pair = SidePair(*(float(v) if v is not None else None for v in work.values()))
-    replicas = {s: side(frame, s).select(pl.coalesce("service_instance", "host_name").n_unique()).item() or 1
-                for s in ("baseline", "candidate")}  # fmt: skip
-    per_replica = SidePair(
-        None if arrival_rate.baseline is None else arrival_rate.baseline / replicas["baseline"],
-        None if arrival_rate.candidate is None else arrival_rate.candidate / replicas["candidate"],
-    )
-    if _changed(per_replica.ratio, MAX_RATE_CHANGE) or _changed(work_pair.ratio, MAX_WORK_CHANGE):
+    load, load_unit = load_per_replica(comparison, metrics)
+    # Without a load measure on both sides nothing says the load stayed put: stay quiet.
+    if load.ratio is None or _changed(load.ratio, MAX_RATE_CHANGE) or _changed(work_pair.ratio, MAX_WORK_CHANGE):
         return None
     running = metrics.gauge("running_requests")
     running_how = "num_requests_running gauge, window mean"
@@ -101,10 +106,10 @@ def batch_composition(
         running_how = "requests running on the same replica (span overlap)"
     evidence = [
         Evidence(
-            "arrival_rate_rps_per_replica",
-            rnd(per_replica.baseline),
-            rnd(per_replica.candidate),
-            f"unchanged load; replicas {replicas['baseline']} -> {replicas['candidate']}",
+            "offered_load_per_replica",
+            rnd(load.baseline),
+            rnd(load.candidate),
+            f"{load_unit}: unchanged load",
         ),
         Evidence("tokens_per_request", rnd(work_pair.baseline, 1), rnd(work_pair.candidate, 1), "input + output"),
         Evidence("running_batch", rnd(running.baseline, 2), rnd(running.candidate, 2), running_how),

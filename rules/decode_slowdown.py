@@ -14,8 +14,10 @@ buckets) x prompt length (x4 buckets); buckets need 20 requests per side. The pe
 candidate's request counts as weights.
 
 ``explained`` (0..1): the decode stage's share of the headline's tail excess
-(1 for a TPOT/ITL headline) times the share of the raw log change of TPOT that
-remains at equal buckets (``conditional / raw``).
+(1 for a TPOT/ITL headline), plus the queue's share when the offered load per
+replica is unchanged and preemptions did not rise (slower steps then fill the
+slots and requests queue: Little's law), times the share of the raw log change
+of TPOT that remains at equal buckets (``conditional / raw``).
 
 ``confidence``: significance of the conditional change's z score x
 ``min(1, rise / 30 %)`` x bucket coverage (``min(1, covered share / 0.5)``),
@@ -35,7 +37,14 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import assess_slowdown, batch_shape, require_both_sides, stage_share, with_running
+from sre_agent.rules._mechanism import (
+    assess_slowdown,
+    batch_shape,
+    require_both_sides,
+    service_time_queue_share,
+    stage_share,
+    with_running,
+)
 from sre_agent.rules_api import Finding, Regression
 
 NEXT_CHECK: Final[str] = (
@@ -56,7 +65,8 @@ def decode_slowdown(
         frame,
         cost="tpot_s",
         unit="s/token",
-        share=stage_share(stages, "decode", regression, comparison),
+        share=stage_share(stages, "decode", regression, comparison)
+        + service_time_queue_share(comparison, stages, regression, metrics),
         batch=batch_shape(metrics, comparison.request_counts),
         running=running,
     )

@@ -22,7 +22,8 @@ with z >= 3 (many categories are tested, so the bar is higher than 2).
 ``(tail_share_c - tail_share_b) / (1 - tail_share_b)`` over requests at or
 above each side's quantile (root duration for root categories, the headline
 metric for engine categories); 0 when failing requests are not in the tail
-(fast rejections, truncations shorten latency).
+(fast rejections, truncations shorten latency). When the headline is the
+error rate itself (``error_rate``), ``explained`` is 1.
 
 ``confidence``: significance of z x ``min(1, rise / 0.05)``.
 Scope: the attribute value holding >= 70 % of the rise and 20 points more
@@ -142,7 +143,8 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
         return None
     moved.sort(key=lambda m: -m[0])
     confidence, label, _, _ = moved[0]
-    explained = max(m[3] for m in moved)
+    # When the headline is the failed share itself, a moved error share is the whole regression.
+    explained = 1.0 if regression.metric == "error_rate" else max(m[3] for m in moved)
     first = moved[0][2]
     return Finding(
         cause="errors",

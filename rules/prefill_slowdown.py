@@ -16,7 +16,9 @@ a log within buckets of running batch (at the request's scheduling, from span
 overlap) x uncached tokens (factor-4 buckets).
 
 ``explained`` (0..1): the prefill stage's share of the headline's tail
-excess times the share of the raw log change that remains at equal buckets.
+excess (plus the queue's share at unchanged load per replica without more
+preemptions, as in ``decode_slowdown``) times the share of the raw log change
+that remains at equal buckets.
 
 ``confidence``: as ``decode_slowdown`` (significance x effect size x coverage,
 x 0.4 when the step cap moved, x 0.25 when the uncached work per request changed), halved without any
@@ -39,6 +41,7 @@ from sre_agent.rules._mechanism import (
     batch_shape,
     metric_hit_rate,
     require_both_sides,
+    service_time_queue_share,
     stage_share,
     with_running,
 )
@@ -75,7 +78,8 @@ def prefill_slowdown(
         frame,
         cost="prefill_s_per_uncached_token",
         unit="s/token",
-        share=stage_share(stages, "prefill", regression, comparison),
+        share=stage_share(stages, "prefill", regression, comparison)
+        + service_time_queue_share(comparison, stages, regression, metrics),
         batch=batch_shape(metrics, comparison.request_counts),
         running=running,
     )
