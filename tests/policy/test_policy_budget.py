@@ -131,3 +131,24 @@ def test_hedge_delay_follows_the_latency_p95_once_twenty_attempts_were_seen() ->
     assert adaptive._hedge_delay("m") == 20.0  # p95 of 1..20 s (nearest rank)
     assert PolicyEngine([Target("http://x/v1", "m")], hedge_after_s=0.0)._hedge_delay("m") is None
     assert PolicyEngine([Target("http://x/v1", "m")], hedge_after_s=1.5)._hedge_delay("m") == 1.5
+
+
+def test_exhausted_lowers_the_effort_when_the_budget_cannot_pay_for_a_higher_cap() -> None:
+    import httpx
+    from policy_fakes import Fault, ScriptedTransport
+
+    from sre_agent.policy import ChatRequest, PolicyEngine, Target
+
+    clock = FakeClock()
+    transport = ScriptedTransport([Fault("truncate"), Fault("truncate"), Fault("ok")], clock)
+    engine = PolicyEngine(
+        [Target("http://fake/v1", "m")], BudgetLimits(max_attempts=5, max_tokens=1500), clock=clock, sleep=clock.sleep
+    )
+    with httpx.Client(transport=transport) as client:
+        result = engine.run(client, ChatRequest(({"role": "user", "content": "x"},), 1000, reasoning_effort="high"))
+    sent = [(r["max_completion_tokens"], r.get("reasoning_effort")) for r in transport.requests]
+    assert sent[0] == (1000, "high")
+    assert sent[1][1] == "medium"  # cap could not be raised: ~480 tokens were left
+    assert len(sent) == 2  # exhausted twice: recovered once, then stopped
+    assert not result.usable
+    assert result.tokens <= 1500
