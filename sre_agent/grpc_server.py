@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
+from sre_agent.auth import authenticate, bearer_token
 from sre_agent.errors import BadPayloadError, OverloadedError, StoreError
 from sre_agent.receiver import PROTOBUF, decode_payload, export_response_bytes, table_for_signal
-from sre_agent.server import authenticate
 
 if TYPE_CHECKING:
     from sre_agent.server import ApiContext
@@ -72,7 +72,7 @@ def _export_handler(ctx: ApiContext, signal: str) -> Callable[[bytes, grpc.Servi
 
     def _export(request: bytes, context: grpc.ServicerContext) -> bytes:
         metadata = {key.lower(): value for key, value in context.invocation_metadata() if isinstance(value, str)}
-        principal = authenticate(ctx.config, _bearer_from(metadata))
+        principal = authenticate(ctx.config, bearer_token(metadata))
         if principal is None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         elif principal.tenant is not None:
@@ -111,11 +111,6 @@ def _export_handler(ctx: ApiContext, signal: str) -> Callable[[bytes, grpc.Servi
             raise AssertionError("unreachable") from exc
 
     return export
-
-
-def _bearer_from(metadata: dict[str, str]) -> str | None:
-    scheme, _, token = metadata.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def _identity(payload: bytes) -> bytes:

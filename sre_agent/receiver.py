@@ -21,11 +21,12 @@ import contextlib
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from sre_agent.errors import OverloadedError, SreAgentError, StoreError
+from sre_agent.errors import BadPayloadError, OverloadedError, PayloadTooLargeError, SreAgentError, StoreError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "JSON",
     "PROTOBUF",
+    "GzipInflater",
     "ReceiverStats",
     "Writer",
     "decode_payload",
@@ -506,3 +508,39 @@ def decode_payload(signal: str, body: bytes, media_type: str, normaliser: Normal
     if signal == "traces":
         return otlp.decode_traces(body, media_type, normaliser=normaliser)
     return otlp.decode_metrics(body, media_type, normaliser=normaliser)
+
+
+class GzipInflater:
+    """Incremental gzip decoding (multi-member too) that never produces more than ``max_bytes``."""
+
+    def __init__(self, max_bytes: int, too_large: PayloadTooLargeError) -> None:
+        self._max_bytes = max_bytes
+        self._too_large = too_large
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._out: list[bytes] = []
+        self._size = 0
+
+    def _keep(self, piece: bytes) -> None:
+        self._size += len(piece)
+        if self._size > self._max_bytes:
+            raise self._too_large
+        self._out.append(piece)
+
+    def feed(self, data: bytes) -> None:
+        try:
+            while data:
+                if self._inflater.eof:  # another gzip member follows
+                    self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._keep(self._inflater.decompress(data, self._max_bytes - self._size + 1))
+                data = self._inflater.unconsumed_tail or self._inflater.unused_data
+        except zlib.error as exc:
+            raise BadPayloadError(f"corrupt gzip body: {exc}") from exc
+
+    def finish(self) -> bytes:
+        try:
+            self._keep(self._inflater.flush())
+        except zlib.error as exc:
+            raise BadPayloadError(f"corrupt gzip body: {exc}") from exc
+        if not self._inflater.eof:
+            raise BadPayloadError("truncated gzip body")
+        return b"".join(self._out)

@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import hmac
 import importlib
 import logging
 import signal
 import socket
 import threading
-import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -37,10 +34,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sre_agent.auth import CURRENT_PRINCIPAL, authenticate, bearer_token
 from sre_agent.config import Config
 from sre_agent.errors import BadPayloadError, OverloadedError, PayloadTooLargeError, StoreError
 from sre_agent.receiver import (
     JSON,
+    GzipInflater,
     ReceiverStats,
     Writer,
     decode_payload,
@@ -96,44 +95,6 @@ class _Unset:
 UNSET: Final = _Unset()
 
 
-@dataclass(frozen=True)
-class Principal:
-    """Who made the request: an admin (``tenant`` None) or a tenant-scoped reader."""
-
-    tenant: str | None
-
-
-# Set by the auth middleware for the duration of one request; copied into the
-# worker threads Starlette runs sync endpoints in.
-_PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("sre_agent_principal", default=None)
-
-
-def _bearer(headers: Any) -> str | None:
-    value = headers.get("authorization")
-    if not value:
-        return None
-    scheme, _, token = str(value).partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def authenticate(config: Config, token: str | None) -> Principal | None:
-    """Map a bearer token to a principal; None when auth is on and the token is unknown.
-
-    Auth is off (everyone is admin) when neither ``config.token`` nor
-    ``config.tenant_tokens`` is set.
-    """
-    if not config.token and not config.tenant_tokens:
-        return Principal(tenant=None)
-    if token is None:
-        return None
-    if config.token and hmac.compare_digest(token.encode(), config.token.encode()):
-        return Principal(tenant=None)
-    for candidate, tenant in config.tenant_tokens.items():
-        if hmac.compare_digest(token.encode(), candidate.encode()):
-            return Principal(tenant=tenant)
-    return None
-
-
 def _sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -185,7 +146,7 @@ class ApiContext:
         Raises:
             HTTPException: 401 when auth is on and the token is missing or unknown.
         """
-        principal = request.scope.get("sre_agent.principal") or authenticate(self.config, _bearer(request.headers))
+        principal = request.scope.get("sre_agent.principal") or authenticate(self.config, bearer_token(request.headers))
         if principal is None:
             raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
         return principal.tenant
@@ -207,7 +168,7 @@ class ApiContext:
         unscoped; when tenant tokens are configured an implicit call there
         is refused rather than silently unscoped.
         """
-        principal = _PRINCIPAL.get()
+        principal = CURRENT_PRINCIPAL.get()
         effective: str | None
         if principal is not None and principal.tenant is not None:
             if not isinstance(tenant, _Unset) and tenant != principal.tenant:
@@ -263,7 +224,7 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        principal = authenticate(self.config, _bearer(headers))
+        principal = authenticate(self.config, bearer_token(headers))
         is_otlp = scope["path"].startswith("/v1/")
         if principal is None or (principal.tenant is not None and (is_otlp or scope["path"] == "/metrics")):
             code, rpc, message = (
@@ -280,11 +241,11 @@ class AuthMiddleware:
             await response(scope, receive, send)
             return
         scope["sre_agent.principal"] = principal
-        token = _PRINCIPAL.set(principal)
+        token = CURRENT_PRINCIPAL.set(principal)
         try:
             await self.app(scope, receive, send)
         finally:
-            _PRINCIPAL.reset(token)
+            CURRENT_PRINCIPAL.reset(token)
 
 
 # -- OTLP/HTTP ------------------------------------------------------------------
@@ -324,7 +285,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
                 raise too_large
             parts.append(chunk)
         return b"".join(parts)
-    gunzip = _Gunzip(max_bytes, too_large)
+    gunzip = GzipInflater(max_bytes, too_large)
     compressed = 0
     async for chunk in request.stream():
         compressed += len(chunk)
@@ -332,42 +293,6 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise too_large
         gunzip.feed(chunk)
     return gunzip.finish()
-
-
-class _Gunzip:
-    """Incremental gzip decoding (multi-member too) that never produces more than ``max_bytes``."""
-
-    def __init__(self, max_bytes: int, too_large: PayloadTooLargeError) -> None:
-        self._max_bytes = max_bytes
-        self._too_large = too_large
-        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        self._out: list[bytes] = []
-        self._size = 0
-
-    def _keep(self, piece: bytes) -> None:
-        self._size += len(piece)
-        if self._size > self._max_bytes:
-            raise self._too_large
-        self._out.append(piece)
-
-    def feed(self, data: bytes) -> None:
-        try:
-            while data:
-                if self._inflater.eof:  # another gzip member follows
-                    self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                self._keep(self._inflater.decompress(data, self._max_bytes - self._size + 1))
-                data = self._inflater.unconsumed_tail or self._inflater.unused_data
-        except zlib.error as exc:
-            raise BadPayloadError(f"corrupt gzip body: {exc}") from exc
-
-    def finish(self) -> bytes:
-        try:
-            self._keep(self._inflater.flush())
-        except zlib.error as exc:
-            raise BadPayloadError(f"corrupt gzip body: {exc}") from exc
-        if not self._inflater.eof:
-            raise BadPayloadError("truncated gzip body")
-        return b"".join(self._out)
 
 
 def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitable[Response]]:
