@@ -12,12 +12,20 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 from sre_agent.canary import CanarySpec, QuantileEstimate, QuantileNeed, SideStats
 from sre_agent.compare import SIDES, Comparison, SideWindow, filter_sql, resolve_windows
-from sre_agent.sequential import histogram_quantile_cs, point_rank, quantile_cs_ranks
+from sre_agent.sequential import (
+    DESIGN_EFFECT_SLICES,
+    DESIGN_EFFECT_STEPS,
+    design_effect,
+    design_effect_step,
+    histogram_quantile_cs,
+    point_rank,
+    quantile_cs_ranks,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -68,13 +76,23 @@ _FILLABLE = (
 
 
 class _Sources:
-    """The two ways to read the selected engine spans, both with columns ``side`` and the latencies."""
+    """The two ways to read the selected engine spans: columns ``side``, ``slice`` and the latencies.
+
+    ``slice`` (0..19) is the request's time slice within its side's window,
+    over which the design effect is estimated.
+    """
 
     def __init__(self, comparison: Comparison, windows: tuple[SideWindow, SideWindow]) -> None:
         b, c = windows
         self.comparison = comparison
         self.side = f"CASE WHEN {b.predicate()} THEN 'baseline' WHEN {c.predicate()} THEN 'candidate' END"
         self.where = f"is_engine AND ({b.predicate()} OR {c.predicate()}) AND {filter_sql(comparison.selection)}"
+        k = DESIGN_EFFECT_SLICES
+        self.slice = (
+            f"least({k - 1}, CAST(floor(CASE side WHEN 'baseline' THEN (start_ns - {b.start_ns}) * {k}.0 / "
+            f"{max(1, b.end_ns - b.start_ns)} ELSE (start_ns - {c.start_ns}) * {k}.0 / "
+            f"{max(1, c.end_ns - c.start_ns)} END) AS INTEGER))"
+        )
 
     def predicted_counts(self) -> dict[str, dict[str, int]]:
         """side -> stored non-null values per latency column (a cheap scan): the expected counts."""
@@ -92,37 +110,58 @@ class _Sources:
     def stored(self) -> str:
         """The stored latencies, validated, plus a ``fillable`` flag (see ``_FILLABLE``)."""
         validated = ", ".join(f"{_valid(col)} AS {col}" for col in sorted(set(SPAN_COLUMN.values())))
-        return (
-            f"(SELECT {self.side} AS side, status_code, error_type, {validated}, ({_FILLABLE}) AS fillable "
-            f"FROM spans WHERE {self.where})"
+        inner = (
+            f"SELECT {self.side} AS side, start_ns, status_code, error_type, {validated}, ({_FILLABLE}) AS fillable "
+            f"FROM spans WHERE {self.where}"
         )
+        return f"(SELECT *, {self.slice} AS slice FROM ({inner}))"
 
-    def derived(self, columns: str = "status_code, error_type, ttft_s, tpot_s, e2e_s, queue_s") -> str:
+    def derived(self) -> str:
         """compare's derived engine spans, with a constant ``fillable = false``."""
-        return self.comparison.engine_sql(f"side, {columns}, FALSE AS fillable")
+        inner = self.comparison.engine_sql(
+            "side, start_ns, status_code, error_type, ttft_s, tpot_s, e2e_s, queue_s, FALSE AS fillable"
+        )
+        return f"(SELECT *, {self.slice} AS slice FROM {inner})"
+
+
+@dataclass(frozen=True)
+class _Found:
+    """One need's order statistics for every design-effect step."""
+
+    column: str
+    n: int
+    estimate: float
+    bounds: dict[float, tuple[float, float]]
+
+    def at(self, step: float) -> QuantileEstimate:
+        lo, hi = self.bounds[step]
+        return QuantileEstimate(self.n, self.estimate, lo, hi, design_effect=step)
 
 
 class _Plan:
     """The order statistics a set of needs asks for, given each side's (expected) value counts.
 
-    Both sides share one ``quantile_disc`` fraction list per column (the
-    union of theirs), so a single ``GROUP BY side`` scan answers them all;
-    each side then reads only its own fractions.
+    For each need: the point estimate and the confidence-sequence bounds at
+    every design-effect step, so that the step chosen after the slice scan
+    needs no further scan. Both sides share one ``quantile_disc`` fraction
+    list per column (the union of theirs), so a single ``GROUP BY side``
+    answers them all; each side then reads only its own fractions.
     """
 
     def __init__(self, needs: list[QuantileNeed], counts: dict[str, dict[str, int]]) -> None:
         self.counts = counts
         ranks: dict[str, set[tuple[str, int]]] = {}  # column -> {(side, rank)}
-        self.spots: dict[tuple[str, str], tuple[str, int, int | None, int | None, int]] = {}
+        self.spots: dict[tuple[str, str], tuple[str, int, int, dict[float, tuple[int | None, int | None]]]] = {}
         for need in needs:
             column = SPAN_COLUMN[need.metric]
             n = counts[need.side][f"n_{column}"]
             if n == 0:
                 continue
-            lower, upper = quantile_cs_ranks(n, need.quantile, need.alpha)
             point = point_rank(n, need.quantile)
-            ranks.setdefault(column, set()).update((need.side, r) for r in (lower, upper, point) if r is not None)
-            self.spots[(need.side, need.key)] = (column, n, lower, upper, point)
+            steps = {d: quantile_cs_ranks(n, need.quantile, need.alpha, design_effect=d) for d in DESIGN_EFFECT_STEPS}
+            wanted = {point} | {r for pair in steps.values() for r in pair if r is not None}
+            ranks.setdefault(column, set()).update((need.side, r) for r in wanted)
+            self.spots[(need.side, need.key)] = (column, n, point, steps)
         self.order = [(column, sorted(r)) for column, r in sorted(ranks.items())]
 
     def aggregates(self) -> list[str]:
@@ -133,51 +172,56 @@ class _Plan:
             out.append(f"quantile_disc({column}, [{fractions}])")
         return out
 
-    def estimates(
+    def found(
         self, results: dict[str, tuple[Any, ...]], exact: dict[str, dict[str, int]]
-    ) -> dict[tuple[str, str], QuantileEstimate | None]:
-        """(side, need key) -> estimate, or ``None`` where the expected count was wrong."""
+    ) -> dict[tuple[str, str], _Found | None]:
+        """(side, need key) -> order statistics, or ``None`` where the expected count was wrong."""
         values: dict[tuple[str, str, int], float] = {}
         for side, row in results.items():
             for (column, wanted), result in zip(self.order, row, strict=True):
                 for (want_side, k), v in zip(wanted, result or [], strict=False):
                     if want_side == side:
                         values[(side, column, k)] = float(v)
-        out: dict[tuple[str, str], QuantileEstimate | None] = {}
-        for (side, key), (column, n, lower, upper, point) in self.spots.items():
+        out: dict[tuple[str, str], _Found | None] = {}
+        for (side, key), (column, n, point, steps) in self.spots.items():
             if exact[side][f"n_{column}"] != n:
                 out[(side, key)] = None
                 continue
-            out[(side, key)] = QuantileEstimate(
-                n,
-                values[(side, column, point)],
-                values[(side, column, lower)] if lower is not None else 0.0,
-                values[(side, column, upper)] if upper is not None else math.inf,
-            )
+            bounds = {
+                d: (
+                    values[(side, column, lower)] if lower is not None else 0.0,
+                    values[(side, column, upper)] if upper is not None else math.inf,
+                )
+                for d, (lower, upper) in steps.items()
+            }
+            out[(side, key)] = _Found(column, n, values[(side, column, point)], bounds)
         return out
 
 
-def _scan(
-    con: duckdb.DuckDBPyConnection, spec: CanarySpec, plan: _Plan, source: str
-) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], QuantileEstimate | None], bool]:
-    """One ``GROUP BY side`` scan: per-side counts, the plan's order statistics, and whether any row was fillable."""
-    columns = sorted(set(SPAN_COLUMN.values()))
+def _good_sql(spec: CanarySpec) -> str:
     good = [f"NOT {_ERROR}"]
     for s in spec.latency_slos:
         assert s.metric is not None
         good.append(f"coalesce({SPAN_COLUMN[s.metric]} <= {float(s.threshold)!r}, TRUE)")
+    return " AND ".join(good)
+
+
+def _scan(
+    con: duckdb.DuckDBPyConnection, spec: CanarySpec, plan: _Plan, source: str
+) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], _Found | None], bool]:
+    """One ``GROUP BY side`` scan: per-side counts, the plan's order statistics, and whether any row was fillable."""
+    columns = sorted(set(SPAN_COLUMN.values()))
     names = ["requests", "errors", "good", *(f"n_{c}" for c in columns)]
     selects = [
         "count(*)",
         f"count(*) FILTER (WHERE {_ERROR})",
-        f"count(*) FILTER (WHERE {' AND '.join(good)})",
+        f"count(*) FILTER (WHERE {_good_sql(spec)})",
         *(f"count({c})" for c in columns),
         "bool_or(fillable)",
         *plan.aggregates(),
     ]
-    rows = con.execute(
-        f"SELECT side, {', '.join(selects)} FROM {source} WHERE side IS NOT NULL GROUP BY side"
-    ).fetchall()
+    sql = f"SELECT side, {', '.join(selects)} FROM {source} WHERE side IS NOT NULL GROUP BY side"
+    rows = con.execute(sql).fetchall()
     counts: dict[str, dict[str, int]] = {side: dict.fromkeys(names, 0) for side in SIDES}
     results: dict[str, tuple[Any, ...]] = {}
     fillable = False
@@ -185,7 +229,32 @@ def _scan(
         counts[row[0]] = {name: int(v or 0) for name, v in zip(names, row[1:], strict=False)}
         fillable = fillable or bool(row[1 + len(names)])
         results[row[0]] = tuple(row[2 + len(names) :])
-    return counts, plan.estimates(results, counts), fillable
+    return counts, plan.found(results, counts), fillable
+
+
+def _design_effects(
+    con: duckdb.DuckDBPyConnection, spec: CanarySpec, source: str, found: dict[tuple[str, str], _Found]
+) -> dict[tuple[str, str], float]:
+    """Design effect per (side, need key) and per (side, ``#errors``/``#good``), from one per-slice scan."""
+    cases: list[tuple[tuple[str, str], str]] = []  # (side, key) -> rows that count as hits
+    sized: list[tuple[tuple[str, str], str]] = []  # (side, key) -> rows that count at all
+    for name in SIDES:
+        cases += [
+            ((name, "#errors"), f"side = '{name}' AND {_ERROR}"),
+            ((name, "#good"), f"side = '{name}' AND {_good_sql(spec)}"),
+        ]
+        sized += [((name, "#errors"), f"side = '{name}'"), ((name, "#good"), f"side = '{name}'")]
+    for (side_name, need_key), f in found.items():
+        cases.append(((side_name, need_key), f"side = '{side_name}' AND {f.column} > {f.estimate!r}"))
+        sized.append(((side_name, need_key), f"side = '{side_name}' AND {f.column} IS NOT NULL"))
+    selects = [f"count(*) FILTER (WHERE {cond})" for _, cond in sized + cases]
+    rows = con.execute(f"SELECT slice, {', '.join(selects)} FROM {source} GROUP BY slice").fetchall()
+    out: dict[tuple[str, str], float] = {}
+    for i, (case, _) in enumerate(cases):
+        sizes = [row[1 + i] for row in rows]
+        hits = [row[1 + len(sized) + i] for row in rows]
+        out[case] = design_effect_step(design_effect(sizes, hits))
+    return out
 
 
 def _source(metric: str, counts: dict[str, dict[str, int]], comparison: Comparison) -> str:
@@ -230,20 +299,24 @@ def gather(
     needs = spec.quantile_needs()
     metric_source = {m: _source(m, expected, comparison) for m in {n.metric for n in needs}}
     span_needs = [n for n in needs if metric_source[n.metric] == "spans"]
-    counts, found, fillable = _scan(con, spec, _Plan(span_needs, expected), sources.stored())
+    source = sources.stored()
+    counts, found, fillable = _scan(con, spec, _Plan(span_needs, expected), source)
     if fillable:  # some latency must be derived: read compare's derived spans instead
-        counts, found, _ = _scan(con, spec, _Plan(span_needs, expected), sources.derived())
+        source = sources.derived()
+        counts, found, _ = _scan(con, spec, _Plan(span_needs, expected), source)
     missed = [n for n in span_needs if found.get((n.side, n.key)) is None]
     if missed:  # the expected counts were off (malformed or derived values): ask again with the exact ones
-        _, again, _ = _scan(con, spec, _Plan(missed, counts), sources.stored() if not fillable else sources.derived())
+        _, again, _ = _scan(con, spec, _Plan(missed, counts), source)
         found.update(again)
-    estimates: dict[tuple[str, str], QuantileEstimate] = {k: v for k, v in found.items() if v is not None}
+    complete = {k: v for k, v in found.items() if v is not None}
+    effects = _design_effects(con, spec, source, complete)
+    estimates = {k: v.at(effects[k]) for k, v in complete.items()}
     for need in needs:
         if metric_source[need.metric] != "spans":
             estimates[(need.side, need.key)] = _histogram_quantile(comparison, need, metric_source[need.metric])
-    for metric, source in metric_source.items():
-        if source != "spans":
-            notes.append(f"{metric} read from the {source} histogram (bucket edges widen its CI)")
+    for metric, origin in metric_source.items():
+        if origin != "spans":
+            notes.append(f"{metric} read from the {origin} histogram (bucket edges widen its CI)")
     sides: list[SideStats] = []
     for window in (baseline_w, candidate_w):
         c = counts[window.side]
@@ -254,6 +327,8 @@ def gather(
                 errors=c["errors"],
                 good=c["good"] if spec.latency_slos else None,
                 quantiles=quantiles,
+                error_design_effect=effects[(window.side, "#errors")],
+                good_design_effect=effects[(window.side, "#good")],
                 window=replace(window, requests=c["requests"]).describe(selection),
             )
         )

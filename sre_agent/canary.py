@@ -56,7 +56,14 @@ from sre_agent.canary_spec import (
     parse_max_regression,
     parse_slo,
 )
-from sre_agent.sequential import point_rank, proportion_cs, quantile_cs_ranks
+from sre_agent.sequential import (
+    DESIGN_EFFECT_SLICES,
+    design_effect,
+    design_effect_step,
+    point_rank,
+    proportion_cs,
+    quantile_cs_ranks,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -81,6 +88,7 @@ __all__ = [
     "parse_slo",
     "quantile_estimate",
     "render",
+    "stream_quantile_estimate",
     "verdict_from_dict",
 ]
 
@@ -102,6 +110,7 @@ class QuantileEstimate:
         lo / hi: the confidence-sequence bounds; ``0`` and ``inf`` when
             there are too few values to bound that side.
         source: ``spans`` or the histogram metric it came from.
+        design_effect: the time-correlation allowance applied (1 = none).
     """
 
     n: int
@@ -109,20 +118,44 @@ class QuantileEstimate:
     lo: float
     hi: float
     source: str = "spans"
+    design_effect: float = 1.0
 
 
-def quantile_estimate(sorted_values: Sequence[float], p: float, alpha: float) -> QuantileEstimate:
+def quantile_estimate(
+    sorted_values: Sequence[float], p: float, alpha: float, design_effect: float = 1.0
+) -> QuantileEstimate:
     """The estimate and confidence sequence of the p-quantile from ascending values (pure)."""
     n = len(sorted_values)
     if n == 0:
         return QuantileEstimate(0, None, 0.0, math.inf)
-    lower, upper = quantile_cs_ranks(n, p, alpha)
+    lower, upper = quantile_cs_ranks(n, p, alpha, design_effect=design_effect)
     return QuantileEstimate(
         n,
         float(sorted_values[point_rank(n, p) - 1]),
         float(sorted_values[lower - 1]) if lower is not None else 0.0,
         float(sorted_values[upper - 1]) if upper is not None else math.inf,
+        design_effect=design_effect,
     )
+
+
+def stream_quantile_estimate(values: Sequence[float], p: float, alpha: float) -> QuantileEstimate:
+    """As the store path computes it, from values in arrival order (pure; used by tests and simulations).
+
+    The design effect comes from :data:`DESIGN_EFFECT_SLICES` consecutive,
+    equal slices of the stream: how much the exceedances of the point
+    estimate cluster in time.
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return QuantileEstimate(0, None, 0.0, math.inf)
+    estimate = ordered[point_rank(n, p) - 1]
+    k = min(DESIGN_EFFECT_SLICES, n)
+    bounds = [n * j // k for j in range(k + 1)]
+    sizes = [bounds[j + 1] - bounds[j] for j in range(k)]
+    hits = [sum(1 for v in values[bounds[j] : bounds[j + 1]] if v > estimate) for j in range(k)]
+    step = design_effect_step(design_effect(sizes, hits))
+    return quantile_estimate(ordered, p, alpha, step)
 
 
 @dataclass(frozen=True)
@@ -136,6 +169,8 @@ class SideStats:
             when no latency SLO was given).
         quantiles: check key (see :meth:`CanarySpec.quantile_needs`) -> estimate.
         window: the side's description for the report (start, end, filter).
+        error_design_effect / good_design_effect: time-correlation
+            allowances for the error and goodput shares (1 = none).
     """
 
     requests: int
@@ -143,6 +178,8 @@ class SideStats:
     good: int | None = None
     quantiles: Mapping[str, QuantileEstimate] = field(default_factory=dict)
     window: Mapping[str, Any] = field(default_factory=dict)
+    error_design_effect: float = 1.0
+    good_design_effect: float = 1.0
 
 
 # --------------------------------------------------------------- verdict
@@ -161,6 +198,7 @@ class CheckResult:
     n_baseline: int
     n_candidate: int
     unit: str
+    design_effect: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form; infinite bounds become ``null``."""
@@ -176,6 +214,7 @@ class CheckResult:
             "n_baseline": self.n_baseline,
             "n_candidate": self.n_candidate,
             "unit": self.unit,
+            "design_effect": self.design_effect,
         }
 
 
@@ -243,6 +282,7 @@ def verdict_from_dict(data: Mapping[str, Any]) -> Verdict:
                 n_baseline=int(c.get("n_baseline", 0)),
                 n_candidate=int(c.get("n_candidate", 0)),
                 unit=c.get("unit", "s"),
+                design_effect=float(c.get("design_effect", 1.0)),
             )
         )
     return Verdict(
@@ -283,6 +323,10 @@ def _decide(lo: float, hi: float, limit: float, upper_is_bad: bool) -> Status:
     return "fail" if hi < limit else "pass" if lo >= limit else "inconclusive"
 
 
+def _deff_note(deff: float) -> str:
+    return f" (CI widened x{deff:g} for time-correlated requests)" if deff > 1 else ""
+
+
 def _few(name: str, n: int, side: str, spec: CanarySpec) -> str:
     return f"{name}: {side} has {n} values, fewer than the minimum {spec.min_samples}; no decision yet"
 
@@ -313,8 +357,9 @@ def _absolute_quantile(s: SloSpec, base: SideStats, cand: SideStats, spec: Canar
             reason = f"{s.name}: CI {_fmt(c.lo, 's')}–{_fmt(c.hi, 's')} straddles the SLO {_fmt(s.threshold, 's')}"
     if c.source != "spans":
         reason += f" [from {c.source}]"
+    reason += _deff_note(c.design_effect)
     return CheckResult(**row, baseline=b_est, candidate=c.estimate, ci=ci, status=status,  # type: ignore[arg-type]
-                       reason=reason, n_baseline=n_b, n_candidate=c.n)  # fmt: skip
+                       reason=reason, n_baseline=n_b, n_candidate=c.n, design_effect=c.design_effect)  # fmt: skip
 
 
 def _rate(s: SloSpec, base: SideStats, cand: SideStats, spec: CanarySpec) -> CheckResult:
@@ -336,7 +381,8 @@ def _rate(s: SloSpec, base: SideStats, cand: SideStats, spec: CanarySpec) -> Che
         return CheckResult(**row, baseline=b_rate, candidate=None, ci=None, status="nodata",  # type: ignore[arg-type]
                            reason=f"{s.name}: {why}", n_baseline=base.requests, n_candidate=cand.requests)  # fmt: skip
     hits, n = c
-    lo, hi = proportion_cs(hits, n, spec.check_alpha, prior_mean=s.threshold)
+    deff = cand.error_design_effect if is_error else cand.good_design_effect
+    lo, hi = proportion_cs(hits / deff, n / deff, spec.check_alpha, prior_mean=s.threshold)
     if n < spec.min_samples:
         status: Status = "inconclusive"
         reason = _few(s.name, n, "candidate", spec)
@@ -346,10 +392,10 @@ def _rate(s: SloSpec, base: SideStats, cand: SideStats, spec: CanarySpec) -> Che
         bound = "at most" if is_error else "at least"
         reason = (
             f"{s.name}: candidate {_fmt(hits / n, '')} (CI {_fmt(lo, '')}–{_fmt(hi, '')}, {hits}/{n}) "
-            f"{word} the SLO {bound} {_fmt(s.threshold, '')}"
+            f"{word} the SLO {bound} {_fmt(s.threshold, '')}{_deff_note(deff)}"
         )
     return CheckResult(**row, baseline=b_rate, candidate=hits / n, ci=(lo, hi), status=status,  # type: ignore[arg-type]
-                       reason=reason, n_baseline=base.requests, n_candidate=n)  # fmt: skip
+                       reason=reason, n_baseline=base.requests, n_candidate=n, design_effect=deff)  # fmt: skip
 
 
 def _relative(r: RegressionSpec, base: SideStats, cand: SideStats, spec: CanarySpec) -> CheckResult:
@@ -380,8 +426,10 @@ def _relative(r: RegressionSpec, base: SideStats, cand: SideStats, spec: CanaryS
             f"{_fmt(ratio_hi, 'ratio')}; {_fmt(c_est, 's')} vs {_fmt(b_est, 's')}) is {word} "
             f"the allowed +{r.max_increase * 100:.0f}%"
         )
+    deff = max(b.design_effect, c.design_effect)
     return CheckResult(**row, baseline=b_est, candidate=c_est, ci=ci, status=status,  # type: ignore[arg-type]
-                       reason=reason, n_baseline=n_b, n_candidate=n_c)  # fmt: skip
+                       reason=reason + _deff_note(deff), n_baseline=n_b, n_candidate=n_c,
+                       design_effect=deff)  # fmt: skip
 
 
 def judge(spec: CanarySpec, baseline: SideStats, candidate: SideStats) -> Verdict:

@@ -40,13 +40,12 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
-from sre_agent.canary import QuantileEstimate, SideStats, judge
+from sre_agent.canary import QuantileEstimate, SideStats, judge, stream_quantile_estimate
 from sre_agent.canary_spec import CanarySpec
-from sre_agent.sequential import point_rank, quantile_cs_ranks
+from sre_agent.sequential import point_rank
 
 BLOCK = 50
 TRAFFIC = (100, 1000, 10_000)
@@ -103,28 +102,23 @@ def replay_populations(scenario: str, seeds: int) -> tuple[Population, Populatio
     return Population(tuple(sides[0])), Population(tuple(sides[1]))
 
 
-@cache
-def _ranks(n: int, p: float, alpha: float) -> tuple[int | None, int | None, int]:
-    lower, upper = quantile_cs_ranks(n, p, alpha)
-    return lower, upper, point_rank(n, p)
-
-
-def _naive_ranks(n: int, p: float) -> tuple[int | None, int | None, int]:
+def _naive(values: np.ndarray) -> QuantileEstimate:
+    """A fixed-n 95 % interval for p99 (normal approximation to the binomial ranks)."""
+    s = np.sort(values)
+    n, p = len(s), 0.99
     half = 1.96 * math.sqrt(n * p * (1 - p))
-    lower = math.floor(n * p - half)
-    upper = math.ceil(n * p + half) + 1
-    return (lower if lower >= 1 else None), (upper if upper <= n else None), point_rank(n, p)
+    lower, upper = math.floor(n * p - half), math.ceil(n * p + half) + 1
+    return QuantileEstimate(
+        n,
+        float(s[point_rank(n, p) - 1]),
+        float(s[lower - 1]) if lower >= 1 else 0.0,
+        float(s[upper - 1]) if upper <= n else math.inf,
+    )
 
 
 def _estimate(values: np.ndarray, alpha: float, naive: bool) -> QuantileEstimate:
-    s = np.sort(values)
-    lower, upper, point = _naive_ranks(len(s), 0.99) if naive else _ranks(len(s), 0.99, alpha)
-    return QuantileEstimate(
-        len(s),
-        float(s[point - 1]),
-        float(s[lower - 1]) if lower is not None else 0.0,
-        float(s[upper - 1]) if upper is not None else math.inf,
-    )
+    # The gate's own rule (confidence sequence with the design effect estimated over time slices).
+    return _naive(values) if naive else stream_quantile_estimate(values.tolist(), 0.99, alpha)
 
 
 def poll_verdicts(spec: CanarySpec, base: np.ndarray, cand: np.ndarray, polls: int, naive: bool = False) -> list[str]:

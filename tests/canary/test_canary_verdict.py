@@ -178,8 +178,8 @@ def test_evaluate_passes_an_unchanged_version_and_reads_exact_order_statistics(t
             "SELECT ttft_s FROM spans WHERE service_version = 'v2'").fetchall())  # fmt: skip
     assert verdict.verdict == "pass", verdict.reasons
     assert verdict.score == 100
-    expected = quantile_estimate(ttft, 0.99, spec.check_alpha)
     (ttft_check,) = (c for c in verdict.slos if c.name == "ttft_p99")
+    expected = quantile_estimate(ttft, 0.99, spec.check_alpha, ttft_check.design_effect)
     assert ttft_check.candidate == pytest.approx(expected.estimate)
     assert ttft_check.ci == pytest.approx((expected.lo, expected.hi))
 
@@ -309,8 +309,8 @@ def test_derived_and_malformed_latencies_match_compare(tmp_path: Path) -> None:
             for (v,) in con.execute("SELECT ttft_s FROM spans WHERE service_version = 'v2' AND ttft_s >= 0").fetchall()
         )
     e2e_check, ttft_check = verdict.slos
-    expected_e2e = quantile_estimate(durations, 0.99, spec.check_alpha)
-    expected_ttft = quantile_estimate(valid_ttft, 0.9, spec.check_alpha)
+    expected_e2e = quantile_estimate(durations, 0.99, spec.check_alpha, e2e_check.design_effect)
+    expected_ttft = quantile_estimate(valid_ttft, 0.9, spec.check_alpha, ttft_check.design_effect)
     assert e2e_check.n_candidate == 2000
     assert e2e_check.candidate == pytest.approx(expected_e2e.estimate)
     assert e2e_check.ci == pytest.approx((expected_e2e.lo, expected_e2e.hi))
