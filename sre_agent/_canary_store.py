@@ -236,24 +236,26 @@ def _design_effects(
     con: duckdb.DuckDBPyConnection, spec: CanarySpec, source: str, found: dict[tuple[str, str], _Found]
 ) -> dict[tuple[str, str], float]:
     """Design effect per (side, need key) and per (side, ``#errors``/``#good``), from one per-slice scan."""
-    cases: list[tuple[tuple[str, str], str]] = []  # (side, key) -> rows that count as hits
-    sized: list[tuple[tuple[str, str], str]] = []  # (side, key) -> rows that count at all
-    for name in SIDES:
-        cases += [
-            ((name, "#errors"), f"side = '{name}' AND {_ERROR}"),
-            ((name, "#good"), f"side = '{name}' AND {_good_sql(spec)}"),
-        ]
-        sized += [((name, "#errors"), f"side = '{name}'"), ((name, "#good"), f"side = '{name}'")]
-    for (side_name, need_key), f in found.items():
-        cases.append(((side_name, need_key), f"side = '{side_name}' AND {f.column} > {f.estimate!r}"))
-        sized.append(((side_name, need_key), f"side = '{side_name}' AND {f.column} IS NOT NULL"))
-    selects = [f"count(*) FILTER (WHERE {cond})" for _, cond in sized + cases]
-    rows = con.execute(f"SELECT slice, {', '.join(selects)} FROM {source} GROUP BY slice").fetchall()
+    keys = sorted({key for _, key in found})
+    selects = ["count(*)", f"count(*) FILTER (WHERE {_ERROR})", f"count(*) FILTER (WHERE {_good_sql(spec)})"]
+    for key in keys:
+        column = next(f.column for (_, k), f in found.items() if k == key)
+        # the side's own point estimate; NULL (no hit) for a side without this need
+        estimate = " ".join(
+            f"WHEN '{side}' THEN {found[(side, key)].estimate!r}" for side in SIDES if (side, key) in found
+        )
+        selects += [f"count({column})", f"count(*) FILTER (WHERE {column} > CASE side {estimate} END)"]
+    rows = con.execute(f"SELECT side, {', '.join(selects)} FROM {source} GROUP BY side, slice").fetchall()
     out: dict[tuple[str, str], float] = {}
-    for i, (case, _) in enumerate(cases):
-        sizes = [row[1 + i] for row in rows]
-        hits = [row[1 + len(sized) + i] for row in rows]
-        out[case] = design_effect_step(design_effect(sizes, hits))
+    for side in SIDES:
+        mine = [row for row in rows if row[0] == side]
+        sizes = [row[1] for row in mine]
+        out[(side, "#errors")] = design_effect_step(design_effect(sizes, [row[2] for row in mine]))
+        out[(side, "#good")] = design_effect_step(design_effect(sizes, [row[3] for row in mine]))
+        for i, key in enumerate(keys):
+            if (side, key) in found:
+                hits = [row[5 + 2 * i] for row in mine]
+                out[(side, key)] = design_effect_step(design_effect([row[4 + 2 * i] for row in mine], hits))
     return out
 
 

@@ -77,6 +77,7 @@ __all__ = [
     "DEFAULT_PRIOR_STRENGTH",
     "DESIGN_EFFECT_SLICES",
     "DESIGN_EFFECT_STEPS",
+    "OVERDISPERSION_CUTOFF",
     "design_effect",
     "design_effect_step",
     "histogram_quantile_cs",
@@ -92,6 +93,8 @@ DEFAULT_PRIOR_STRENGTH = 100.0
 DESIGN_EFFECT_STEPS: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
 #: Time slices per side over which the design effect is estimated.
 DESIGN_EFFECT_SLICES = 20
+#: Largest design-effect estimate treated as independence (chi-square(19) / 19, 99th percentile).
+OVERDISPERSION_CUTOFF = 1.9
 _BISECT_STEPS = 60
 
 
@@ -203,7 +206,13 @@ def design_effect_step(estimate: float) -> float:
 
     Steps keep the order statistics a verdict needs known in advance (one
     scan asks for all steps' ranks); the last step caps a noisy estimate.
+    Estimates up to :data:`OVERDISPERSION_CUTOFF` are what independent
+    requests give by chance (the 99th percentile of chi-square(19) / 19 for
+    20 slices) and apply no correction, so independent traffic keeps the
+    plain sequence's power.
     """
+    if estimate <= OVERDISPERSION_CUTOFF:
+        return 1.0
     return next((step for step in DESIGN_EFFECT_STEPS if step >= estimate), DESIGN_EFFECT_STEPS[-1])
 
 
