@@ -11,6 +11,7 @@ The last line is ``canary: spans=N seconds=S`` (N counts both sides).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -77,15 +78,20 @@ def main(argv: list[str] | None = None) -> int:
             findings=0,
         )
         selection = Selection(mode="versions", baseline_version="v1", candidate_version="v2")
-        timings = []
+        timings, cpu = [], []
         with Store.open(path, read_only=True) as store:
             for _ in range(args.repeat):
-                started = time.perf_counter()
+                started, started_cpu = time.perf_counter(), time.process_time()
                 verdict = evaluate(store.connection, selection, spec)
                 timings.append(time.perf_counter() - started)
+                cpu.append(time.process_time() - started_cpu)
         for check in verdict.slos:
             print(f"  {check.name:<22} {check.status:<13} {check.reason}", file=sys.stderr)
-        print(f"verdict {verdict.verdict}, timings {', '.join(f'{t:.3f}' for t in timings)} s", file=sys.stderr)
+        print(
+            f"verdict {verdict.verdict}; wall {', '.join(f'{t:.3f}' for t in timings)} s; "
+            f"CPU (all threads) {', '.join(f'{t:.3f}' for t in cpu)} s; load average {os.getloadavg()[0]:.1f}",
+            file=sys.stderr,
+        )
         seconds = sorted(timings)[len(timings) // 2]
         print(f"canary: spans={2 * args.spans_per_side} seconds={seconds:.3f}")
     return 0
