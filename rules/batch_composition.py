@@ -47,16 +47,8 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import (
-    batch_shape,
-    clip01,
-    engine_share,
-    load_per_replica,
-    rnd,
-    running_batch,
-    side,
-    tail_shares,
-)
+from sre_agent.rules._engine_cost import batch_shape, load_per_replica, running_batch
+from sre_agent.rules._mechanism import clip01, engine_share, rnd, side, tail_shares
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
 #: Arrival-rate change beyond which batch changes are load's doing.

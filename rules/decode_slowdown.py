@@ -23,7 +23,9 @@ of TPOT that remains at equal buckets (``conditional / raw``).
 ``min(1, rise / 30 %)`` x bucket coverage (``min(1, covered share / 0.5)``),
 x 0.4 when the step cap (p99 tokens per step) moved (``batch_composition``)
 and x 0.25 when uncached prompt tokens per request changed by 20 % or more
-(steps then carry other prefill work: ``prefix_cache`` or ``traffic_mix``).
+(steps then carry other prefill work: ``prefix_cache`` or ``traffic_mix``),
+and x (decode rise / prefill rise) when prefill per uncached token rose more
+at equal batch size (decode steps share the engine with prefill chunks).
 
 Quiet (``None``) below a 10 % rise at equal buckets or z < 2.
 """
@@ -32,20 +34,12 @@ from __future__ import annotations
 
 from typing import Final
 
-import polars as pl
-
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import (
-    assess_slowdown,
-    batch_shape,
-    require_both_sides,
-    service_time_queue_share,
-    stage_share,
-    with_running,
-)
-from sre_agent.rules_api import Finding, Regression
+from sre_agent.rules._engine_cost import assess_slowdown, batch_shape, engine_cost, service_time_queue_share
+from sre_agent.rules._mechanism import Z_MIN, rnd, stage_share
+from sre_agent.rules_api import Evidence, Finding, Regression
 
 NEXT_CHECK: Final[str] = (
     "compare decode step time at equal running batch size before and after (engine logs or a fixed-batch "
@@ -58,26 +52,30 @@ def decode_slowdown(
     comparison: Comparison, regression: Regression, stages: StageDecomposition, metrics: MetricView
 ) -> Finding | None:
     """A ``decode_slowdown`` finding when TPOT rose at equal batch size (see module docstring)."""
-    frame = comparison.requests.filter(pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1))
-    require_both_sides(frame, "per-request decode timing (tpot)")
-    frame, running = with_running(comparison, frame, "decode", pl.col("input_tokens").fill_null(1))
     verdict = assess_slowdown(
-        frame,
-        cost="tpot_s",
-        unit="s/token",
+        engine_cost(comparison, metrics, "decode"),
         share=stage_share(stages, "decode", regression, comparison)
         + service_time_queue_share(comparison, stages, regression, metrics),
         batch=batch_shape(metrics, comparison.request_counts),
-        running=running,
     )
     if verdict is None:
         return None
+    confidence, evidence = verdict.confidence, verdict.evidence
+    prefill = engine_cost(comparison, metrics, "prefill").shift
+    if prefill is not None and prefill.z >= Z_MIN and prefill.rise > verdict.rise:
+        # Decode tokens share steps with prefill chunks: when prefill got costlier still, the slower
+        # decode steps are more likely its echo than a decode regression of their own.
+        confidence *= verdict.rise / prefill.rise
+        evidence += (
+            Evidence("prefill_s_per_uncached_token_change_at_equal_batch", 0.0, rnd(prefill.rise),
+                     "prefill rose more than decode: decode steps may be slowed by the prefill chunks they share"),
+        )  # fmt: skip
     return Finding(
         cause="decode_slowdown",
         title=f"Time per output token rose {verdict.rise:.0%} at the same running batch size and prompt length",
         explained=verdict.explained,
-        confidence=verdict.confidence,
+        confidence=confidence,
         stage="decode",
-        evidence=verdict.evidence,
+        evidence=evidence,
         next_check=NEXT_CHECK,
     )

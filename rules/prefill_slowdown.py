@@ -17,8 +17,10 @@ overlap) x uncached tokens (factor-4 buckets).
 
 ``explained`` (0..1): the prefill stage's share of the headline's tail
 excess (plus the queue's share at unchanged load per replica without more
-preemptions, as in ``decode_slowdown``) times the share of the raw log change
-that remains at equal buckets.
+preemptions, as in ``decode_slowdown``; for a TPOT/ITL headline, the whole
+of it when decode slowed less than prefill at equal batch size, since
+prefill chunks share steps with decodes) times the share of the raw log
+change that remains at equal buckets.
 
 ``confidence``: as ``decode_slowdown`` (significance x effect size x coverage,
 x 0.4 when the step cap moved, x 0.25 when the uncached work per request changed), halved without any
@@ -31,20 +33,17 @@ from __future__ import annotations
 
 from typing import Final
 
-import polars as pl
-
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import (
+from sre_agent.rules._engine_cost import (
+    MIN_SLOWDOWN,
     assess_slowdown,
     batch_shape,
-    metric_hit_rate,
-    require_both_sides,
+    engine_cost,
     service_time_queue_share,
-    stage_share,
-    with_running,
 )
+from sre_agent.rules._mechanism import PER_TOKEN_METRICS, rnd, stage_share
 from sre_agent.rules_api import Evidence, Finding, Regression
 
 #: Confidence factor when nothing says how many prompt tokens were cached.
@@ -60,34 +59,25 @@ def prefill_slowdown(
     comparison: Comparison, regression: Regression, stages: StageDecomposition, metrics: MetricView
 ) -> Finding | None:
     """A ``prefill_slowdown`` finding when prefill per uncached token rose at equal batch size."""
-    frame = comparison.requests.filter(pl.col("prefill_s").is_not_null() & (pl.col("input_tokens") > 0))
-    require_both_sides(frame, "per-request prefill timing")
-    hit = metric_hit_rate(metrics, comparison.request_counts)
-    cache_known = hit is not None or frame["cached_tokens"].drop_nulls().len() > 0
-    side_hit = pl.lit(0.0)
-    if hit is not None:
-        side_hit = pl.when(pl.col("side") == "baseline").then(hit[0].baseline).otherwise(hit[0].candidate)
-    uncached = (pl.col("input_tokens") - pl.col("cached_tokens").fill_null(pl.col("input_tokens") * side_hit)).clip(
-        1, None
+    cost = engine_cost(comparison, metrics, "prefill")
+    share = stage_share(stages, "prefill", regression, comparison) + service_time_queue_share(
+        comparison, stages, regression, metrics
     )
-    frame = frame.with_columns(uncached.alias("uncached_tokens")).with_columns(
-        (pl.col("prefill_s") / pl.col("uncached_tokens")).alias("prefill_s_per_uncached_token")
-    )
-    frame, running = with_running(comparison, frame, "prefill", pl.col("uncached_tokens"))
-    verdict = assess_slowdown(
-        frame,
-        cost="prefill_s_per_uncached_token",
-        unit="s/token",
-        share=stage_share(stages, "prefill", regression, comparison)
-        + service_time_queue_share(comparison, stages, regression, metrics),
-        batch=batch_shape(metrics, comparison.request_counts),
-        running=running,
-    )
+    extra: tuple[Evidence, ...] = ()
+    if regression.metric in PER_TOKEN_METRICS and cost.shift is not None:
+        decode = engine_cost(comparison, metrics, "decode").shift
+        if decode is not None and MIN_SLOWDOWN <= decode.rise < cost.shift.rise:
+            # Prefill chunks share steps with decodes: a costlier prefill slows the tokens of everyone
+            # decoding beside it, so it reaches a per-token headline too.
+            share = 1.0
+            extra = (Evidence("tpot_s_change_at_equal_batch", 0.0, rnd(decode.rise),
+                              "decode slowed less than prefill: the shared steps carry the prefill cost"),)  # fmt: skip
+    verdict = assess_slowdown(cost, share=share, batch=batch_shape(metrics, comparison.request_counts))
     if verdict is None:
         return None
     confidence = verdict.confidence
-    evidence = verdict.evidence
-    if not cache_known:
+    evidence = verdict.evidence + extra
+    if not cost.cache_known:
         confidence *= NO_CACHE_SIGNAL_DAMPING
         evidence += (Evidence("cached_tokens", None, None, "no cache signal: every prompt token counted as uncached"),)
     return Finding(
