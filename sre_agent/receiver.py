@@ -501,13 +501,30 @@ def table_for_signal(signal: str) -> TableKind:
     return "spans" if signal == "traces" else "metric_points"
 
 
+@dataclass(frozen=True)
+class _NothingDecoded:
+    """What an empty protobuf body decodes to: no rows, nothing rejected."""
+
+    table: Any
+    rejected: int = 0
+    errors: tuple[str, ...] = ()
+
+
 def decode_payload(signal: str, body: bytes, media_type: str, normaliser: Normaliser) -> Any:
-    """Decode one OTLP body with the ingest layer (``DecodedSpans``/``DecodedMetrics``)."""
-    from sre_agent import otlp
+    """Decode one OTLP body with the ingest layer (``DecodedSpans``/``DecodedMetrics``).
+
+    An empty protobuf body is a valid empty request (answered with success,
+    per the OTLP specification) and skips the decoder entirely.
+    """
+    if not body and media_type == PROTOBUF:
+        import pyarrow as pa
+
+        return _NothingDecoded(table=pa.table({}))
+    from sre_agent.otlp import decode_metrics, decode_traces
 
     if signal == "traces":
-        return otlp.decode_traces(body, media_type, normaliser=normaliser)
-    return otlp.decode_metrics(body, media_type, normaliser=normaliser)
+        return decode_traces(body, media_type, normaliser=normaliser)
+    return decode_metrics(body, media_type, normaliser=normaliser)
 
 
 class GzipInflater:

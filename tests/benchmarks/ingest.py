@@ -109,6 +109,30 @@ def _sender(url: str, batch: int, requests: list[int], connections: int, result:
     result.put(retries[0])
 
 
+def empty_requests_per_s(url: str, requests: int = 2000, connections: int = 4) -> float:
+    """Requests/s for empty (zero-span) protobuf exports: the HTTP and receiver overhead alone."""
+    import threading
+
+    parts = urlsplit(url)
+
+    def run(count: int) -> None:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+        for _ in range(count):
+            conn.request("POST", "/v1/traces", b"", {"Content-Type": "application/x-protobuf"})
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200, response.status
+        conn.close()
+
+    threads = [threading.Thread(target=run, args=(requests // connections,)) for _ in range(connections)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return (requests // connections) * connections / (time.perf_counter() - started)
+
+
 def parse_only_spans_per_s(batch: int, requests: int) -> float:
     """opentelemetry-proto (upb) parsing the same payloads, spans per second, one core."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -139,6 +163,8 @@ def main() -> int:
     db = args.db or Path(tmp.name) / "ingest.duckdb"
     server = start_serve(db, grpc=False)
     print(f"serve pid {server.proc.pid} on {server.http_url}, store {db}", file=sys.stderr)
+    overhead = empty_requests_per_s(server.http_url)
+    print(f"receiver overhead: {overhead:.0f} empty requests/s ({1000 / overhead:.2f} ms per request)")
     ctx = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue = ctx.Queue()
     indices = list(range(requests))
