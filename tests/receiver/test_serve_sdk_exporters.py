@@ -68,7 +68,8 @@ def test_sdk_exporters_over_http_and_grpc_land_in_duckdb(tmp_path: Path) -> None
         assert server.grpc_target is not None
         http_spans, grpc_spans = _vllm_spans(30, "http"), _vllm_spans(20, "grpc")
         http_exporter = HttpSpanExporter(endpoint=f"{server.http_url}/v1/traces", timeout=10)
-        grpc_exporter = GrpcSpanExporter(endpoint=server.grpc_target, insecure=True, timeout=10)
+        # The form vLLM documents: --otlp-traces-endpoint grpc://HOST:4317 (passed unchanged to the exporter).
+        grpc_exporter = GrpcSpanExporter(endpoint=f"grpc://{server.grpc_target}", insecure=True, timeout=10)
         assert http_exporter.export(http_spans) == SpanExportResult.SUCCESS
         assert grpc_exporter.export(grpc_spans) == SpanExportResult.SUCCESS
         http_metrics = HttpMetricExporter(endpoint=f"{server.http_url}/v1/metrics", timeout=10)
