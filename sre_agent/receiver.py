@@ -213,6 +213,9 @@ class Writer:
             requests still being read or decoded (see :meth:`pending`); with
             nothing on its way a batch is committed at once.
         stats: counters to update (a fresh :class:`ReceiverStats` if None).
+        max_pending: requests that may be read/decoded at once (see
+            :meth:`pending`); beyond it :meth:`check_capacity` refuses, so
+            memory held by request bodies is bounded too.
         clock: monotonic clock, seconds (injectable for tests).
     """
 
@@ -224,6 +227,7 @@ class Writer:
         batch_max_rows: int,
         flush_interval_s: float,
         stats: ReceiverStats | None = None,
+        max_pending: int = 64,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -241,6 +245,7 @@ class Writer:
         self._rate_rows_s = 0.0
         # Requests that passed the capacity check and are being read or decoded.
         self._pending = 0
+        self.max_pending = max(1, max_pending)
 
     # -- producer side --------------------------------------------------
 
@@ -269,6 +274,10 @@ class Writer:
             raise OverloadedError(
                 f"receiver queue full ({self._queued_rows} rows queued)", retry_after_s=self.retry_after_s()
             )
+        if self._pending > self.max_pending:
+            # Bodies being read or decoded also take memory: bound them too.
+            self.stats.add(overloaded=1)
+            raise OverloadedError(f"too many requests in progress ({self._pending})", retry_after_s=1)
 
     @contextlib.contextmanager
     def pending(self) -> Iterator[None]:

@@ -118,3 +118,14 @@ def test_writer_acknowledges_after_commit_and_bounds_its_queue(tmp_path: Path) -
         writer.submit("spans", _spans_table(1, first_index=600))
     with Store.open(tmp_path / "writer.duckdb", read_only=True) as reopened:
         assert reopened.counts()["spans"] == 6 + 4 + 12 + 3
+
+
+def test_writer_bounds_requests_in_progress(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "pending.duckdb") as store:
+        writer = Writer(store, queue_max_rows=1000, batch_max_rows=1000, flush_interval_s=0.0, max_pending=2)
+        with writer.pending(), writer.pending():
+            writer.check_capacity()  # two bodies in progress: allowed
+            with writer.pending(), pytest.raises(OverloadedError, match="in progress"):
+                writer.check_capacity()
+        writer.check_capacity()
+        writer.close()
