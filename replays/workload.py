@@ -13,8 +13,9 @@ behaves at block granularity.
   documented here: every tenant has a fixed system prompt, and a request may
   continue one of its tenant's open conversations, in which case its prompt
   is the previous turn's prompt plus the previous answer plus a new user
-  message (the history a chat client resends). A row too short to hold the
-  history starts a new conversation.
+  message (the history a chat client resends), sent no earlier than the
+  answer could have been read. A row too short to hold the history starts a
+  new conversation.
 
 All times are seconds from the start of the replay. Randomness comes from one
 ``random.Random`` seeded by the caller, so a workload is a pure function of
@@ -316,6 +317,14 @@ def _warped_rows(
 class _Conversation:
     chain: list[tuple[object, int]]
     tokens: int
+    ready_s: float  # the earliest time a user sends the next turn
+
+
+# A user answers only after reading the reply: the next turn of a conversation comes no
+# earlier than the previous answer's generation (at a pessimistic 30 ms per token) plus
+# a think time. Without this, follow-ups would race their own history into the cache.
+SECONDS_PER_OUTPUT_TOKEN = 0.03
+THINK_TIME_S = 10.0
 
 
 class _PrefixSynth:
@@ -327,12 +336,14 @@ class _PrefixSynth:
         self._max_open = max_open
         self._next_conv = 0
 
-    def chain_for(self, rid: int, tenant: Tenant, input_tokens: int) -> tuple[list[tuple[object, int]], int]:
+    def chain_for(
+        self, rid: int, tenant: Tenant, input_tokens: int, now_s: float
+    ) -> tuple[list[tuple[object, int]], int]:
         convs = self._open.setdefault(tenant.name, [])
         if convs and self._rng.random() < tenant.continue_prob:
             pick = self._rng.randrange(len(convs))
             conv_id, conv = convs[pick]
-            if conv.tokens < input_tokens:
+            if conv.tokens < input_tokens and conv.ready_s <= now_s:
                 chain = [*conv.chain, (("user", rid), input_tokens - conv.tokens)]
                 convs.pop(pick)
                 return chain, conv_id
@@ -348,7 +359,8 @@ class _PrefixSynth:
         """Open the conversation for a follow-up: history = prompt + this turn's answer."""
         chain = [*req.chain, (("answer", req.request_id), req.output_tokens)]
         convs = self._open.setdefault(tenant, [])
-        convs.append((conv_id, _Conversation(chain, req.input_tokens + req.output_tokens)))
+        ready = req.arrival_s + req.output_tokens * SECONDS_PER_OUTPUT_TOKEN + THINK_TIME_S
+        convs.append((conv_id, _Conversation(chain, req.input_tokens + req.output_tokens, ready)))
         if len(convs) > self._max_open:
             convs.pop(0)
 
@@ -447,7 +459,7 @@ def build_workload(
             chain = _mooncake_chain(row, input_tokens)
             conv = rid
         else:
-            chain, conv = synth.chain_for(rid, tenant, input_tokens)
+            chain, conv = synth.chain_for(rid, tenant, input_tokens, t)
         if template_breaks_at_s is not None and t >= template_breaks_at_s:
             chain = [(("templated", rid), chain[0][1]), *chain[1:]]
         req = WorkloadRequest(
