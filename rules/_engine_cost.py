@@ -277,6 +277,8 @@ FULL_SLOWDOWN: Final[float] = 0.30
 WORK_CHANGE: Final[float] = 0.20
 #: Confidence factor when each request brings different prefill work (cache-hit drop, longer prompts).
 WORK_CHANGED_DAMPING: Final[float] = 0.25
+#: Confidence factor when the offered load per replica changed by more than :data:`SAME_LOAD`.
+LOAD_CHANGED_DAMPING: Final[float] = 0.5
 #: Confidence factor when the batch shape changed too (batch_composition explains it better).
 BATCH_CHANGED_DAMPING: Final[float] = 0.4
 
@@ -296,10 +298,14 @@ class Slowdown:
         return self.shift.rise
 
 
-def assess_slowdown(cost: EngineCost, *, share: float, batch: BatchShape | None) -> Slowdown | None:
+def assess_slowdown(
+    cost: EngineCost, *, share: float, batch: BatchShape | None, load: SidePair | None = None
+) -> Slowdown | None:
     """Judge a per-token cost compared at equal buckets (:func:`engine_cost`).
 
-    ``share``: the part of the headline excess the stage can reach;
+    ``share``: the part of the headline excess the stage can reach; ``load``:
+    offered load per replica (:func:`load_per_replica`), whose change weakens
+    the equal-batch control;
     ``explained`` is that share times the part of the raw change that remains
     at equal buckets. ``None`` (quiet) when the cost did not rise by
     :data:`MIN_SLOWDOWN` at equal buckets with z >= 2.
@@ -329,6 +335,12 @@ def assess_slowdown(cost: EngineCost, *, share: float, batch: BatchShape | None)
             confidence *= BATCH_CHANGED_DAMPING
         if abs(math.log(max(1e-9, batch.work_ratio))) >= math.log(1.0 + WORK_CHANGE):
             confidence *= WORK_CHANGED_DAMPING
+    if load is not None and load.ratio is not None and abs(load.ratio - 1.0) > SAME_LOAD:
+        # Busier replicas put more prefill tokens into every step, which the running count does
+        # not see: equal batch size no longer means equal step work.
+        confidence *= LOAD_CHANGED_DAMPING
+        evidence.append(Evidence("offered_load_per_replica", rnd(load.baseline), rnd(load.candidate),
+                                 "the load changed: equal running batch is a weaker control"))  # fmt: skip
     return Slowdown(shift, clip01(share * shift.explained_share), confidence, tuple(evidence))
 
 

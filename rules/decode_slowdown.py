@@ -24,8 +24,10 @@ of TPOT that remains at equal buckets (``conditional / raw``).
 x 0.4 when the step cap (p99 tokens per step) moved (``batch_composition``)
 and x 0.25 when uncached prompt tokens per request changed by 20 % or more
 (steps then carry other prefill work: ``prefix_cache`` or ``traffic_mix``),
-and x (decode rise / prefill rise) when prefill per uncached token rose more
-at equal batch size (decode steps share the engine with prefill chunks).
+x (decode rise / prefill rise) when prefill per uncached token rose more
+at equal batch size (decode steps share the engine with prefill chunks), and
+x 0.5 when the offered load per replica changed by more than 10 % (busier
+steps carry more prefill tokens, which the running count does not see).
 
 Quiet (``None``) below a 10 % rise at equal buckets or z < 2.
 """
@@ -37,7 +39,13 @@ from typing import Final
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import assess_slowdown, batch_shape, engine_cost, service_time_queue_share
+from sre_agent.rules._engine_cost import (
+    assess_slowdown,
+    batch_shape,
+    engine_cost,
+    load_per_replica,
+    service_time_queue_share,
+)
 from sre_agent.rules._mechanism import Z_MIN, rnd, stage_share
 from sre_agent.rules_api import Evidence, Finding, Regression
 
@@ -57,6 +65,7 @@ def decode_slowdown(
         share=stage_share(stages, "decode", regression, comparison)
         + service_time_queue_share(comparison, stages, regression, metrics),
         batch=batch_shape(metrics, comparison.request_counts),
+        load=load_per_replica(comparison, metrics)[0],
     )
     if verdict is None:
         return None

@@ -20,7 +20,9 @@ engine stages (queue + prefill + decode, from the stage decomposition),
 times the share of the tail the *extra* preemptions can cover,
 ``min(1, extra preemptions per request / (1 - q))`` for the headline
 quantile q (at p99 one extra preemption per hundred requests can make the
-whole tail).
+whole tail); when the cache filled up (p90 >= 80 % after rising 30 points),
+the queue's share counts in full, since new requests then wait for free
+blocks whether or not they are preempted.
 
 ``confidence``: significance of a Poisson z score of the preemption rate
 with an over-dispersion of 2 (one step preempts several requests at once),
@@ -122,6 +124,10 @@ def kv_pressure(
     at_stake = engine_share(stages, regression, comparison)
     shares = tail_shares(stages, regression, comparison)
     engine = {s: shares.get(s, 0.0) for s in _ENGINE_STAGES}
+    # A full cache also holds back admission (new requests wait for free blocks), so the queue's
+    # part does not depend on how many requests were themselves preempted.
+    queue_part = min(at_stake, engine["queue"]) if filled else 0.0
+    explained = queue_part + (at_stake - queue_part) * coverage
     stage = max(engine, key=lambda s: engine[s]) if sum(engine.values()) > 0 else None
     scope, scope_evidence = _scope(_preemptions_by_replica(comparison, metrics))
     if scope_evidence is not None:
@@ -135,7 +141,7 @@ def kv_pressure(
         cause="kv_pressure",
         title=f"KV cache under pressure ({what}; KV usage p90 {_pct(usage_p90.baseline)} -> "
         f"{_pct(usage_p90.candidate)}): preempted requests wait and recompute",
-        explained=at_stake * coverage,
+        explained=explained,
         confidence=confidence,
         stage=stage,
         scope=scope,

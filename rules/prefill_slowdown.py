@@ -23,7 +23,8 @@ prefill chunks share steps with decodes) times the share of the raw log
 change that remains at equal buckets.
 
 ``confidence``: as ``decode_slowdown`` (significance x effect size x coverage,
-x 0.4 when the step cap moved, x 0.25 when the uncached work per request changed), halved without any
+x 0.4 when the step cap moved, x 0.25 when the uncached work per request changed,
+x 0.5 when the offered load per replica changed), halved without any
 cache signal.
 
 Quiet below a 10 % rise at equal buckets or z < 2.
@@ -41,6 +42,7 @@ from sre_agent.rules._engine_cost import (
     assess_slowdown,
     batch_shape,
     engine_cost,
+    load_per_replica,
     service_time_queue_share,
 )
 from sre_agent.rules._mechanism import PER_TOKEN_METRICS, rnd, stage_share
@@ -72,7 +74,12 @@ def prefill_slowdown(
             share = 1.0
             extra = (Evidence("tpot_s_change_at_equal_batch", 0.0, rnd(decode.rise),
                               "decode slowed less than prefill: the shared steps carry the prefill cost"),)  # fmt: skip
-    verdict = assess_slowdown(cost, share=share, batch=batch_shape(metrics, comparison.request_counts))
+    verdict = assess_slowdown(
+        cost,
+        share=share,
+        batch=batch_shape(metrics, comparison.request_counts),
+        load=load_per_replica(comparison, metrics)[0],
+    )
     if verdict is None:
         return None
     confidence = verdict.confidence
