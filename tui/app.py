@@ -10,14 +10,16 @@ shows a banner instead and the interval keeps retrying.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 from rich.text import Text
@@ -25,8 +27,10 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from textual.worker import Worker
 
 from sre_agent.errors import RemoteError, SreAgentError
 from sre_agent.explore import DEFAULT_SLOS, LATENCY_METRICS, Overview
@@ -60,7 +64,18 @@ __all__ = ["IncidentApp"]
 
 log = logging.getLogger(__name__)
 
-_TABS = {"o": "overview", "f": "findings", "s": "drilldown", "t": "traces"}
+_M = TypeVar("_M", bound=Message)
+
+
+def _while_mounted(handler: Callable[[IncidentApp, _M], None]) -> Callable[[IncidentApp, _M], None]:
+    """Drop a worker's late answer that arrives while the app is shutting down (its widgets are gone)."""
+
+    @functools.wraps(handler)
+    def handle(app: IncidentApp, message: _M) -> None:
+        with contextlib.suppress(NoMatches):
+            handler(app, message)
+
+    return handle
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -112,7 +127,8 @@ class IncidentApp(App[int]):
         self.refresh_s = refresh_s if source.live else None
         self.export_dir = export_dir or Path(tempfile.gettempdir())
         self.metric = metric
-        self.generation = 0
+        self.generation = 0  # counts loads (refreshes and re-selections)
+        self._inflight: dict[str, tuple[Hashable, Worker[None]]] = {}
         self.overview: Overview | None = None
         self.report: dict[str, Any] | None = None
         self.report_reason = "diagnosing…"
@@ -165,17 +181,22 @@ class IncidentApp(App[int]):
 
     # --------------------------------------------------------------- workers
 
-    def _fetch(self, what: str, query: Callable[[], Message | Iterator[Message]]) -> None:
-        """Run ``query`` in a thread worker and post its message(s), or the failure."""
+    def _fetch(self, what: str, key: Hashable, query: Callable[[], Message | Iterator[Message]]) -> None:
+        """Run ``query`` in a thread worker and post its message(s), or the failure.
+
+        A query of the same kind already running for the same ``key`` (selection,
+        trace) is left to finish rather than started again: live refreshes must
+        not pile slow diagnoses onto the server.
+        """
+        running = self._inflight.get(what)
+        if running is not None and running[0] == key and running[1].is_running:
+            return
 
         def run() -> None:
             try:
                 result = query()
                 for message in [result] if isinstance(result, Message) else result:
                     self.post_message(message)
-            except DiagnosisUnavailableError as exc:
-                self.post_message(ReportLoaded(self.generation, None, str(exc)))
-                return
             except SreAgentError as exc:
                 if _unreachable(exc):
                     self.post_message(SourceUnreachable(str(exc)))
@@ -189,36 +210,47 @@ class IncidentApp(App[int]):
             if self.source.live:
                 self.post_message(SourceReachable())
 
-        self.run_worker(run, name=what, group=what, thread=True, exclusive=True, exit_on_error=False)
+        worker = self.run_worker(run, name=what, group=what, thread=True, exit_on_error=False)
+        self._inflight[what] = (key, worker)
 
     def load_all(self) -> None:
         """Ask for the overview first; the rest follows when it arrives."""
         self.generation += 1
-        g, sel = self.generation, self.selection
-        self._fetch("overview", lambda: OverviewLoaded(g, self.source.overview(sel, self.slos)))
+        sel = self.selection
+        self._fetch(
+            "overview", (sel, self.generation), lambda: OverviewLoaded(sel, self.source.overview(sel, self.slos))
+        )
 
-    def _load_rest(self, g: int) -> None:
-        sel, metric, source = self.selection, self.metric, self.source
+    def _load_rest(self, sel: Selection) -> None:
+        metric, source = self.metric, self.source
 
         def drill() -> Iterator[Message]:
             # One query at a time, cheapest first: each fills its pane as soon as it is in,
             # and the event loop keeps a core while the diagnosis runs beside it.
-            yield TimelineLoaded(g, source.timeline(sel, metric, 60))
-            yield ExemplarsLoaded(g, source.exemplars(sel, metric))
+            yield TimelineLoaded(sel, source.timeline(sel, metric, 60))
+            yield ExemplarsLoaded(sel, source.exemplars(sel, metric))
             slices = source.slices(sel, metric)
-            yield DrilldownLoaded(g, source.stages(sel, metric), slices)
+            yield DrilldownLoaded(sel, source.stages(sel, metric), slices)
 
-        self._fetch("diagnosis", lambda: ReportLoaded(g, source.diagnose(sel)))
-        self._fetch("drill-down", drill)
+        def diagnosis() -> Message:
+            try:
+                return ReportLoaded(sel, source.diagnose(sel))
+            except DiagnosisUnavailableError as exc:
+                return ReportLoaded(sel, None, str(exc))
+
+        self._fetch("diagnosis", sel, diagnosis)
+        self._fetch("drill-down", sel, drill)
 
     def _tick(self) -> None:
-        if not any(w.group == "overview" and w.is_running for w in self.workers):
+        running = self._inflight.get("overview")
+        if running is None or not running[1].is_running:
             self.load_all()
 
     # -------------------------------------------------------------- messages
 
+    @_while_mounted
     def on_overview_loaded(self, message: OverviewLoaded) -> None:
-        if message.generation != self.generation:
+        if message.selection != self.selection:
             return
         ov = self.overview = message.overview
         for tile in ov.tiles:
@@ -229,14 +261,16 @@ class IncidentApp(App[int]):
             self.first_paint_s = time.perf_counter() - self.started
         self._update_title()
         self._update_headline()
-        self._load_rest(message.generation)
+        self._load_rest(message.selection)
 
+    @_while_mounted
     def on_timeline_loaded(self, message: TimelineLoaded) -> None:
-        if message.generation == self.generation:
+        if message.selection == self.selection:
             self.query_one(TimelineView).show(message.timeline, LATENCY_METRICS[self.metric][1])
 
+    @_while_mounted
     def on_report_loaded(self, message: ReportLoaded) -> None:
-        if message.generation != self.generation:
+        if message.selection != self.selection:
             return
         tree = self.query_one(FindingsTree)
         tree.loading = False
@@ -250,8 +284,9 @@ class IncidentApp(App[int]):
             tree.show_report(message.report)
         self._update_headline()
 
+    @_while_mounted
     def on_drilldown_loaded(self, message: DrilldownLoaded) -> None:
-        if message.generation != self.generation:
+        if message.selection != self.selection:
             return
         self.query_one(StagesView).show(message.stages)
         table = self.query_one("#slices-table", DataTable)
@@ -276,8 +311,9 @@ class IncidentApp(App[int]):
                 self.top_slice = f"{top.dimension}={top.value} holds {top.contribution * 100:.0f}% of the slow excess"
         self._update_headline()
 
+    @_while_mounted
     def on_exemplars_loaded(self, message: ExemplarsLoaded) -> None:
-        if message.generation != self.generation:
+        if message.selection != self.selection:
             return
         table = self.query_one("#exemplars-table", DataTable)
         keep = table.cursor_row
@@ -297,9 +333,11 @@ class IncidentApp(App[int]):
         if message.exemplars:
             table.move_cursor(row=min(keep, len(message.exemplars) - 1))
 
+    @_while_mounted
     def on_waterfall_loaded(self, message: WaterfallLoaded) -> None:
         self.query_one(WaterfallView).show(message.trace_id, message.spans)
 
+    @_while_mounted
     def on_query_failed(self, message: QueryFailed) -> None:
         if message.what == "diagnosis":
             self.query_one(FindingsTree).loading = False
@@ -307,6 +345,7 @@ class IncidentApp(App[int]):
             self.query_one("#regression", Static).update(f"diagnosis failed: {message.error}")
         self.push_screen(ErrorScreen(f"{message.what} failed", message.error))
 
+    @_while_mounted
     def on_source_unreachable(self, message: SourceUnreachable) -> None:
         self.unreachable = message.error
         banner = self.query_one("#banner", Static)
@@ -314,6 +353,7 @@ class IncidentApp(App[int]):
         banner.update(f"⚠ {self.source.description} unreachable: {message.error} — {every}press r to retry now")
         banner.add_class("-shown")
 
+    @_while_mounted
     def on_source_reachable(self, message: SourceReachable) -> None:
         if self.unreachable is not None:
             self.unreachable = None
@@ -332,7 +372,7 @@ class IncidentApp(App[int]):
             return
         trace_id, start = str(event.row_key.value).split("\x1f", 1)
         self.query_one(WaterfallView).update(f"loading trace {trace_id[:16]}…")
-        self._fetch("trace", lambda: WaterfallLoaded(trace_id, self.source.waterfall(trace_id, int(start))))
+        self._fetch("trace", trace_id, lambda: WaterfallLoaded(trace_id, self.source.waterfall(trace_id, int(start))))
 
     # --------------------------------------------------------------- actions
 

@@ -1,8 +1,8 @@
 """Messages workers post back to the app, named in the past tense for what happened.
 
-Every data message carries the ``generation`` of the request that produced
-it: when the comparison changes while a query is still running, the app
-drops the late answer instead of painting stale figures over new ones.
+Every data message carries the selection it was computed for: when the
+comparison changes while a query is still running, the app drops the late
+answer instead of painting stale figures over new ones.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from textual.message import Message
 
 from sre_agent.explore import Exemplar, Overview, SliceRow, StageBreakdown, Timeline, WaterfallSpan
+from sre_agent.selection import Selection
 
 __all__ = [
     "DrilldownLoaded",
@@ -26,51 +27,51 @@ __all__ = [
 ]
 
 
-class _Generational(Message):
-    def __init__(self, generation: int) -> None:
+class _ForSelection(Message):
+    def __init__(self, selection: Selection) -> None:
         super().__init__()
-        self.generation = generation
+        self.selection = selection
 
 
-class OverviewLoaded(_Generational):
+class OverviewLoaded(_ForSelection):
     """The SLO tiles' figures arrived."""
 
-    def __init__(self, generation: int, overview: Overview) -> None:
-        super().__init__(generation)
+    def __init__(self, selection: Selection, overview: Overview) -> None:
+        super().__init__(selection)
         self.overview = overview
 
 
-class TimelineLoaded(_Generational):
+class TimelineLoaded(_ForSelection):
     """The p99 timeline arrived."""
 
-    def __init__(self, generation: int, timeline: Timeline) -> None:
-        super().__init__(generation)
+    def __init__(self, selection: Selection, timeline: Timeline) -> None:
+        super().__init__(selection)
         self.timeline = timeline
 
 
-class ReportLoaded(_Generational):
+class ReportLoaded(_ForSelection):
     """The diagnosis arrived; ``report`` is ``None`` when diagnosis is unavailable (``reason`` says why)."""
 
-    def __init__(self, generation: int, report: dict[str, Any] | None, reason: str = "") -> None:
-        super().__init__(generation)
+    def __init__(self, selection: Selection, report: dict[str, Any] | None, reason: str = "") -> None:
+        super().__init__(selection)
         self.report = report
         self.reason = reason
 
 
-class DrilldownLoaded(_Generational):
+class DrilldownLoaded(_ForSelection):
     """The tail's stage breakdown and the slices table arrived."""
 
-    def __init__(self, generation: int, stages: StageBreakdown, slices: list[SliceRow]) -> None:
-        super().__init__(generation)
+    def __init__(self, selection: Selection, stages: StageBreakdown, slices: list[SliceRow]) -> None:
+        super().__init__(selection)
         self.stages = stages
         self.slices = slices
 
 
-class ExemplarsLoaded(_Generational):
+class ExemplarsLoaded(_ForSelection):
     """The slow exemplar traces of both sides arrived."""
 
-    def __init__(self, generation: int, exemplars: list[Exemplar]) -> None:
-        super().__init__(generation)
+    def __init__(self, selection: Selection, exemplars: list[Exemplar]) -> None:
+        super().__init__(selection)
         self.exemplars = exemplars
 
 

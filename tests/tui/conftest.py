@@ -78,7 +78,8 @@ class Server:
                     ready.set()
             ready.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
         if not ready.wait(READY_TIMEOUT_S) or not self.url or self.proc.poll() is not None:
             self.stop()
             raise AssertionError(f"serve did not start: {''.join(self.lines)}")
@@ -91,6 +92,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self._pump.join(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from typing import Any
 import duckdb
 from conftest import screen_text, settle, wait_until
 from textual.widgets import DataTable, Input, TabbedContent
+from tui_synth import build_store
 
 from sre_agent import explore
 from sre_agent.selection import Selection
@@ -154,6 +155,7 @@ async def test_help_screen_lists_the_keys(make_app: MakeApp) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
+        await pilot.pause()
         text = screen_text(app)
         assert "copy the selected finding" in text
         assert "compare two service.version values" in text
@@ -186,6 +188,7 @@ async def test_v_compares_versions_and_rejects_bad_input(make_app: MakeApp) -> N
         app.screen.query_one("#first", Input).value = "yesterday-ish"
         await pilot.press("enter", "enter")
         assert isinstance(app.screen, ComparisonScreen)
+        await pilot.pause()
         assert "cannot read time" in screen_text(app)
         await pilot.press("escape")
         await pilot.press("v")
@@ -224,12 +227,13 @@ async def test_store_errors_open_a_modal_and_the_app_keeps_running(tmp_path: Pat
         assert app.query_one(TabbedContent).active == "findings"
 
 
-async def test_no_deploy_in_the_store_is_explained(quiet_db: Path, tmp_path: Path, make_app: MakeApp) -> None:
-    con = duckdb.connect(str(quiet_db))
+async def test_no_deploy_in_the_store_is_explained(tmp_path: Path, make_app: MakeApp) -> None:
+    db = build_store(tmp_path / "nodeploy.duckdb", n_requests=3_000, incident=False)
+    con = duckdb.connect(str(db))
     con.execute("DELETE FROM deploys")
     con.execute("UPDATE spans SET service_version = 'v1'")
     con.close()
-    app = make_app(db=quiet_db)
+    app = make_app(db=db)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(lambda: isinstance(app.screen, ErrorScreen), 30, pilot.pause)
         await pilot.pause()
