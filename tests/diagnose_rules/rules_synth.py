@@ -50,6 +50,7 @@ class Side:
     retrieval_s: dict[str, float] = field(default_factory=lambda: {"acme": 0.05, "globex": 0.05})
     kv_usage: float = 0.4
     preemptions: int = 0
+    preempting_replicas: tuple[int, ...] | None = None  # None: spread over every replica
     step_tokens_cap: int = 8192
 
 
@@ -163,7 +164,9 @@ def _metrics(reqs: list[dict[str, Any]], side: Side, start: float, rng: random.R
                 batch += [float(rng.randint(4, 24)) for _ in range(r["output"] // 8)]  # decode steps
                 k += 1
             steps = [a + b for a, b in zip(steps, _histogram(batch), strict=True)]
-            totals["preempt"] += side.preemptions / side.replicas / (side.duration_s / 10.0)
+            hosts = side.preempting_replicas if side.preempting_replicas is not None else range(side.replicas)
+            if replica in hosts:
+                totals["preempt"] += side.preemptions / len(hosts) / (side.duration_s / 10.0)
             base = {"time_ns": int(t * NS), "start_time_ns": int(T0 * NS), "service_name": "vllm",
                     "service_version": side.version, "service_instance": host, "host_name": host,
                     "resource_attributes": {"host.name": host}, "attributes": {}}  # fmt: skip

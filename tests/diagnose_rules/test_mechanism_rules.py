@@ -45,6 +45,7 @@ STORES: dict[str, tuple[Side, Side, dict[str, Any]]] = {
     "load_up": (BASE, replace(V2, rate_rps=2 * BASE.rate_rps), {}),
     "prefill_up": (BASE, replace(V2, prefill_s_per_token=4e-4), {}),
     "kv_full": (BASE, replace(V2, kv_usage=0.97, preemptions=120, prefill_s_per_token=3e-4), {}),
+    "kv_one_replica": (BASE, replace(V2, kv_usage=0.97, preemptions=120, preempting_replicas=(1,)), {}),
     "budget_cut": (BASE, replace(V2, step_tokens_cap=128, prefill_s_per_token=3e-4), {}),
     "budget_cut_and_load": (BASE, replace(V2, step_tokens_cap=128, rate_rps=2 * BASE.rate_rps), {}),
     "gateway_incident": (
@@ -159,6 +160,11 @@ def test_kv_pressure_fires_on_preemptions_with_a_full_cache(report: Callable[[st
     assert per_request.baseline == 0
     assert per_request.candidate > 0.02
     assert not _found(report("prefill_up"), "kv_pressure")
+
+
+def test_kv_pressure_is_scoped_to_the_replica_that_preempts(report: Callable[[str], Report]) -> None:
+    assert _fires(report("kv_one_replica"), "kv_pressure").scope == {"host.name": "gpu-1"}
+    assert _fires(report("kv_full"), "kv_pressure").scope == {}
 
 
 # ---------------------------------------------------------- batch_composition
