@@ -100,7 +100,8 @@ def slices(regression: Regression, localisation: Localisation, comparison: Compa
     else:
         cause, check = _STAGE_CAUSE[stage]
         if stage in ("prefill", "decode"):
-            drivers = stage_drivers(comparison.requests.filter(expr), stage)
+            part = comparison.requests.filter(expr)
+            drivers = stage_drivers(part, stage, comparison.window_seconds(), comparison.scaled_counts(part))
             cause = max(drivers, key=lambda d: drivers[d]) if drivers else cause
     return Finding(
         cause=cause,

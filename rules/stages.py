@@ -16,7 +16,7 @@ from sre_agent.decompose import StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.rules_api import Evidence, Finding, Regression
 
 #: How much a stage-only explanation is trusted relative to a mechanism.
-STAGE_ONLY_CONFIDENCE = 0.35
+STAGE_ONLY_CONFIDENCE = 0.25
 
 _CAUSE_OF_STAGE = {
     "prefill": ("prefill_slowdown", "compare prefill time per uncached prompt token at equal batch size"),
@@ -40,7 +40,7 @@ def stages(stages: StageDecomposition, regression: Regression, comparison: Compa
         check = "compare arrival rate, replica count, tokens per request and seconds per token before and after"
     elif dominant in ("prefill", "decode"):
         # A stage took longer because requests asked for more, the cache helped less, or the engine slowed.
-        drivers = stage_drivers(comparison.requests, dominant)
+        drivers = stage_drivers(comparison.requests, dominant, comparison.window_seconds(), comparison.request_counts)
         cause = max(drivers, key=lambda d: drivers[d]) if drivers else _CAUSE_OF_STAGE[dominant][0]
         check = _CAUSE_OF_STAGE[dominant][1]
     else:

@@ -265,7 +265,7 @@ class Comparison:
         *,
         notes: list[str] | None = None,
         slices: int = 40,
-        sample_per_side: int = 200_000,
+        sample_per_side: int = 50_000,
         seed: int = 0,
     ) -> None:
         self.con = con
@@ -289,7 +289,7 @@ class Comparison:
         selection: Selection,
         *,
         slices: int = 40,
-        sample_per_side: int = 200_000,
+        sample_per_side: int = 50_000,
         seed: int = 0,
     ) -> Comparison:
         """Resolve ``selection`` against ``con`` (tables ``spans``, ``metric_points``, ``deploys``).

@@ -172,13 +172,23 @@ def queue_drivers(
     return terms
 
 
-def stage_drivers(requests: pl.DataFrame, stage: str) -> dict[str, float]:
+def stage_drivers(
+    requests: pl.DataFrame,
+    stage: str,
+    seconds: Mapping[str, float] | None = None,
+    totals: Mapping[str, int] | None = None,
+) -> dict[str, float]:
     """Why did a stage take longer? log-ratio terms (only those that rose >= 10 %).
 
     ``prefill`` time = prompt tokens x uncached fraction x seconds per uncached token, so
     its change splits into ``traffic_mix`` (longer prompts), ``prefix_cache`` (a smaller cached
     fraction) and ``prefill_slowdown`` (slower per token). ``decode`` time = output tokens x
     seconds per token: ``traffic_mix`` and ``decode_slowdown``. Means over all requests.
+
+    Decode steps share the engine with prefill chunks, so a decode slowdown that comes with
+    more uncached prompt tokens per second (given ``seconds`` and ``totals`` per side) is
+    credited, up to the size of that prefill pressure, to what raised the pressure: longer
+    prompts (``traffic_mix``), a smaller cached fraction (``prefix_cache``), more arrivals (``load``).
     """
     import polars as pl
 
@@ -223,4 +233,23 @@ def stage_drivers(requests: pl.DataFrame, stage: str) -> dict[str, float]:
         add("traffic_mix", c["out"], b["out"])
         if b["out"] and c["out"] and b["decode"] is not None and c["decode"] is not None:
             add("decode_slowdown", c["decode"] / c["out"], b["decode"] / b["out"])
+        slowdown = terms.get("decode_slowdown", 0.0)
+        if slowdown > 0 and seconds and totals and b["inp"] and c["inp"]:
+            pressure = {}
+            rate_b, rate_c = totals["baseline"] / seconds["baseline"], totals["candidate"] / seconds["candidate"]
+            for name, num, den in (
+                ("load", rate_c, rate_b),
+                ("traffic_mix", c["inp"], b["inp"]),
+                ("prefix_cache", (c["new"] or 0.0) / c["inp"], (b["new"] or 0.0) / b["inp"]),
+            ):
+                if num and den and num / den >= 1 + DRIVER_MIN_CHANGE:
+                    pressure[name] = math.log(num / den)
+            total_pressure = sum(pressure.values())
+            if total_pressure > 0:
+                moved = min(slowdown, total_pressure)
+                terms["decode_slowdown"] = slowdown - moved
+                for name, value in pressure.items():
+                    terms[name] = terms.get(name, 0.0) + moved * value / total_pressure
+                if terms["decode_slowdown"] <= 0:
+                    del terms["decode_slowdown"]
     return terms

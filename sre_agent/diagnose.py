@@ -334,7 +334,7 @@ def diagnose(
     selection: Selection,
     *,
     rules: list[str] | None = None,
-    sample_per_side: int = 200_000,
+    sample_per_side: int = 50_000,
     seed: int = 0,
 ) -> Report:
     """Diagnose the regression between the selection's baseline and candidate.

@@ -29,6 +29,8 @@ __all__ = ["Localisation", "SliceScore", "localise"]
 MIN_EXCESS_SHARE: Final[float] = 0.6
 #: ...while carrying at most this share of the candidate's traffic.
 MAX_TRAFFIC_SHARE: Final[float] = 0.5
+#: ...and being slow far more often than the rest of the candidate's requests.
+MIN_LIFT: Final[float] = 3.0
 #: Fewest requests per side for localisation at all.
 MIN_SLICE_BASELINE: Final[int] = 50
 #: Pseudo-requests at the overall slow rate added to each slice's baseline (shrinkage).
@@ -45,6 +47,7 @@ class SliceScore:
         slow_rate_baseline / slow_rate_candidate: share of the slice's requests above T.
         excess_share: the slice's part of the candidate's excess slow requests (0..1).
         z: standardised difference of the slice's slow rate, candidate vs its expectation.
+        lift: the slice's candidate slow rate over the rest of the candidate's.
     """
 
     dimension: str
@@ -55,6 +58,7 @@ class SliceScore:
     slow_rate_candidate: float
     excess_share: float
     z: float
+    lift: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
             excess[str(r["value"])] = sc - nc * rate_b
             rows[str(r["value"])] = (nb, nc, sb, sc, rate_b)
         total = sum(max(0.0, e) for e in excess.values())
+        slow_c_total = sum(v[3] for v in rows.values())
         if total <= 0:
             continue
         for value, (nb, nc, sb, sc, rate_b) in rows.items():
@@ -136,6 +141,7 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
                     slow_rate_candidate=sc / nc,
                     excess_share=max(0.0, excess[value]) / total,
                     z=(sc / nc - rate_b) / se,
+                    lift=(sc / nc) / max((slow_c_total - sc) / max(n_c - nc, 1), 1e-9) if n_c > nc else 1.0,
                 )
             )
     # Concentration beats size: prefer the slice whose excess share most exceeds its traffic share.
@@ -147,6 +153,7 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
         and best.excess_share >= MIN_EXCESS_SHARE
         and best.traffic_candidate <= MAX_TRAFFIC_SHARE
         and best.z >= 3.0
+        and best.lift >= MIN_LIFT
     ):
         scope[best.dimension] = best.value
         # Attributes that select the same requests (host and instance of one replica) name the same slice.

@@ -1,0 +1,157 @@
+"""Benchmark: a full diagnosis (all rules) over 10 million engine request spans.
+
+Builds (once, cached in the temp directory) a DuckDB store with N engine
+request spans, half before and half after a deploy, with realistic attributes
+(16 replicas on 8 hosts, 3 models, 20 tenants, 2 routes in the attribute maps;
+lognormal prompt and output lengths; cached tokens; queue, prefill, decode,
+TTFT, TPOT, e2e) plus a metric stream (running/waiting/KV gauges and
+prefix-cache counters per replica every 10 s), and a real regression: decode
+on one host runs 2x slower after the deploy. Then times, in the same run, a
+full ``diagnose`` and a bare DuckDB exact p99 of e2e grouped by window.
+
+The spans table is created from ``schema.SPANS_DDL`` without its primary key:
+building that index over 10 M rows takes minutes and no query here uses it.
+
+    python tests/benchmarks/diagnose.py [--spans 10000000] [--db PATH] [--repeat 2]
+
+Last line: ``diagnose: spans=N seconds=S bare_p99_seconds=B ratio=S/B``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+from sre_agent import schema
+from sre_agent.selection import Selection
+
+T0_NS = 1_790_000_000 * 1_000_000_000
+HOUR_NS = 3600 * 1_000_000_000
+
+
+def build(path: Path, n: int) -> None:
+    """Write the benchmark store (see module docstring)."""
+    tmp = path.with_suffix(".building")
+    tmp.unlink(missing_ok=True)
+    con = duckdb.connect(str(tmp))
+    con.execute(schema.SPANS_DDL.replace(",\n    PRIMARY KEY (trace_id, span_id)", ""))
+    con.execute(schema.METRIC_POINTS_DDL)
+    con.execute(schema.DEPLOYS_DDL)
+    con.execute(
+        f"""
+        INSERT INTO spans
+        WITH base AS (
+          SELECT i, (i >= {n} // 2) AS cand, {T0_NS} + CAST(i * (2.0 * {HOUR_NS} / {n}) AS BIGINT) AS start_ns,
+            hash(i) AS h, random() AS r1, random() AS r2, random() AS r3, random() AS r4
+          FROM range({n}) t(i)
+        ), a AS (
+          SELECT *, 'gpu-' || (h % 8) AS host, 'vllm-' || (h % 16) AS pod, 't-' || ((h >> 8) % 20) AS tenant,
+            ['llama-70b', 'llama-8b', 'qwen-32b'][CAST(1 + (h >> 16) % 3 AS BIGINT)] AS model,
+            ['/v1/chat/completions', '/v1/completions'][CAST(1 + (h >> 20) % 2 AS BIGINT)] AS route,
+            CAST(exp(6.0 + 1.0 * sqrt(-2 * ln(r1 + 1e-12)) * cos(6.283 * r2)) AS BIGINT) + 1 AS inp,
+            CAST(exp(5.0 + 0.8 * sqrt(-2 * ln(r2 + 1e-12)) * cos(6.283 * r3)) AS BIGINT) + 2 AS outp
+          FROM base
+        ), l AS (
+          SELECT *, CAST(inp * (0.5 * r3) AS BIGINT) AS cached,
+            -ln(r4 + 1e-9) * 0.05 AS queue,
+            (inp - CAST(inp * (0.5 * r3) AS BIGINT)) * 0.00008 * (0.8 + 0.4 * r1) AS prefill,
+            (outp - 1) * 0.02 * (0.9 + 0.2 * r2) * CASE WHEN cand AND host = 'gpu-3' THEN 2.0 ELSE 1.0 END AS decode
+          FROM a
+        )
+        SELECT printf('%032x', i), printf('%016x', i), NULL, 'llm_request', 'server', start_ns,
+          start_ns + CAST((queue + prefill + decode) * 1e9 AS BIGINT), queue + prefill + decode,
+          'unset', NULL, 'vllm', CASE WHEN cand THEN 'v2' ELSE 'v1' END, pod, host, tenant, 'vllm.llm_engine', true,
+          model, 'req-' || i, inp, outp, cached, queue, queue + prefill, prefill, decode, prefill + decode,
+          queue + prefill + decode, decode / (outp - 1), CASE WHEN r1 < 0.05 THEN 'length' ELSE 'stop' END, 0, NULL,
+          map(['host.name', 'service.instance.id', 'service.version', 'service.name'],
+              [host, pod, CASE WHEN cand THEN 'v2' ELSE 'v1' END, 'vllm']),
+          map(['gen_ai.request.model', 'tenant.id', 'http.route', 'gen_ai.request.max_tokens'],
+              [model, tenant, route, '1024'])
+        FROM l
+        """
+    )
+    # Metric stream: per replica every 10 s, gauges plus cumulative prefix-cache counters.
+    con.execute(
+        f"""
+        INSERT INTO metric_points
+        WITH ticks AS (
+          SELECT r AS replica, k, {T0_NS} + k * 10 * 1000000000 AS time_ns, (k >= 360) AS cand
+          FROM range(16) a(r), range(720) b(k)
+        ), m AS (
+          SELECT t.*, x.name, x.kind,
+            CASE x.name
+              WHEN 'vllm:num_requests_running' THEN 40 + 10 * random()
+              WHEN 'vllm:num_requests_waiting' THEN 2 * random()
+              WHEN 'vllm:kv_cache_usage_perc' THEN 0.5 + 0.2 * random()
+              WHEN 'vllm:prefix_cache_queries' THEN k * 30000.0
+              ELSE k * 15000.0 END AS value
+          FROM ticks t, (VALUES ('vllm:num_requests_running', 'gauge'), ('vllm:num_requests_waiting', 'gauge'),
+                                ('vllm:kv_cache_usage_perc', 'gauge'), ('vllm:prefix_cache_queries', 'sum'),
+                                ('vllm:prefix_cache_hits', 'sum')) x(name, kind)
+        )
+        SELECT name, name, kind, NULL, time_ns, {T0_NS}, value, kind = 'sum',
+          CASE WHEN kind = 'sum' THEN 'cumulative' END, NULL, NULL, NULL, NULL, 'vllm',
+          CASE WHEN cand THEN 'v2' ELSE 'v1' END, 'vllm-' || replica, 'gpu-' || (replica % 8), 'llama-70b',
+          name || '|vllm-' || replica, map(['host.name'], ['gpu-' || (replica % 8)]), map(['model_name'], ['llama-70b'])
+        FROM m
+        """
+    )
+    con.execute(f"INSERT INTO deploys VALUES ({T0_NS + HOUR_NS}, 'vllm', 'v2', 'v1', 'benchmark', NULL)")
+    con.execute("CHECKPOINT")
+    con.close()
+    tmp.rename(path)
+
+
+def bare_p99(path: Path) -> float:
+    """Seconds for an exact p99 of e2e per window, straight in DuckDB."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        started = time.perf_counter()
+        con.sql(
+            f"SELECT start_ns >= {T0_NS + HOUR_NS} AS window, quantile_cont(e2e_s, 0.99) FROM spans "
+            "WHERE is_engine GROUP BY ALL"
+        ).fetchall()
+        return time.perf_counter() - started
+    finally:
+        con.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spans", type=int, default=10_000_000)
+    parser.add_argument("--db", type=Path, default=None)
+    parser.add_argument("--repeat", type=int, default=2, help="timed runs of each; the best is reported")
+    args = parser.parse_args()
+    path = args.db or Path(tempfile.gettempdir()) / f"sre-agent-diagnose-bench-{args.spans}.duckdb"
+    if not path.exists():
+        started = time.perf_counter()
+        build(path, args.spans)
+        print(f"built {path} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    from sre_agent import diagnose
+
+    selection = Selection(mode="since_last_deploy")
+    diagnose(path, selection)  # warm the OS file cache and imports, as a running server would be
+    seconds, bare = [], []
+    report = None
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        report = diagnose(path, selection)
+        seconds.append(time.perf_counter() - started)
+        bare.append(bare_p99(path))
+    assert report is not None
+    top = report.findings[0]
+    print(f"top finding: {top.cause} scope={dict(top.scope)} score={top.score:.2f}", file=sys.stderr)
+    slowest = sorted(((v, k) for k, v in report.timings.items() if k.startswith("rule.")), reverse=True)[:4]
+    print("slowest rules: " + ", ".join(f"{k[5:]} {v:.2f}s" for v, k in slowest), file=sys.stderr)
+    s, b = min(seconds), min(bare)
+    print(f"diagnose: spans={args.spans} seconds={s:.2f} bare_p99_seconds={b:.2f} ratio={s / b:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
