@@ -50,14 +50,16 @@ from sre_agent.rules_api import Evidence, Regression, SidePair
 if TYPE_CHECKING:
     from sre_agent.compare import Comparison
     from sre_agent.decompose import StageDecomposition
-    from sre_agent.metric_view import MetricView
+    from sre_agent.metric_view import HistogramDelta, MetricView
 
 #: Relative change of offered load per replica still counted as the same load.
 SAME_LOAD: Final[float] = 0.10
 #: Width (ratio) of a running-batch bucket: narrow enough that load-driven batch growth stays visible.
 RUNNING_BUCKET: Final[float] = 1.25
-#: The step cap (p99 tokens per step, work-adjusted) must move by this factor to call the batch shape changed.
+#: The p99 tokens per step (work-adjusted) must move by this factor to call the batch shape changed.
 BATCH_SHAPE_FACTOR: Final[float] = 1.5
+#: Quantile of tokens per step whose bucket stands for the step budget.
+CAP_QUANTILE: Final[float] = 0.999
 _NS: Final[int] = 1_000_000_000
 
 
@@ -200,12 +202,15 @@ class BatchShape:
     ``work_ratio`` is the candidate/baseline ratio of uncached prompt tokens
     per request (1 when unknown): a cache-hit drop or longer prompts make
     prefill steps bigger without any change to how the engine batches.
+    ``cap`` is the upper bound of the histogram bucket holding the 99.9th
+    percentile: the largest steps the engine runs, pinned by its token budget.
     """
 
     mean: SidePair
     p90: SidePair
     p99: SidePair
     steps: SidePair
+    cap: SidePair
     work_ratio: float = 1.0
 
     def adjusted(self, pair: SidePair) -> float | None:
@@ -214,19 +219,24 @@ class BatchShape:
         return None if r is None else r / self.work_ratio
 
     @property
-    def cap_ratio(self) -> float | None:
-        """Work-adjusted ratio of the p99 tokens per step (the step budget shows there)."""
+    def p99_ratio(self) -> float | None:
+        """Work-adjusted candidate/baseline ratio of the p99 tokens per step."""
         return self.adjusted(self.p99)
 
     @property
     def changed(self) -> bool:
-        """Whether the work-adjusted p99 tokens per step moved by :data:`BATCH_SHAPE_FACTOR` or more.
+        """Whether the step budget moved: the largest steps changed bucket *and* the p99 moved with them.
 
-        The mean is not used: it grows with the running batch (more decodes per
-        step), so load or slower decodes move it without any batching change.
+        The work-adjusted p99 must move by :data:`BATCH_SHAPE_FACTOR` and the
+        cap by a factor of 2 (one power-of-two bucket) in the same direction.
+        Longer steps under load or slower decodes collect more arrivals, which
+        moves the p99 while the budget-pinned cap stays; the mean is not used
+        at all (it grows with the running batch).
         """
-        r = self.cap_ratio
-        return r is not None and (r >= BATCH_SHAPE_FACTOR or r <= 1 / BATCH_SHAPE_FACTOR)
+        r, cap = self.p99_ratio, self.cap.ratio
+        if r is None or cap is None:
+            return False
+        return (r >= BATCH_SHAPE_FACTOR and cap >= 2.0) or (r <= 1 / BATCH_SHAPE_FACTOR and cap <= 0.5)
 
     def evidence(self) -> list[Evidence]:
         """Evidence rows for the tokens-per-step distribution."""
@@ -234,9 +244,24 @@ class BatchShape:
             Evidence("iteration_tokens_mean", rnd(self.mean.baseline, 1), rnd(self.mean.candidate, 1),
                      "tokens per engine step (vllm:iteration_tokens)"),
             Evidence("iteration_tokens_p99", rnd(self.p99.baseline, 1), rnd(self.p99.candidate, 1),
-                     "tokens per engine step, 99th percentile (bounded by max_num_batched_tokens); uncached prompt "
-                     f"tokens per request changed x{self.work_ratio:.2f}"),
+                     "tokens per engine step, 99th percentile; uncached prompt tokens per request changed "
+                     f"x{self.work_ratio:.2f}"),
+            Evidence("iteration_tokens_cap", self.cap.baseline, self.cap.candidate,
+                     "bucket bound of the 99.9th percentile of tokens per step (pinned by max_num_batched_tokens)"),
         ]  # fmt: skip
+
+
+def _cap(hist: HistogramDelta) -> float | None:
+    """Upper bound of the bucket holding the 99.9th percentile (the last finite bound for the +Inf bucket)."""
+    total = hist.count
+    if total == 0 or not hist.bounds:
+        return None
+    seen = 0
+    for i, c in enumerate(hist.counts):
+        seen += c
+        if seen >= CAP_QUANTILE * total:
+            return float(hist.bounds[min(i, len(hist.bounds) - 1)])
+    return float(hist.bounds[-1])
 
 
 def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape | None:
@@ -264,6 +289,7 @@ def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape 
         SidePair(b.quantile(0.9), c.quantile(0.9)),
         SidePair(b.quantile(0.99), c.quantile(0.99)),
         SidePair(float(b.count), float(c.count)),
+        SidePair(_cap(b), _cap(c)),
         work,
     )
 

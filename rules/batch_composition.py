@@ -9,9 +9,11 @@ stalls every decode sharing it (ITL/TPOT tails rise, vllm RFC#3130).
 
 Signals:
 
-* ``vllm:iteration_tokens`` histogram: mean and p99 tokens per step per
-  window. Its p99 carries the step budget and is what is judged (the mean
-  grows with the running batch under any load). Both are divided by the change
+* ``vllm:iteration_tokens`` histogram: mean, p99 and cap (the bucket of the
+  99.9th percentile) of tokens per step per window. The budget shows in the
+  largest steps: the shape counts as changed when the cap moved by a bucket
+  (x2) and the p99 by x1.5 the same way (the mean grows with the running batch
+  under any load and is not judged). Mean and p99 are divided by the change
   in uncached prompt tokens per request (prompt-token counter per request x
   (1 - prefix-cache hit rate)), because a cache-hit drop or longer prompts
   make prefill steps bigger without any change in batching;
@@ -33,8 +35,8 @@ Without it (spans only): a running batch that moved by 30 % or more at the
 same arrival rate and mix while queueing did not carry the excess gives at
 most 0.3, since span overlap alone cannot tell batching from a slowdown.
 
-Quiet when the work-adjusted step shape moved by less than x1.5, or when
-arrivals or work per request changed (then other rules own the change).
+Quiet when the step shape did not change as above, or when the load per
+replica or the work per request changed (then other rules own the change).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def batch_composition(
     at_stake = engine_share(stages, regression, comparison)
     shape = batch_shape(metrics, comparison.request_counts)
     if shape is not None:
-        cap = shape.cap_ratio
+        cap = shape.p99_ratio
         if not shape.changed or cap is None or cap <= 0:
             return None
         strength = abs(math.log(cap))
