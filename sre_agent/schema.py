@@ -174,10 +174,14 @@ def spans_arrow_schema() -> pa.Schema:
     return pa.schema([pa.field(c.name, c.arrow) for c in SPAN_COLUMNS])
 
 
+# (trace_id, span_id) and (series_key, time_ns) are unique, but enforced by
+# Store's append (an anti-join over the batch's time range), not by a
+# PRIMARY KEY: DuckDB's ART index for it made the file ~4x larger (about
+# 100 bytes per row) and must be maintained on every insert.
 SPANS_DDL: Final[str] = (
     "CREATE TABLE IF NOT EXISTS spans (\n    "
     + ",\n    ".join(f"{c.name} {c.duckdb}" for c in SPAN_COLUMNS)
-    + ",\n    PRIMARY KEY (trace_id, span_id)\n)"
+    + "\n)"
 )
 
 
@@ -214,7 +218,7 @@ def metric_points_arrow_schema() -> pa.Schema:
 METRIC_POINTS_DDL: Final[str] = (
     "CREATE TABLE IF NOT EXISTS metric_points (\n    "
     + ",\n    ".join(f"{c.name} {c.duckdb}" for c in METRIC_POINT_COLUMNS)
-    + ",\n    PRIMARY KEY (series_key, time_ns)\n)"
+    + "\n)"
 )
 
 DEPLOYS_DDL: Final[str] = """CREATE TABLE IF NOT EXISTS deploys (

@@ -230,33 +230,43 @@ class Store:
     def _insert(
         self, table_name: str, batch: pa.Table, *, key: tuple[str, str], time_column: str, lo: int, hi: int
     ) -> int:
-        """One INSERT ... SELECT from the Arrow batch, skipping known keys.
+        """Append the rows of ``batch`` (sorted by time) whose key is new; returns how many.
 
-        A resent row is identical to the stored one, so its time lies in the
-        batch's [lo, hi] range: the existence check scans only that range,
+        Two steps: find the new rows from the key columns alone, then append
+        just those. The check never converts the batch's MAP columns (the
+        costly part of an Arrow insert), so a re-sent batch costs little. A
+        re-sent row is identical to the stored one, so its time lies in the
+        batch's [lo, hi] range and only that range of the table is scanned,
         which the zone maps make cheap.
         """
         con = self._con
-        con.register("_sre_batch", batch)
+        ids = batch.select(list(key)).append_column("_position", pa.array(range(batch.num_rows), pa.int64()))
+        first, second = key
         try:
-            joined = " AND ".join(f"s.{k} = b.{k}" for k in key)
-            partition = ", ".join(key)
-            result = con.execute(
-                f"""INSERT INTO {table_name}
-                SELECT * EXCLUDE (_rn) FROM (
-                    SELECT *, row_number() OVER (PARTITION BY {partition}) AS _rn FROM _sre_batch
-                ) b
-                WHERE _rn = 1 AND NOT EXISTS (
-                    SELECT 1 FROM {table_name} s WHERE s.{time_column} BETWEEN ? AND ? AND {joined}
-                )
-                ORDER BY {time_column}""",
-                [lo, hi],
-            ).fetchone()
+            con.register("_sre_ids", ids)
+            try:
+                fresh = con.execute(
+                    f"""SELECT b._position FROM _sre_ids b
+                    ANTI JOIN (
+                        SELECT {first}, {second} FROM {table_name} WHERE {time_column} BETWEEN ? AND ?
+                    ) s ON s.{first} = b.{first} AND s.{second} = b.{second}
+                    QUALIFY row_number() OVER (PARTITION BY b.{first}, b.{second} ORDER BY b._position) = 1
+                    ORDER BY b._position""",
+                    [lo, hi],
+                ).fetchnumpy()["_position"]
+            finally:
+                con.unregister("_sre_ids")
+            if len(fresh) == 0:
+                return 0
+            rows = batch if len(fresh) == batch.num_rows else batch.take(pa.array(fresh))
+            con.register("_sre_rows", rows)
+            try:
+                con.execute(f"INSERT INTO {table_name} SELECT * FROM _sre_rows")
+            finally:
+                con.unregister("_sre_rows")
         except duckdb.Error as exc:
             raise StoreError(f"cannot append to {table_name} in {self.path}: {exc}") from exc
-        finally:
-            con.unregister("_sre_batch")
-        return int(result[0]) if result else 0
+        return len(fresh)
 
     # ------------------------------------------------------------ deploys
 

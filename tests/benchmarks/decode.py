@@ -18,26 +18,21 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import time
+from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from sre_agent.normalise import Normaliser
 from sre_agent.otlp import decode_traces
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
+
+from otlp_builders import key_values
+
 T0 = 1_760_000_000_000_000_000
 MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "mistralai/Mistral-7B-Instruct-v0.3"]
-
-
-def _value(value: object) -> AnyValue:
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    return AnyValue(string_value=str(value))
 
 
 def span_attributes(rng: random.Random) -> dict[str, object]:
@@ -78,14 +73,15 @@ def build_bodies(spans: int, batch: int, seed: int = 7) -> list[bytes]:
         request = ExportTraceServiceRequest()
         resource_spans = request.resource_spans.add()
         resource_spans.resource.attributes.extend(
-            KeyValue(key=k, value=_value(v))
-            for k, v in {
-                "service.name": "vllm-server",
-                "service.version": "0.11.0",
-                "service.instance.id": "vllm-0",
-                "host.name": "gpu-node-3",
-                "telemetry.sdk.name": "opentelemetry",
-            }.items()
+            key_values(
+                {
+                    "service.name": "vllm-server",
+                    "service.version": "0.11.0",
+                    "service.instance.id": "vllm-0",
+                    "host.name": "gpu-node-3",
+                    "telemetry.sdk.name": "opentelemetry",
+                }
+            )
         )
         scope_spans = resource_spans.scope_spans.add()
         scope_spans.scope.name = "vllm.llm_engine"
@@ -98,7 +94,7 @@ def build_bodies(spans: int, batch: int, seed: int = 7) -> list[bytes]:
                 start_time_unix_nano=T0 + i * 1_000_000,
                 end_time_unix_nano=T0 + i * 1_000_000 + 2_000_000_000,
             )
-            span.attributes.extend(KeyValue(key=k, value=_value(v)) for k, v in span_attributes(rng).items())
+            span.attributes.extend(key_values(span_attributes(rng)))
         bodies.append(request.SerializeToString())
     return bodies
 
