@@ -75,9 +75,9 @@ class Server:
         return code
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def regression_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """v1 baseline and v2 candidate whose TTFT doubled (4000 requests each)."""
+    """v1 baseline and v2 candidate whose TTFT doubled (4000 requests each); read-only in every test."""
     path = tmp_path_factory.mktemp("canary") / "regression.duckdb"
     version_pair_store(path, n_baseline=4000, n_candidate=4000, candidate=Profile(ttft_scale=2.0), seed=5)
     return path

@@ -138,10 +138,9 @@ def test_json_contract_round_trip() -> None:
 
 # ------------------------------------------------------------------ real store
 @pytest.fixture
-def regression_db(tmp_path: Path) -> Path:
-    path = tmp_path / "store.duckdb"
-    version_pair_store(path, n_baseline=4000, n_candidate=4000, candidate=Profile(ttft_scale=2.0), seed=5)
-    return path
+def regression_db(regression_store: Path) -> Path:
+    """The session's v1/v2 store whose candidate TTFT doubled (see conftest)."""
+    return regression_store
 
 
 def test_evaluate_on_a_store_fails_a_regressed_version_and_explains(regression_db: Path) -> None:
