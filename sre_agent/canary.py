@@ -19,7 +19,13 @@ A check **fails** only when its whole interval lies beyond the threshold,
 error ``alpha`` (default 0.05) is split evenly over the checks (Bonferroni),
 and a relative check splits its share over its two sides, so the chance
 that a polled gate *ever* fails a candidate that meets all its SLOs (or
-ever passes one that misses one) stays at most ``alpha``.
+ever passes one that misses one) stays at most ``alpha`` for independent
+requests. Time-correlated requests (engine batches) are allowed for with an
+estimated design effect (see :mod:`sre_agent.sequential`), a heuristic.
+
+Per-check status: ``pass``, ``fail``, ``nodata`` (CONTRACTS section 4) and
+``inconclusive`` (an additive value: the interval straddles the threshold,
+or there are fewer than ``min_samples`` values).
 
 Overall verdict (checks with fewer than ``min_samples`` values are
 inconclusive, never pass):
