@@ -71,9 +71,10 @@ class Deploy:
 
 def _locked_message(path: str, exc: Exception) -> str:
     return (
-        f"the store {path} is locked by another process ({exc}). Stop that process, or talk to it "
-        "with --url http://HOST:4318 (e.g. `sre-agent ingest --url ...`), or open the file read-only "
-        "when no writer holds it."
+        f"the store {path} is locked by another process ({exc}). If that is `sre-agent serve`, send "
+        "telemetry to its OTLP endpoint (e.g. http://127.0.0.1:4318/v1/traces) and query it with "
+        "--url http://127.0.0.1:4318; otherwise stop that process. A read-only open also needs the "
+        "writer to be gone (DuckDB allows one writing process and no readers beside it)."
     )
 
 

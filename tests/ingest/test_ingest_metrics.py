@@ -137,3 +137,26 @@ def test_point_without_time_is_rejected(norm: Normaliser) -> None:
     decoded = _decode([{"name": "g", "kind": "gauge", "points": [{"time": 0, "value": 1.0}]}], norm)
     assert (decoded.rejected, decoded.table.num_rows) == (1, 0)
     assert decoded.table.schema == metric_points_arrow_schema()
+
+
+def test_exponential_histogram_and_summary(norm: Normaliser) -> None:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    request = ExportMetricsServiceRequest()
+    metrics = request.resource_metrics.add().scope_metrics.add().metrics
+    exponential = metrics.add(name="latency.exp").exponential_histogram
+    exponential.aggregation_temporality = 1
+    point = exponential.data_points.add(time_unix_nano=T0, count=6, sum=9.0, scale=0, zero_count=1)
+    point.positive.offset = 1
+    point.positive.bucket_counts.extend([2, 3])
+    summary = metrics.add(name="latency.summary").summary
+    summary.data_points.add(time_unix_nano=T0, count=4, sum=2.0)
+    rows = {
+        r["name"]: r for r in decode_metrics(request.SerializeToString(), PROTOBUF, normaliser=norm).table.to_pylist()
+    }
+    exp = rows["latency.exp"]
+    # scale 0: base 2, bucket k covers (2**k, 2**(k+1)]; zero and negative counts fold into the first bucket
+    assert exp["bounds"] == [2.0, 4.0, 8.0]
+    assert exp["bucket_counts"] == [1, 2, 3, 0]
+    assert (exp["kind"], exp["temporality"], exp["count"], exp["sum"]) == ("exponential_histogram", "delta", 6, 9.0)
+    assert (rows["latency.summary"]["count"], rows["latency.summary"]["sum"]) == (4, 2.0)
