@@ -4,6 +4,7 @@ through `sre-agent ingest`, the store output and the SDK exporters into a runnin
 from __future__ import annotations
 
 import base64
+import dataclasses
 import sys
 from collections import Counter
 from pathlib import Path
@@ -215,3 +216,14 @@ def test_sdk_exporters_into_serve_reject_nothing(protocol: str, tmp_path: Path) 
         m.name for data in expected.metrics for rm in data.resource_metrics for m in rm.scope_metrics[0].metrics
     )
     assert counts["metrics"]["vllm:kv_cache_usage_perc"] == scrapes["vllm:kv_cache_usage_perc"]
+
+
+def test_same_seed_same_bytes_other_seed_other_traffic(tmp_path: Path) -> None:
+    from sre_agent.replays.outputs import JsonLinesOutput
+
+    scenario = load_scenario("retry_amplification_flaky_replica").scaled(0.03)
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"]
+    for path, seed in zip(paths, (5, 5, 6), strict=True):
+        replay(dataclasses.replace(scenario, seed=seed), JsonLinesOutput(path))
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert paths[0].read_bytes() != paths[2].read_bytes()
