@@ -24,7 +24,7 @@ def test_one_side_empty_is_a_clear_error(make_store: MakeStore) -> None:
         baseline=Window(deploy - 200 * NS, deploy),
         candidate=Window(deploy + 3600 * NS, deploy + 7200 * NS),
     )
-    with pytest.raises(InsufficientDataError, match="candidate window .* holds no engine requests"):
+    with pytest.raises(InsufficientDataError, match=r"candidate window .* holds no engine requests"):
         diagnose(path, sel)
 
 
@@ -75,7 +75,10 @@ def test_malformed_rows_are_ignored_and_reported(make_store: MakeStore) -> None:
 
 
 def test_a_rule_that_raises_is_reported_and_skipped(make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sre_agent import diagnose as diagnose_module
+    import importlib
+
+    # the package attribute `diagnose` is the function; the module lives in sys.modules
+    diagnose_module = importlib.import_module("sre_agent.diagnose")
 
     def broken(regression: object) -> None:
         raise RuntimeError("boom")

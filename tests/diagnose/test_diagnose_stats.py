@@ -61,9 +61,12 @@ def test_compare_quantile_detects_a_shift_and_not_a_null() -> None:
     slower = _hist(list(rng.lognormal(0.3, 0.5, 8000)))
     null = stats.compare_quantile(base, same, 0.99)
     shift = stats.compare_quantile(base, slower, 0.99)
-    assert null.diff_ci is not None and null.diff_ci[0] < 0 < null.diff_ci[1]
-    assert shift.diff_ci is not None and shift.diff_ci[0] > 0
-    assert shift.ratio is not None and shift.ratio == pytest.approx(math.exp(0.3), rel=0.08)
+    assert null.diff_ci is not None
+    assert null.diff_ci[0] < 0 < null.diff_ci[1]
+    assert shift.diff_ci is not None
+    assert shift.diff_ci[0] > 0
+    assert shift.ratio is not None
+    assert shift.ratio == pytest.approx(math.exp(0.3), rel=0.08)
 
 
 def test_tail_test_catches_a_variance_only_change_that_mann_whitney_misses() -> None:
@@ -72,19 +75,23 @@ def test_tail_test_catches_a_variance_only_change_that_mann_whitney_misses() -> 
     # Same median, much wider spread: the p99 moves, the location does not.
     cand = rng.normal(1.0, 0.20, 6000)
     location_p = stats.mann_whitney(base, cand)
-    assert location_p is not None and location_p > 0.05
+    assert location_p is not None
+    assert location_p > 0.05
     tail = stats.tail_test(_hist(list(base)), _hist(list(cand)), 0.99)
     assert tail is not None
     _, cand_share, p = tail
-    assert cand_share > 0.05 and p < 1e-4
+    assert cand_share > 0.05
+    assert p < 1e-4
     hl = stats.hodges_lehmann(base, cand)
-    assert hl is not None and abs(hl) < 0.01
+    assert hl is not None
+    assert abs(hl) < 0.01
 
 
 def test_mann_whitney_sees_a_location_shift() -> None:
     rng = np.random.default_rng(2)
     p = stats.mann_whitney(rng.normal(1, 0.1, 500), rng.normal(1.05, 0.1, 500))
-    assert p is not None and p < 1e-6
+    assert p is not None
+    assert p < 1e-6
     assert stats.mann_whitney([1.0] * 5, [2.0] * 5) is None  # below the minimum sample
 
 

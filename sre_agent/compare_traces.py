@@ -1,0 +1,234 @@
+"""Spans outside the engine: traces, gateway and dependency time, failed logical requests.
+
+A mixin of :class:`sre_agent.compare.Comparison` (split out to keep each file
+readable); everything here reads the same windows and sample.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from sre_agent.metric_view import fetch_one
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+    from sre_agent.compare import SideWindow
+
+__all__ = ["MAX_DIMENSION_VALUES", "NOT_DIMENSION_PREFIXES", "TraceAggregates"]
+
+_NS = 1_000_000_000
+#: Most distinct values an attribute may have to count as a localisation dimension.
+MAX_DIMENSION_VALUES = 64
+# Attributes that are never localisation dimensions: identifiers, token counts, latencies, content.
+NOT_DIMENSION_PREFIXES: tuple[str, ...] = (
+    "gen_ai.latency.",
+    "gen_ai.usage.",
+    "gen_ai.request.id",
+    "gen_ai.response.id",
+    "gen_ai.input",
+    "gen_ai.output",
+    "gen_ai.prompt",
+    "gen_ai.completion",
+    "http.request.resend_count",
+    "process.pid",
+    "telemetry.",
+)
+_SIDES = ("baseline", "candidate")
+
+
+def _q(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class TraceAggregates:
+    """Trace-level views of a comparison (needs ``con``, ``_windows``, ``_tag``, ``requests``, ``engine_sql``)."""
+
+    con: duckdb.DuckDBPyConnection
+    _windows: dict[str, SideWindow]
+    _tag: str
+    _trace_cache: pl.DataFrame | None
+    _engine_failed: dict[str, int]
+
+    @property
+    def request_counts(self) -> dict[str, int]:  # provided by Comparison
+        raise NotImplementedError
+
+    @property
+    def requests(self) -> pl.DataFrame:  # provided by Comparison
+        raise NotImplementedError
+
+    def engine_sql(self, columns: str = "*", *, sampled: bool = False) -> str:  # provided by Comparison
+        raise NotImplementedError
+
+    # --------------------------------------------------------- other spans
+    @cached_property
+    def has_other_spans(self) -> bool:
+        """Whether the windows hold any non-engine spans (gateway, dependencies)."""
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        lo, hi = min(b.start_ns, c.start_ns), max(b.end_ns, c.end_ns)
+        row = fetch_one(
+            self.con.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM spans WHERE NOT coalesce(is_engine, false) "
+                f"AND start_ns >= {lo} AND start_ns < {hi} LIMIT 1)"
+            )
+        )
+        return bool(row and row[0])
+
+    def _trace_frame(self, requests: pl.DataFrame) -> pl.DataFrame:
+        """Per trace of the sampled requests: root/dependency/engine time and the root span's dimensions."""
+        import polars as pl
+
+        if self._trace_cache is not None:
+            return self._trace_cache
+        reg, temp = f"sre_req_{self._tag}", f"sre_roots_{self._tag}"
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        # Other services' spans may start a little earlier or later (queues, clock skew): widen the
+        # time bound by an hour so zone maps still prune the scan.
+        lo, hi = min(b.start_ns, c.start_ns) - 3600 * _NS, max(b.end_ns, c.end_ns) + 3600 * _NS
+        self.con.register(reg, requests.select("trace_id").unique().to_arrow())
+        try:
+            self.con.execute(
+                f"""
+                CREATE OR REPLACE TEMP TABLE {temp} AS
+                WITH t AS (
+                  SELECT trace_id, span_id, parent_span_id, coalesce(is_engine, false) AS engine,
+                    CASE WHEN duration_s >= 0 AND isfinite(duration_s) THEN duration_s END AS dur,
+                    attributes, resource_attributes
+                  FROM spans s WHERE start_ns >= {lo} AND start_ns < {hi}
+                    AND trace_id IN (SELECT trace_id FROM {reg})
+                ),
+                engine_parents AS (SELECT DISTINCT trace_id, parent_span_id AS span_id FROM t WHERE engine)
+                SELECT t.trace_id,
+                  max(CASE WHEN t.parent_span_id IS NULL AND NOT t.engine THEN t.dur END) AS trace_s,
+                  coalesce(sum(CASE WHEN NOT t.engine AND t.parent_span_id IS NOT NULL AND ep.span_id IS NULL
+                               THEN t.dur END), 0) AS dependency_s,
+                  count(*) FILTER (WHERE t.engine) AS attempts,
+                  coalesce(sum(CASE WHEN t.engine THEN t.dur END), 0) AS engine_s,
+                  any_value(t.attributes) FILTER (WHERE t.parent_span_id IS NULL AND NOT t.engine) AS root_attributes,
+                  any_value(t.resource_attributes) FILTER (WHERE t.parent_span_id IS NULL AND NOT t.engine)
+                    AS root_resource
+                FROM t LEFT JOIN engine_parents ep ON t.trace_id = ep.trace_id AND t.span_id = ep.span_id
+                GROUP BY t.trace_id
+                """
+            )
+            rows = self.con.sql(
+                f"""
+                SELECT key, count(DISTINCT value) FROM (
+                  SELECT unnest(map_entries(root_attributes), recursive := true) FROM {temp}
+                  UNION ALL SELECT unnest(map_entries(root_resource), recursive := true) FROM {temp})
+                GROUP BY key
+                """
+            ).fetchall()
+            keys = sorted(
+                str(k)
+                for k, n in rows
+                if 2 <= int(n) <= MAX_DIMENSION_VALUES and not str(k).startswith(NOT_DIMENSION_PREFIXES)
+            )
+            dims = "".join(
+                f", coalesce(root_attributes[{_q(k)}], root_resource[{_q(k)}]) AS {_ident('root:' + k)}" for k in keys
+            )
+            table = self.con.sql(
+                f"SELECT trace_id, trace_s, dependency_s, attempts, engine_s, "
+                f"CASE WHEN trace_s IS NOT NULL THEN greatest(0, trace_s - engine_s - dependency_s) END AS gateway_s"
+                f"{dims} FROM {temp}"
+            ).to_arrow_table()
+        finally:
+            self.con.unregister(reg)
+            self.con.execute(f"DROP TABLE IF EXISTS {temp}")
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        self._trace_cache = frame
+        return frame
+
+    @cached_property
+    def traces(self) -> pl.DataFrame:
+        """Per sampled engine request: its trace's root, gateway and dependency time.
+
+        Columns: ``trace_id``, ``span_id``, ``side``, ``trace_s`` (root span
+        duration; None when the engine span is the root), ``gateway_s`` (root
+        minus engine calls minus dependencies, >= 0), ``dependency_s`` (summed
+        durations of non-engine spans that do not wrap an engine call),
+        ``attempts`` (engine spans in the trace). Durations come from each
+        span's own clock, so clock skew between services does not bias them.
+        Empty when the windows hold no non-engine spans.
+        """
+        import polars as pl
+
+        schema = {"trace_id": pl.String, "span_id": pl.String, "side": pl.String, "trace_s": pl.Float64,
+                  "gateway_s": pl.Float64, "dependency_s": pl.Float64, "attempts": pl.Int64}  # fmt: skip
+        requests = self.requests
+        if "trace_s" not in requests.columns:
+            return pl.DataFrame(schema=schema)
+        return requests.select(*schema).filter(pl.col("attempts").is_not_null()).cast(schema)  # type: ignore[arg-type]
+
+    @cached_property
+    def spans(self) -> pl.DataFrame:
+        """Non-engine span groups per side: ``side, service_name, name, kind, count, p50_s, p99_s, mean_s, errors``.
+
+        A span belongs to a side by its own start time and, in version mode,
+        by the version of the engine requests in the same trace being
+        unknowable here, so version mode uses time bounds only.
+        """
+        import polars as pl
+
+        if not self.has_other_spans:
+            return pl.DataFrame(
+                schema={"side": pl.String, "service_name": pl.String, "name": pl.String, "kind": pl.String,
+                        "count": pl.Int64, "p50_s": pl.Float64, "p99_s": pl.Float64, "mean_s": pl.Float64,
+                        "errors": pl.Int64}
+            )  # fmt: skip
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        side = (
+            f"CASE WHEN start_ns >= {b.start_ns} AND start_ns < {b.end_ns} THEN 'baseline' "
+            f"WHEN start_ns >= {c.start_ns} AND start_ns < {c.end_ns} THEN 'candidate' END"
+        )
+        svc = f"AND service_name = {_q(self.selection.service)}" if False else ""
+        table = self.con.execute(
+            f"""
+            SELECT side, service_name, name, kind, count(*) AS count,
+              quantile_cont(duration_s, 0.5) AS p50_s, quantile_cont(duration_s, 0.99) AS p99_s,
+              avg(duration_s) AS mean_s, count(*) FILTER (WHERE status_code = 'error') AS errors
+            FROM (SELECT {side} AS side, * FROM spans WHERE NOT coalesce(is_engine, false)
+                  AND duration_s >= 0 AND isfinite(duration_s) {svc})
+            WHERE side IS NOT NULL GROUP BY ALL ORDER BY service_name, name, side
+            """
+        ).to_arrow_table()
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    @cached_property
+    def failures(self) -> dict[str, tuple[int, int]]:
+        """side -> (failed, total) logical requests.
+
+        Root spans (the gateway's view) when the windows hold non-engine spans, so requests
+        rejected before reaching an engine count; else engine spans with status ERROR or a
+        finish reason of ``abort``/``error``.
+        """
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        if self.has_other_spans:
+            side = (
+                f"CASE WHEN start_ns >= {b.start_ns} AND start_ns < {b.end_ns} THEN 'baseline' "
+                f"WHEN start_ns >= {c.start_ns} AND start_ns < {c.end_ns} THEN 'candidate' END"
+            )
+            sql = (
+                f"SELECT side, count(*) FILTER (WHERE status_code = 'error'), count(*) FROM "
+                f"(SELECT {side} AS side, status_code FROM spans WHERE parent_span_id IS NULL "
+                f"AND NOT coalesce(is_engine, false) AND start_ns >= {min(b.start_ns, c.start_ns)} "
+                f"AND start_ns < {max(b.end_ns, c.end_ns)}) WHERE side IS NOT NULL GROUP BY side"
+            )
+        else:
+            # counted in the comparison's one scan over the engine spans
+            counts = self.request_counts
+            return {s: (self._engine_failed.get(s, 0), counts[s]) for s in _SIDES}
+        rows = self.con.sql(sql).fetchall()
+        out: dict[str, tuple[int, int]] = dict.fromkeys(_SIDES, (0, 0))
+        out.update({str(r[0]): (int(r[1]), int(r[2])) for r in rows})
+        return out
