@@ -121,6 +121,16 @@ def headline_column(regression: Regression, columns: list[str]) -> str:
     return column if column in columns else "e2e_s"
 
 
+def latency_share(regression: Regression, explained: float) -> float:
+    """``explained`` for a latency headline; 0 when the headline is the error rate.
+
+    A latency mechanism (cache, batching, KV, slowdowns, dependencies,
+    retries) does not account for a rise of the failed share; the ``errors``
+    rule does.
+    """
+    return 0.0 if regression.metric == "error_rate" else explained
+
+
 def tail_shares(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> dict[str, float]:
     """Each stage's share of the headline's tail excess.
 
@@ -314,6 +324,7 @@ __all__ = [
     "confined_slice",
     "engine_share",
     "headline_column",
+    "latency_share",
     "metric_hit_rate",
     "other_spans_sql",
     "per_request",

@@ -30,6 +30,9 @@ Signals:
 the headline's tail excess x ``min(1, |ln(work-adjusted p99 ratio)| / ln 4)``
 (a 4x change in the step cap counts as the whole engine excess).
 
+``explained`` is 0 when the headline is the error rate (no latency mechanism
+accounts for failed requests).
+
 ``confidence``: 0.9 x ``min(1, |ln ratio| / ln 2)`` with the histogram.
 Without it (spans only): a running batch that moved by 30 % or more at the
 same arrival rate and mix while queueing did not carry the excess gives at
@@ -50,7 +53,7 @@ from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import batch_shape, load_per_replica, running_batch
-from sre_agent.rules._mechanism import clip01, engine_share, rnd, side, tail_shares
+from sre_agent.rules._mechanism import clip01, engine_share, latency_share, rnd, side, tail_shares
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
 #: Arrival-rate change beyond which batch changes are load's doing.
@@ -129,7 +132,7 @@ def batch_composition(
             cause="batch_composition",
             title=f"Tokens per engine step {direction} at the same load (p99 {shape.p99.baseline:.0f} -> "
             f"{shape.p99.candidate:.0f}): the step budget or chunked prefill changed",
-            explained=at_stake * clip01(strength / math.log(4.0)),
+            explained=latency_share(regression, at_stake * clip01(strength / math.log(4.0))),
             confidence=0.9 * clip01(strength / math.log(2.0)),
             stage=stage,
             evidence=tuple(evidence),
@@ -144,7 +147,7 @@ def batch_composition(
         cause="batch_composition",
         title=f"Running batch changed {running.baseline:.1f} -> {running.candidate:.1f} requests at the same "
         "load and mix (no tokens-per-step metric to confirm)",
-        explained=at_stake * clip01(strength / math.log(4.0)),
+        explained=latency_share(regression, at_stake * clip01(strength / math.log(4.0))),
         confidence=SPANS_ONLY_CONFIDENCE * clip01(strength / math.log(2.0)),
         stage=None,
         evidence=tuple(evidence),

@@ -19,6 +19,9 @@ replica is unchanged and preemptions did not rise (slower steps then fill the
 slots and requests queue: Little's law), times the share of the raw log change
 of TPOT that remains at equal buckets (``conditional / raw``).
 
+``explained`` is 0 when the headline is the error rate (no latency mechanism
+accounts for failed requests).
+
 ``confidence``: significance of the conditional change's z score x
 ``min(1, rise / 30 %)`` x bucket coverage (``min(1, covered share / 0.5)``),
 x 0.4 when the step cap (p99 tokens per step) moved (``batch_composition``)
@@ -46,7 +49,7 @@ from sre_agent.rules._engine_cost import (
     load_per_replica,
     service_time_queue_share,
 )
-from sre_agent.rules._mechanism import Z_MIN, rnd, stage_share
+from sre_agent.rules._mechanism import Z_MIN, latency_share, rnd, stage_share
 from sre_agent.rules_api import Evidence, Finding, Regression
 
 NEXT_CHECK: Final[str] = (
@@ -82,7 +85,7 @@ def decode_slowdown(
     return Finding(
         cause="decode_slowdown",
         title=f"Time per output token rose {verdict.rise:.0%} at the same running batch size and prompt length",
-        explained=verdict.explained,
+        explained=latency_share(regression, verdict.explained),
         confidence=confidence,
         stage="decode",
         evidence=evidence,

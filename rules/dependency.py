@@ -21,6 +21,9 @@ dependencies explain ``D / T``; the shifted group gets its part of that,
 ``calls x shift``. Without root spans: the group's added seconds per request
 over the headline's excess.
 
+``explained`` is 0 when the headline is the error rate (no latency mechanism
+accounts for failed requests).
+
 ``confidence``: significance of the group's z x ``min(1, relative rise / 0.5)``.
 
 Quiet when no group shifted; :class:`RuleSkipped` without non-engine spans,
@@ -38,6 +41,7 @@ from sre_agent.compare import Comparison
 from sre_agent.rules._mechanism import (
     clip01,
     confined_slice,
+    latency_share,
     other_spans_sql,
     ratio_estimate,
     rnd,
@@ -151,7 +155,7 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
                 cause="dependency",
                 title=f"Dependency span {name!r} ({service}) got {rise:.0%} slower{where}: "
                 f"{mean_b * 1e3:.1f} -> {mean_c * 1e3:.1f} ms mean",
-                explained=explained,
+                explained=latency_share(regression, explained),
                 confidence=significance(z) * min(1.0, rise / FULL_RISE),
                 stage="dependency",
                 scope={scope[0]: scope[1]} if scope else {},

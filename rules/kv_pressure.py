@@ -24,6 +24,9 @@ whole tail); when the cache filled up (p90 >= 80 % after rising 30 points),
 the queue's share counts in full, since new requests then wait for free
 blocks whether or not they are preempted.
 
+``explained`` is 0 when the headline is the error rate (no latency mechanism
+accounts for failed requests).
+
 ``confidence``: significance of a Poisson z score of the preemption rate
 with an over-dispersion of 2 (one step preempts several requests at once),
 at least 0.7 when the KV cache also filled up (p90 >= 80 % after rising 30
@@ -46,7 +49,7 @@ from typing import Final
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import clip01, engine_share, rnd, significance, tail_shares
+from sre_agent.rules._mechanism import clip01, engine_share, latency_share, rnd, significance, tail_shares
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 
 #: Counter over-dispersion: preemptions arrive in bursts, not one by one.
@@ -141,7 +144,7 @@ def kv_pressure(
         cause="kv_pressure",
         title=f"KV cache under pressure ({what}; KV usage p90 {_pct(usage_p90.baseline)} -> "
         f"{_pct(usage_p90.candidate)}): preempted requests wait and recompute",
-        explained=explained,
+        explained=latency_share(regression, explained),
         confidence=confidence,
         stage=stage,
         scope=scope,

@@ -22,6 +22,9 @@ of it when decode slowed less than prefill at equal batch size, since
 prefill chunks share steps with decodes) times the share of the raw log
 change that remains at equal buckets.
 
+``explained`` is 0 when the headline is the error rate (no latency mechanism
+accounts for failed requests).
+
 ``confidence``: as ``decode_slowdown`` (significance x effect size x coverage,
 x 0.4 when the step cap moved, x 0.25 when the uncached work per request changed,
 x 0.5 when the offered load per replica changed), halved without any
@@ -45,7 +48,7 @@ from sre_agent.rules._engine_cost import (
     load_per_replica,
     service_time_queue_share,
 )
-from sre_agent.rules._mechanism import PER_TOKEN_METRICS, rnd, stage_share
+from sre_agent.rules._mechanism import PER_TOKEN_METRICS, latency_share, rnd, stage_share
 from sre_agent.rules_api import Evidence, Finding, Regression
 
 #: Confidence factor when nothing says how many prompt tokens were cached.
@@ -90,7 +93,7 @@ def prefill_slowdown(
     return Finding(
         cause="prefill_slowdown",
         title=f"Prefill time per uncached prompt token rose {verdict.rise:.0%} at the same running batch size",
-        explained=verdict.explained,
+        explained=latency_share(regression, verdict.explained),
         confidence=confidence,
         stage="prefill",
         evidence=evidence,

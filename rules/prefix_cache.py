@@ -26,6 +26,9 @@ The drop is measured against the hit rate *expected* for the candidate's
 prompts under the baseline's caching (see ``_expected_hit_rate``), so a
 longer-prompt mix is not read as a cache failure.
 
+``explained`` is 0 when the headline is the error rate (no latency mechanism
+accounts for failed requests).
+
 ``confidence``: spans: significance of the drop's z score times
 ``min(1, drop / 0.2)``; counters or gauge only (exact totals without a
 per-request variance): ``0.85 x min(1, drop / 0.2)``.
@@ -47,6 +50,7 @@ from sre_agent.rules._mechanism import (
     clip01,
     confined_slice,
     headline_column,
+    latency_share,
     metric_hit_rate,
     pow2_bucket,
     ratio_estimate,
@@ -182,7 +186,7 @@ def prefix_cache(
         cause="prefix_cache",
         title=f"Prefix-cache hit rate fell {rate.baseline:.0%} -> {rate.candidate:.0%}{where}: "
         f"{drop:.0%} more of each prompt is prefilled again",
-        explained=explained,
+        explained=latency_share(regression, explained),
         confidence=confidence,
         stage="prefill",
         scope=scope,

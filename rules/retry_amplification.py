@@ -20,6 +20,9 @@ above that side's quantile (the headline quantile) of the root duration, or
 of the headline's own per-trace time when the headline is gateway or
 dependency time (failed attempts and back-off are gateway time).
 
+``explained`` is 0 when the headline is the error rate (no latency mechanism
+accounts for failed requests).
+
 ``confidence``: significance of the z score of attempts per request x
 ``min(1, rise / 0.1)`` (ten extra attempts per hundred requests counts as
 unmistakable).
@@ -38,6 +41,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.rules._mechanism import (
     clip01,
+    latency_share,
     other_spans_sql,
     ratio_estimate,
     rnd,
@@ -130,7 +134,7 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
     return Finding(
         cause="retry_amplification",
         title=f"Attempts per request rose {eb.value:.3f} -> {ec.value:.3f}: retries amplify load and latency",
-        explained=explained,
+        explained=latency_share(regression, explained),
         confidence=significance(z) * min(1.0, rise / FULL_RISE),
         stage="gateway",
         evidence=evidence,
