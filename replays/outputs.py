@@ -40,6 +40,7 @@ __all__ = [
     "TelemetryOutput",
     "metrics_to_otlp_json",
     "spans_to_otlp_json",
+    "spans_to_otlp_json_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -106,26 +107,56 @@ def _scope(scope: InstrumentationScope | None) -> dict[str, Any]:
     return out
 
 
-def _span(span: ReadableSpan) -> dict[str, Any]:
+# Pre-encoded JSON text of repeated pieces: attribute keys, span names, non-float KeyValues.
+_TEXT_CACHE: dict[object, str] = {}
+_TEXT_CACHE_MAX = 100_000
+
+
+def _cached_text(key: object, make: Any) -> str:
+    text = _TEXT_CACHE.get(key)
+    if text is None:
+        text = make()
+        if len(_TEXT_CACHE) < _TEXT_CACHE_MAX:
+            _TEXT_CACHE[key] = text
+    return text
+
+
+def _attributes_text(attrs: Any) -> str:
+    parts = []
+    for k, v in attrs.items():
+        if type(v) is float:
+            key = _cached_text(("k", k), lambda k=k: json.dumps(k))
+            parts.append('{"key":' + key + ',"value":{"doubleValue":' + repr(v) + "}}")
+        else:
+            parts.append(
+                _cached_text(
+                    ("kv", k, type(v), v),
+                    lambda k=k, v=v: json.dumps({"key": k, "value": _any_value(v)}, separators=(",", ":")),
+                )
+            )
+    return "[" + ",".join(parts) + "]"
+
+
+def _span_text(span: ReadableSpan) -> str:
     ctx = span.context
     assert ctx is not None
-    out: dict[str, Any] = {
-        "traceId": f"{ctx.trace_id:032x}",
-        "spanId": f"{ctx.span_id:016x}",
-    }
+    parent = span.parent
     # SpanFlags as the SDK encoder sets them: "has is_remote" (0x100), "is remote" (0x200) for the parent.
-    flags = 0x100
-    if span.parent is not None:
-        out["parentSpanId"] = f"{span.parent.span_id:016x}"
-        if span.parent.is_remote:
-            flags |= 0x200
-    out["flags"] = flags
-    out["name"] = span.name
-    out["kind"] = span.kind.value + 1  # SDK SpanKind starts at INTERNAL=0; OTLP at UNSPECIFIED=0
-    out["startTimeUnixNano"] = str(span.start_time)
-    out["endTimeUnixNano"] = str(span.end_time)
+    if parent is not None:
+        head = (
+            f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}",'
+            f'"parentSpanId":"{parent.span_id:016x}","flags":{0x300 if parent.is_remote else 0x100}'
+        )
+    else:
+        head = f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}","flags":256'
+    name = _cached_text(("n", span.name), lambda: json.dumps(span.name))
+    # SDK SpanKind starts at INTERNAL=0; OTLP at UNSPECIFIED=0
+    text = (
+        f'{head},"name":{name},"kind":{span.kind.value + 1},'
+        f'"startTimeUnixNano":"{span.start_time}","endTimeUnixNano":"{span.end_time}"'
+    )
     if span.attributes:
-        out["attributes"] = _attributes(span.attributes)
+        text += ',"attributes":' + _attributes_text(span.attributes)
     status: dict[str, Any] = {}
     if span.status.status_code is StatusCode.ERROR:
         status["code"] = 2
@@ -133,13 +164,16 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
         status["code"] = 1
     if span.status.description:
         status["message"] = span.status.description
-    out["status"] = status
-    return out
+    return text + ',"status":' + (json.dumps(status, separators=(",", ":")) if status else "{}") + "}"
 
 
-def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
-    """An ``ExportTraceServiceRequest`` in OTLP/JSON, spans grouped by resource then scope."""
-    groups: dict[int, tuple[Resource, dict[str, tuple[InstrumentationScope | None, list[dict[str, Any]]]]]] = {}
+def spans_to_otlp_json_text(spans: Sequence[ReadableSpan]) -> str:
+    """An ``ExportTraceServiceRequest`` as OTLP/JSON text, spans grouped by resource then scope.
+
+    Built as text rather than through ``json.dumps`` of nested dicts: spans are
+    the bulk of a replay's output and this is its hot path.
+    """
+    groups: dict[int, tuple[Resource, dict[str, tuple[InstrumentationScope | None, list[str]]]]] = {}
     for span in spans:
         res = span.resource
         entry = groups.get(id(res))
@@ -150,16 +184,24 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
         bucket = entry[1].get(key)
         if bucket is None:
             bucket = entry[1][key] = (scope, [])
-        bucket[1].append(_span(span))
-    return {
-        "resourceSpans": [
-            {
-                "resource": _resource(res),
-                "scopeSpans": [{"scope": _scope(scope), "spans": items} for scope, items in scopes.values()],
-            }
-            for res, scopes in groups.values()
-        ]
-    }
+        bucket[1].append(_span_text(span))
+    compact = (",", ":")
+    resource_spans = []
+    for res, scopes in groups.values():
+        scope_spans = ",".join(
+            '{"scope":' + json.dumps(_scope(scope), separators=compact) + ',"spans":[' + ",".join(items) + "]}"
+            for scope, items in scopes.values()
+        )
+        resource_spans.append(
+            '{"resource":' + json.dumps(_resource(res), separators=compact) + ',"scopeSpans":[' + scope_spans + "]}"
+        )
+    return '{"resourceSpans":[' + ",".join(resource_spans) + "]}"
+
+
+def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """The same request as a JSON object (parsed from :func:`spans_to_otlp_json_text`)."""
+    result: dict[str, Any] = json.loads(spans_to_otlp_json_text(spans))
+    return result
 
 
 def _number_point(point: Any, with_start: bool = True) -> dict[str, Any]:
@@ -238,22 +280,22 @@ class JsonLinesOutput:
         raw: io.BufferedIOBase = gzip.open(self.path, "wb", compresslevel=3) if gz else open(self.path, "wb")  # noqa: SIM115
         self._fh: io.BufferedIOBase | None = raw
 
-    def _write(self, obj: dict[str, Any]) -> None:
+    def _write(self, text: str) -> None:
         if self._fh is None:
             raise SreAgentError(f"{self.path}: output already closed")
-        self._fh.write(json.dumps(obj, separators=(",", ":"), check_circular=False).encode())
+        self._fh.write(text.encode())
         self._fh.write(b"\n")
         self.lines += 1
 
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
         """Write one ``{"resourceSpans": ...}`` line."""
         if spans:
-            self._write(spans_to_otlp_json(spans))
+            self._write(spans_to_otlp_json_text(spans))
 
     def export_metrics(self, data: MetricsData) -> None:
         """Write one ``{"resourceMetrics": ...}`` line."""
         if data.resource_metrics:
-            self._write(metrics_to_otlp_json(data))
+            self._write(json.dumps(metrics_to_otlp_json(data), separators=(",", ":"), check_circular=False))
 
     def shutdown(self) -> None:
         """Close the file."""
