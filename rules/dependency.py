@@ -5,8 +5,9 @@ and the calls to dependencies. When one dependency (a span group: service,
 name, kind) slows down, every trace that calls it is longer by its calls
 per trace x the shift of its mean duration, whatever the engine does.
 
-Signals: every non-engine span that is neither a trace root nor a wrapper
-of an engine call (gateway attempt spans), grouped by (service, name, kind);
+Signals: every non-engine span that is neither a trace root nor in a group
+of engine-call wrappers (gateway attempt spans, failed ones included),
+grouped by (service, name, kind);
 per side its mean duration with a cluster-robust SE over time slices, its
 p99 and its calls per logical request (root spans). A group counts as shifted
 when its mean rose by 20 % and 5 ms or more with z >= 2. Its scope is the
@@ -94,15 +95,19 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
     sql = other_spans_sql(comparison)
     slices = comparison.con.sql(
         f"""SELECT side, slice, service_name, name, kind, count(*) AS n, sum(duration_s) AS total_s
-            FROM {sql} WHERE NOT is_root AND NOT wraps_engine AND duration_s IS NOT NULL GROUP BY ALL"""
+            FROM {sql} WHERE NOT is_root AND duration_s IS NOT NULL GROUP BY ALL"""
     ).pl()
     roots = comparison.con.sql(f"SELECT side, count(*) AS n FROM {sql} WHERE is_root GROUP BY side").pl()
     root_n = {r["side"]: int(r["n"]) for r in roots.to_dicts()}
+    # Engine-call groups (gateway attempt spans) are not dependencies, including their failed
+    # attempts that never reached an engine: a group is an engine call if any of its spans wraps one.
+    callers = comparison.con.sql(f"SELECT DISTINCT service_name, name, kind FROM {sql} WHERE wraps_engine").pl()
+    slices = slices.join(callers, on=["service_name", "name", "kind"], how="anti", nulls_equal=True)
     if slices.height == 0:
         raise RuleSkipped("no dependency spans (only gateway roots and engine-call wrappers)")
     p99 = comparison.con.sql(
         f"""SELECT side, service_name, name, kind, quantile_cont(duration_s, 0.99) AS p99_s FROM {sql}
-            WHERE NOT is_root AND NOT wraps_engine GROUP BY ALL"""
+            WHERE NOT is_root GROUP BY ALL"""
     ).pl()
     shifted: list[_Shift] = []
     positive_total = 0.0
@@ -196,7 +201,7 @@ def _scope(
     spans = comparison.con.sql(
         f"""SELECT side, trace_id, duration_s FROM {sql} WHERE service_name IS NOT DISTINCT FROM ?
             AND name IS NOT DISTINCT FROM ? AND kind IS NOT DISTINCT FROM ? AND duration_s IS NOT NULL
-            AND NOT is_root AND NOT wraps_engine""",
+            AND NOT is_root""",
         params=list(group),
     ).pl()
     per_trace = comparison.requests.select("trace_id", *dims).unique("trace_id")
