@@ -124,9 +124,13 @@ def _cached_text(key: object, make: Any) -> str:
 def _attributes_text(attrs: Any) -> str:
     parts = []
     for k, v in attrs.items():
-        if type(v) is float:
+        kind = type(v)
+        if kind is float or kind is int:  # unique values (latencies, token counts): no caching
             key = _cached_text(("k", k), lambda k=k: json.dumps(k))
-            parts.append('{"key":' + key + ',"value":{"doubleValue":' + repr(v) + "}}")
+            if kind is float:
+                parts.append('{"key":' + key + ',"value":{"doubleValue":' + repr(v) + "}}")
+            else:
+                parts.append('{"key":' + key + ',"value":{"intValue":"' + str(v) + '"}}')
         else:
             parts.append(
                 _cached_text(
