@@ -33,7 +33,10 @@ the headline's tail excess x ``min(1, |ln(work-adjusted p99 ratio)| / ln 4)``
 ``explained`` is 0 when the headline is the error rate (no latency mechanism
 accounts for failed requests).
 
-``confidence``: 0.9 x ``min(1, |ln ratio| / ln 2)`` with the histogram.
+``confidence``: 0.9 x ``min(1, |ln ratio| / ln 2)`` with the histogram, x
+``|ln ratio| / ln(1 + rise)`` when decode or prefill cost at equal batch size
+rose by more than the step shape moved (slower steps gather more arrivals
+per step, so the shape then follows a slowdown).
 Without it (spans only): a running batch that moved by 30 % or more at the
 same arrival rate and mix while queueing did not carry the excess gives at
 most 0.3, since span overlap alone cannot tell batching from a slowdown.
@@ -45,16 +48,16 @@ replica or the work per request changed (then other rules own the change).
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Final, Literal
 
 import polars as pl
 
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import batch_shape, load_per_replica, running_batch
-from sre_agent.rules._mechanism import clip01, engine_share, latency_share, rnd, side, tail_shares
-from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
+from sre_agent.rules._engine_cost import batch_shape, engine_cost, load_per_replica, running_batch
+from sre_agent.rules._mechanism import Z_MIN, clip01, engine_share, latency_share, rnd, side, tail_shares
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 
 #: Arrival-rate change beyond which batch changes are load's doing.
 MAX_RATE_CHANGE: Final[float] = 0.15
@@ -65,10 +68,25 @@ SPAN_BATCH_CHANGE: Final[float] = 1.3
 #: Confidence ceiling on spans alone.
 SPANS_ONLY_CONFIDENCE: Final[float] = 0.3
 
+_ENGINE_COSTS: Final[tuple[Literal["decode", "prefill"], ...]] = ("decode", "prefill")
+
 NEXT_CHECK: Final[str] = (
     "diff the resolved max_num_batched_tokens, enable_chunked_prefill and max_num_seqs in the engine start-up "
     "logs (defaults depend on GPU and version); replay the candidate with the baseline's values"
 )
+
+
+def _step_cost_rise(comparison: Comparison, metrics: MetricView) -> tuple[str, float] | None:
+    """The larger significant rise of decode or prefill cost at equal batch size, if any."""
+    rises: list[tuple[str, float]] = []
+    for stage in _ENGINE_COSTS:
+        try:
+            cost = engine_cost(comparison, metrics, stage)
+        except RuleSkipped:
+            continue
+        if cost.shift is not None and cost.shift.z >= Z_MIN and cost.shift.rise > 0:
+            rises.append((cost.column, cost.shift.rise))
+    return max(rises, key=lambda r: r[1]) if rises else None
 
 
 def _changed(ratio: float | None, limit: float) -> bool:
@@ -126,6 +144,14 @@ def batch_composition(
             return None
         strength = abs(math.log(cap))
         evidence = [*shape.evidence(), *evidence]
+        confidence = 0.9 * clip01(strength / math.log(2.0))
+        slower = _step_cost_rise(comparison, metrics)
+        if slower is not None and math.log1p(slower[1]) > strength:
+            # Slower steps gather more arrivals per step, so the step shape follows an engine
+            # slowdown; a shape change smaller than the slowdown is more likely its echo.
+            confidence *= strength / math.log1p(slower[1])
+            evidence.append(Evidence(f"{slower[0]}_change_at_equal_batch", 0.0, rnd(slower[1]),
+                                     "per-token cost rose more than the step shape changed"))  # fmt: skip
         direction = "rose" if cap > 1 else "fell"
         stage = "decode" if cap > 1 else "prefill"  # bigger steps stall decodes; smaller ones stretch prefills
         return Finding(
@@ -133,7 +159,7 @@ def batch_composition(
             title=f"Tokens per engine step {direction} at the same load (p99 {shape.p99.baseline:.0f} -> "
             f"{shape.p99.candidate:.0f}): the step budget or chunked prefill changed",
             explained=latency_share(regression, at_stake * clip01(strength / math.log(4.0))),
-            confidence=0.9 * clip01(strength / math.log(2.0)),
+            confidence=confidence,
             stage=stage,
             evidence=tuple(evidence),
             next_check=NEXT_CHECK,
