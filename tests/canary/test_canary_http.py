@@ -173,3 +173,31 @@ def test_evaluation_store_is_bounded_and_expires() -> None:
         assert store.get(first) is None  # expired
         assert len(store) == 0
         gate.set_result(None)
+
+
+# The README's AnalysisTemplate URL and Flagger metadata, verbatim (args substituted as Argo would).
+README_ARGO_QUERY = (
+    "baseline_version={{args.stable-version}}&candidate_version={{args.canary-version}}"
+    "&slo=ttft_p99=2s,itl_p99=80ms,error_rate=1%25,goodput=0.95&max_regression=ttft_p99=15%25"
+)
+README_FLAGGER_METADATA = {
+    "slo": "ttft_p99=2s,itl_p99=80ms,error_rate=1%,goodput=0.95",
+    "max_regression": "ttft_p99=15%",
+    "min_samples": "200",
+}
+
+
+def test_readme_argo_url_and_flagger_metadata_work_verbatim(server: Server, client: httpx.Client) -> None:
+    query = README_ARGO_QUERY.replace("{{args.stable-version}}", "v1").replace("{{args.canary-version}}", "v2")
+    argo = client.get(f"{server.url}/api/v1/canary?{query}")
+    assert argo.status_code == 200, argo.text
+    doc = argo.json()
+    assert [c["name"] for c in doc["slos"]] == ["ttft_p99", "itl_p99", "error_rate", "goodput", "ttft_p99 regression"]
+    assert doc["slos"][2]["threshold"] == pytest.approx(0.01)
+    assert argo_measure(argo) == "Failed"  # the store's candidate doubled its TTFT
+    flagger = client.post(
+        f"{server.url}/api/v1/canary/webhook",
+        json=_flagger("Progressing", {**VERSIONS, **README_FLAGGER_METADATA}),
+    )
+    assert flagger.status_code == 412
+    assert [c["name"] for c in flagger.json()["slos"]] == [c["name"] for c in doc["slos"]]
