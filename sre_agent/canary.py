@@ -551,12 +551,10 @@ def render(result: Verdict, fmt: str = "text") -> str:
         head += f" [dry run; real verdict {result.real_verdict}]"
     lines = [f"## {head}" if md else head, ""]
     b, c = result.baseline, result.candidate
-    lines.append(
-        f"baseline:  {b.get('requests', 0)} requests {b.get('start', '')}..{b.get('end', '')} {b.get('filter', '')}"
-    )
-    lines.append(
-        f"candidate: {c.get('requests', 0)} requests {c.get('start', '')}..{c.get('end', '')} {c.get('filter', '')}"
-    )
+    for label, side in (("baseline: ", b), ("candidate:", c)):
+        where = ", ".join(f"{k}={v}" for k, v in (side.get("filter") or {}).items())
+        span = f"{side.get('start', '')}..{side.get('end', '')}" if side.get("start") else ""
+        lines.append(f"{label} {side.get('requests', 0)} requests {span} {where}".rstrip())
     lines.append("")
     if md:
         lines += ["| check | status | threshold | baseline | candidate | CI |", "|---|---|---|---|---|---|"]
