@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -20,7 +21,7 @@ READY_TIMEOUT_S = 30.0
 class Server:
     """A running ``sre-agent serve`` child with its base URL; stderr is kept for failure messages."""
 
-    def __init__(self, db: Path, *extra: str) -> None:
+    def __init__(self, db: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -38,6 +39,7 @@ class Server:
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         self.stderr: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()

@@ -201,3 +201,26 @@ def test_readme_argo_url_and_flagger_metadata_work_verbatim(server: Server, clie
     )
     assert flagger.status_code == 412
     assert [c["name"] for c in flagger.json()["slos"]] == [c["name"] for c in doc["slos"]]
+
+
+def test_tokens_and_tenant_scoping(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A tenant token judges only its tenant's spans; no token is a 401 (an Argo Error, not a verdict)."""
+    from canary_synth import version_pair_store
+
+    db = tmp_path_factory.mktemp("tenants") / "store.duckdb"
+    version_pair_store(db, n_baseline=300, n_candidate=300, seed=1)  # spans without tenant.id
+    srv = Server(db, env={"SRE_AGENT_TOKEN": "admin-token", "SRE_AGENT_TENANT_TOKENS": "acme-token=acme"})
+    try:
+        url = f"{srv.url}/api/v1/canary"
+        params = {**VERSIONS, "slo": "e2e_p99=600s", "findings": "0"}
+        with httpx.Client(timeout=ARGO_TIMEOUT_S) as http:
+            assert http.get(url, params=params).status_code == 401
+            admin = http.get(url, params=params, headers={"Authorization": "Bearer admin-token"})
+            assert admin.status_code == 200
+            assert admin.json()["candidate"]["requests"] == 300
+            acme = http.get(url, params=params, headers={"Authorization": "Bearer acme-token"})
+            assert acme.status_code == 200
+            assert acme.json()["verdict"] == "inconclusive"  # acme has no spans: nothing of another tenant leaks
+            assert "no engine requests" in acme.json()["reasons"][0]
+    finally:
+        assert srv.stop() == 0, "".join(srv.stderr)
