@@ -97,6 +97,8 @@ def _export_handler(ctx: ApiContext, signal: str) -> Callable[[bytes, grpc.Servi
     def _decode(request: bytes, context: grpc.ServicerContext) -> Any:
         try:
             ctx.writer.check_capacity()
+            if ctx.decode_pool is not None and request:
+                return ctx.decode_pool.submit(signal, request, PROTOBUF).result()
             return decode_payload(signal, request, PROTOBUF, ctx.normaliser)
         except OverloadedError as exc:
             _abort_unavailable(context, str(exc), exc.retry_after_s)

@@ -52,6 +52,7 @@ from sre_agent.receiver import (
 if TYPE_CHECKING:
     import duckdb
 
+    from sre_agent.decode_pool import DecodePool
     from sre_agent.normalise import Normaliser
     from sre_agent.store import Store
 
@@ -110,6 +111,7 @@ class ApiContext:
             on the writer thread (e.g. to insert a deploy marker).
         stats: receiver counters (``/metrics``).
         normaliser: the ingest normaliser shared by the receivers.
+        decode_pool: worker processes decoding OTLP bodies (None = decode in-process).
     """
 
     config: Config
@@ -117,6 +119,7 @@ class ApiContext:
     writer: Writer
     stats: ReceiverStats
     normaliser: Normaliser
+    decode_pool: DecodePool | None = None
     # Read cursors are derived from one connection that nothing else uses, under a
     # lock: DuckDB connection objects are not thread-safe, and the store's own
     # connection belongs to the writer thread.
@@ -349,11 +352,15 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
         except BadPayloadError as exc:
             return status_response(400, _RPC_INVALID_ARGUMENT, str(exc), media_type)
         try:
+            if ctx.decode_pool is not None and body:
+                return await asyncio.wrap_future(ctx.decode_pool.submit(signal, body, media_type))
             if len(body) > _INLINE_DECODE_BYTES:
                 from starlette.concurrency import run_in_threadpool
 
                 return await run_in_threadpool(decode_payload, signal, body, media_type, ctx.normaliser)
             return decode_payload(signal, body, media_type, ctx.normaliser)
+        except OverloadedError as exc:
+            return _overloaded(exc, media_type, closing=ctx.writer.closing)
         except BadPayloadError as exc:
             return status_response(400, _RPC_INVALID_ARGUMENT, str(exc), media_type)
         except Exception as exc:  # boundary: client bytes crashed the decoder; a bug, but not the client's 5xx
@@ -478,18 +485,22 @@ def _hash_key(config: Config, store: Store) -> bytes:
 
 
 @contextlib.contextmanager
-def open_context(config: Config) -> Iterator[ApiContext]:
+def open_context(config: Config, *, decode_workers: int = 0) -> Iterator[ApiContext]:
     """Open the store for writing, start the writer; on exit flush the queue and close the store.
+
+    ``decode_workers`` > 0 decodes OTLP bodies in that many worker processes.
 
     Raises:
         StoreLockedError: another process holds ``config.db``.
     """
+    from sre_agent.decode_pool import DecodePool
     from sre_agent.normalise import Normaliser
     from sre_agent.store import Store
 
     store = Store.open(config.db)
     writer: Writer | None = None
     ctx: ApiContext | None = None
+    pool: DecodePool | None = None
     try:
         stats = ReceiverStats()
         writer = Writer(
@@ -504,10 +515,22 @@ def open_context(config: Config) -> Iterator[ApiContext]:
             max_attribute_bytes=config.max_attribute_bytes,
             hash_key=_hash_key(config, store),
         )
-        ctx = ApiContext(config=config, store=store, writer=writer, stats=stats, normaliser=normaliser)
+        if decode_workers > 0:
+            pool = DecodePool(
+                decode_workers,
+                keep_content=normaliser.keep_content,
+                max_attribute_bytes=normaliser.max_attribute_bytes,
+                hash_key=normaliser.hash_key,
+            )
+            pool.warm_up()
+        ctx = ApiContext(
+            config=config, store=store, writer=writer, stats=stats, normaliser=normaliser, decode_pool=pool
+        )
         writer.start()
         yield ctx
     finally:
+        if pool is not None:
+            pool.close()
         if writer is not None:
             writer.close()
         if ctx is not None:
@@ -557,6 +580,7 @@ def serve(
     *,
     on_ready: Callable[[ServeAddresses], None] | None = None,
     route_modules: tuple[str, ...] = API_ROUTE_MODULES,
+    decode_workers: int = 0,
 ) -> None:
     """Run the receivers and the API until SIGTERM/SIGINT, then flush and return.
 
@@ -567,7 +591,7 @@ def serve(
     queued, close the store. A second signal stops waiting for in-flight requests.
     """
     grpc_server: Any = None
-    with open_context(config) as ctx:
+    with open_context(config, decode_workers=decode_workers) as ctx:
         try:
             app = build_app(ctx, route_modules)
             http_sock = _bind(config.host, config.http_port)

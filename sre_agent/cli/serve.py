@@ -48,6 +48,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="store prompt/completion attributes verbatim instead of length + keyed hash",
     )
+    parser.add_argument(
+        "--decode-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="decode OTLP bodies in N worker processes (default 0: in the server process)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -71,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         print("sre-agent serve: ready (Ctrl-C or SIGTERM to stop)", file=sys.stderr, flush=True)
 
     try:
-        serve(config, on_ready=announce)
+        serve(config, on_ready=announce, decode_workers=args.decode_workers)
     except StoreLockedError as exc:
         # The CLI prints SreAgentErrors without a traceback; make sure the file is named.
         if config.db in str(exc):

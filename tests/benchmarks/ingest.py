@@ -154,6 +154,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=512, help="spans per request")
     parser.add_argument("--senders", type=int, default=2, help="sender processes")
     parser.add_argument("--connections", type=int, default=4, help="keep-alive connections per sender process")
+    parser.add_argument("--decode-workers", type=int, default=0, help="passed to `sre-agent serve --decode-workers`")
     parser.add_argument("--db", type=Path, help="store file (default: a temporary directory)")
     args = parser.parse_args()
 
@@ -161,7 +162,7 @@ def main() -> int:
     total = requests * args.batch
     tmp = tempfile.TemporaryDirectory(prefix="sre-agent-bench-")
     db = args.db or Path(tmp.name) / "ingest.duckdb"
-    server = start_serve(db, grpc=False)
+    server = start_serve(db, "--decode-workers", str(args.decode_workers), grpc=False)
     print(f"serve pid {server.proc.pid} on {server.http_url}, store {db}", file=sys.stderr)
     overhead = empty_requests_per_s(server.http_url)
     print(f"receiver overhead: {overhead:.0f} empty requests/s ({1000 / overhead:.2f} ms per request)")

@@ -35,7 +35,8 @@ class Running:
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     db = tmp_path_factory.mktemp("bad_input") / "store.duckdb"
-    server = start_serve(db, env={"SRE_AGENT_MAX_BODY_BYTES": str(MAX_BODY)}, grpc=False)
+    # Decoding in a worker process here (the other suites decode in-process): errors must cross it intact.
+    server = start_serve(db, "--decode-workers", "1", env={"SRE_AGENT_MAX_BODY_BYTES": str(MAX_BODY)}, grpc=False)
     client = httpx.Client(base_url=server.http_url, timeout=30)
     try:
         good = client.post("/v1/traces", content=vllm_request(GOOD_SPANS).SerializeToString(), headers=_ct(PROTOBUF))
