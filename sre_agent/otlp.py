@@ -26,8 +26,6 @@ protobuf message first, so every transport yields the same rows.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from dataclasses import dataclass, field
 from functools import cache
@@ -42,6 +40,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from sre_agent._otlp_json import fill_traces_request
 from sre_agent._otlp_metrics import flatten_metrics
 from sre_agent._spans import flatten_spans
 from sre_agent.errors import BadPayloadError
@@ -136,8 +135,7 @@ def decode_traces(body: bytes, content_type: str, *, normaliser: Normaliser) -> 
         BadPayloadError: the body cannot be parsed at all.
     """
     if _is_json(content_type):
-        request = _json_request(body, trace_service_pb2.ExportTraceServiceRequest, _fix_trace_ids)
-        return spans_from_proto(request, normaliser)
+        return _spans_from_document(_load_json(body), normaliser)
     try:
         lite = _lite_request_class().FromString(body)
     except DecodeError as exc:
@@ -175,29 +173,34 @@ def _is_json(content_type: str) -> bool:
     raise BadPayloadError(f"unsupported content type {content_type!r}")
 
 
-def _json_request(body: bytes, message_class: type[Message], fix_ids: Any) -> Message:
-    """Parse an OTLP/JSON body into the protobuf message (ids fixed first)."""
+def _load_json(body: bytes) -> Any:
     try:
-        text = body.decode("utf-8")
-        document = json.loads(text)
+        return json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise BadPayloadError(f"OTLP JSON is not valid UTF-8: {exc}") from exc
     except (ValueError, RecursionError) as exc:
         raise BadPayloadError(f"invalid JSON: {exc}") from exc
-    return parse_json_document(document, message_class, fix_ids)
 
 
-def parse_json_document(document: Any, message_class: type[Message], fix_ids: Any) -> Message:
-    """Turn a decoded OTLP/JSON document into its protobuf message.
+def _spans_from_document(document: Any, normaliser: Normaliser) -> DecodedSpans:
+    if not isinstance(document, dict):
+        raise BadPayloadError(f"OTLP JSON must be an object, not {type(document).__name__}")
+    request = _lite_request_class()()
+    try:
+        fill_traces_request(document, request)
+    except RecursionError as exc:
+        raise BadPayloadError("OTLP JSON nested too deeply") from exc
+    table, rejected, errors = flatten_spans(request, normaliser)
+    return DecodedSpans(table, rejected, errors)
 
-    OTLP/JSON writes trace and span ids as hex, where proto3 JSON expects
-    base64; ``fix_ids`` rewrites them in place before ``ParseDict``.
-    """
+
+def _metrics_message(document: Any) -> Message:
+    """The metrics request of an OTLP/JSON document (exemplars, with their hex ids, dropped)."""
     if not isinstance(document, dict):
         raise BadPayloadError(f"OTLP JSON must be an object, not {type(document).__name__}")
     try:
-        fix_ids(document)
-        message = message_class()
+        _drop_exemplars(document)
+        message = metrics_service_pb2.ExportMetricsServiceRequest()
         json_format.ParseDict(document, message, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
         raise BadPayloadError(f"invalid OTLP JSON: {exc}") from exc
@@ -216,11 +219,9 @@ def decode_json_document(document: Any, normaliser: Normaliser) -> DecodedSpans 
     """
     if isinstance(document, dict):
         if "resourceSpans" in document or "resource_spans" in document:
-            request = parse_json_document(document, trace_service_pb2.ExportTraceServiceRequest, _fix_trace_ids)
-            return spans_from_proto(request, normaliser)
+            return _spans_from_document(document, normaliser)
         if "resourceMetrics" in document or "resource_metrics" in document:
-            request = parse_json_document(document, metrics_service_pb2.ExportMetricsServiceRequest, _fix_metric_ids)
-            return metrics_from_proto(request, normaliser)
+            return metrics_from_proto(_metrics_message(document), normaliser)
         if "resourceLogs" in document or "resource_logs" in document:
             raise BadPayloadError("OTLP logs are not ingested (only traces and metrics)")
         keys = ", ".join(sorted(str(k) for k in document)[:5]) or "none"
@@ -228,51 +229,7 @@ def decode_json_document(document: Any, normaliser: Normaliser) -> DecodedSpans 
     raise BadPayloadError(f"OTLP JSON must be an object, not {type(document).__name__}")
 
 
-def _hex_id_to_base64(value: Any) -> Any:
-    """Hex id (any case) -> base64 for ParseDict; invalid hex becomes empty (rejected later)."""
-    if not isinstance(value, str):
-        return value
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        # Some exporters write proto3 JSON base64 ids; keep those if they decode cleanly.
-        try:
-            base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            return ""
-        return value
-    return base64.b64encode(raw).decode("ascii")
-
-
-_ID_KEYS = ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id")
-
-
-def _fix_ids_in(obj: dict[str, Any]) -> None:
-    for key in _ID_KEYS:
-        if key in obj:
-            obj[key] = _hex_id_to_base64(obj[key])
-
-
-def _items(obj: Any, *keys: str) -> list[Any]:
-    for key in keys:
-        value = obj.get(key) if isinstance(obj, dict) else None
-        if isinstance(value, list):
-            return value
-    return []
-
-
-def _fix_trace_ids(document: dict[str, Any]) -> None:
-    for resource_spans in _items(document, "resourceSpans", "resource_spans"):
-        for scope_spans in _items(resource_spans, "scopeSpans", "scope_spans", "instrumentationLibrarySpans"):
-            for span in _items(scope_spans, "spans"):
-                if isinstance(span, dict):
-                    _fix_ids_in(span)
-                    for link in _items(span, "links"):
-                        if isinstance(link, dict):
-                            _fix_ids_in(link)
-
-
-def _fix_metric_ids(document: dict[str, Any]) -> None:
+def _drop_exemplars(document: dict[str, Any]) -> None:
     """Exemplars carry hex ids too; they are not stored, so drop them."""
     stack: list[Any] = [document]
     while stack:
@@ -294,7 +251,7 @@ def decode_metrics(body: bytes, content_type: str, *, normaliser: Normaliser) ->
     """
     request: Message
     if _is_json(content_type):
-        request = _json_request(body, metrics_service_pb2.ExportMetricsServiceRequest, _fix_metric_ids)
+        request = _metrics_message(_load_json(body))
     else:
         try:
             request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
