@@ -10,7 +10,7 @@ how fast opentelemetry-proto alone parses the same payloads
 
     ingest: spans_per_s=N parse_only_spans_per_s=M ratio=R
 
-Run: ``python tests/benchmarks/ingest.py [--spans 1000000] [--senders 2] [--connections 4]``
+Run: ``python tests/benchmarks/ingest.py [--spans 1000000] [--senders 2] [--connections 8] [--decode-workers 0]``
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def main() -> int:
     parser.add_argument("--spans", type=int, default=1_000_000, help="spans to send (rounded down to whole batches)")
     parser.add_argument("--batch", type=int, default=512, help="spans per request")
     parser.add_argument("--senders", type=int, default=2, help="sender processes")
-    parser.add_argument("--connections", type=int, default=4, help="keep-alive connections per sender process")
+    parser.add_argument("--connections", type=int, default=8, help="keep-alive connections per sender process")
     parser.add_argument("--decode-workers", type=int, default=0, help="passed to `sre-agent serve --decode-workers`")
     parser.add_argument("--db", type=Path, help="store file (default: a temporary directory)")
     args = parser.parse_args()
