@@ -54,7 +54,6 @@ class TraceAggregates:
     _windows: dict[str, SideWindow]
     _tag: str
     _trace_cache: pl.DataFrame | None
-    _engine_failed: dict[str, int]
 
     @property
     def request_counts(self) -> dict[str, int]:  # provided by Comparison
@@ -209,8 +208,8 @@ class TraceAggregates:
         """side -> (failed, total) logical requests.
 
         Root spans (the gateway's view) when the windows hold non-engine spans, so requests
-        rejected before reaching an engine count; else engine spans with status ERROR or a
-        finish reason of ``abort``/``error``.
+        rejected before reaching an engine count; else the sampled engine requests with status
+        ERROR or a finish reason of ``abort``/``error``.
         """
         b, c = self._windows["baseline"], self._windows["candidate"]
         if self.has_other_spans:
@@ -225,9 +224,14 @@ class TraceAggregates:
                 f"AND start_ns < {max(b.end_ns, c.end_ns)}) WHERE side IS NOT NULL GROUP BY side"
             )
         else:
-            # counted in the comparison's one scan over the engine spans
-            counts = self.request_counts
-            return {s: (self._engine_failed.get(s, 0), counts[s]) for s in _SIDES}
+            # Rates from the sampled engine requests (the full scan stays a bare histogram).
+            import polars as pl
+
+            failed = (pl.col("status_code") == "error") | pl.col("finish_reason").is_in(["abort", "error"])
+            per_side = self.requests.group_by("side").agg(failed.fill_null(False).sum().alias("f"), pl.len().alias("n"))
+            sampled: dict[str, tuple[int, int]] = dict.fromkeys(_SIDES, (0, 0))
+            sampled.update({str(r["side"]): (int(r["f"]), int(r["n"])) for r in per_side.to_dicts()})
+            return sampled
         rows = self.con.sql(sql).fetchall()
         out: dict[str, tuple[int, int]] = dict.fromkeys(_SIDES, (0, 0))
         out.update({str(r[0]): (int(r[1]), int(r[2])) for r in rows})

@@ -366,7 +366,7 @@ def diagnose(
         if regression.significant and all(comparison.request_counts[s] for s in SIDES):
             localisation = context.get("localisation")
         ranked = _rank(findings, regression, order, localisation)
-        notes = [*comparison.notes, *skip_notes]
+        notes = [*comparison.notes, *comparison.quality_notes(), *skip_notes]
         if comparison.sampled:
             notes.append(
                 f"mix and slice analysis on a sample of {comparison.requests.height} requests; "
