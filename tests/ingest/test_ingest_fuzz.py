@@ -30,7 +30,7 @@ VALID_METRICS = metrics_request(
         },
     ]
 ).SerializeToString()
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _check(body: bytes, content_type: str) -> None:

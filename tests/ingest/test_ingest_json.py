@@ -167,3 +167,27 @@ def test_metrics_json_with_exemplars_and_string_ints(norm: Normaliser) -> None:
     (row,) = decoded.table.to_pylist()
     assert (row["name"], row["source_name"], row["value"]) == ("vllm:prompt_tokens", "vllm:prompt_tokens_total", 1200.0)
     assert (row["is_monotonic"], row["temporality"], row["service_name"]) == (True, "cumulative", "vllm")
+
+
+def test_proto3_json_base64_ids_are_tolerated(norm: Normaliser) -> None:
+    """Some exporters run a generic proto3 JSON encoder, which writes bytes as base64."""
+    from google.protobuf import json_format
+    from otlp_builders import trace_request
+
+    request = trace_request([{"trace_id": bytes(range(16)), "span_id": bytes(range(8)), "name": "b64"}])
+    body = json.dumps(json_format.MessageToDict(request)).encode()
+    (row,) = decode_traces(body, JSON, normaliser=norm).table.to_pylist()
+    assert (row["trace_id"], row["span_id"]) == ("000102030405060708090a0b0c0d0e0f", "0001020304050607")
+
+
+def test_enum_names_and_unknown_value_kinds_do_not_fail_the_request(norm: Normaliser) -> None:
+    span = {
+        "traceId": "0af7651916cd43dd8448eb211c80319c",
+        "spanId": "b7ad6b7169203331",
+        "name": "n",
+        "kind": "SPAN_KIND_SERVER",
+        "attributes": [{"key": "future", "value": {"someNewValue": 1}}, {"key": "empty", "value": {}}],
+    }
+    (row,) = decode_traces(_doc(span), JSON, normaliser=norm).table.to_pylist()
+    assert row["kind"] == "unspecified"
+    assert dict(row["attributes"]) == {"future": "", "empty": ""}
