@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import pyarrow as pa
 
@@ -38,7 +38,7 @@ from sre_agent.normalise import Normaliser
 from sre_agent.otlp import DecodedMetrics, DecodedSpans, decode_json_document, decode_metrics, decode_traces
 from sre_agent.store import Store
 
-__all__ = ["FileResult", "ProgressCallback", "ingest_files"]
+__all__ = ["FileResult", "ProgressCallback", "Sink", "ingest_files", "read_files"]
 
 MiB = 1024 * 1024
 MAX_REPORTED = 20  # bad lines listed per file; the count is always exact
@@ -176,14 +176,85 @@ def ingest_files(
 
     A missing or unreadable file gets ``error`` set; the other files are still read.
     """
+    return read_files(
+        paths,
+        lambda: _StoreSink(store, normaliser, batch_rows),
+        progress,
+        max_body_bytes=max_body_bytes,
+    )
+
+
+class Sink(Protocol):
+    """Where the readers hand what they read: the local store, or a running server."""
+
+    def document(self, document: Any, number: int, result: FileResult) -> None:
+        """One parsed OTLP/JSON document (a line, or a whole file)."""
+
+    def message(self, payload: bytes, number: int, result: FileResult) -> None:
+        """One length-prefixed protobuf message."""
+
+    def flush(self, result: FileResult) -> None:
+        """End of a file: commit what is pending."""
+
+
+class _StoreSink:
+    """Decode locally and append to the store in large batches."""
+
+    def __init__(self, store: Store, norm: Normaliser, batch_rows: int) -> None:
+        self.batcher = _Batcher(store, batch_rows)
+        self.norm = norm
+
+    def document(self, document: Any, number: int, result: FileResult) -> None:
+        try:
+            decoded = decode_json_document(document, self.norm)
+        except BadPayloadError as exc:
+            result.bad(number, str(exc))
+            return
+        self._accept(decoded, number, result)
+
+    def message(self, payload: bytes, number: int, result: FileResult) -> None:
+        try:
+            decoded = _decode_message(payload, self.norm)
+        except BadPayloadError as exc:
+            result.bad(number, str(exc))
+            return
+        self._accept(decoded, number, result)
+
+    def _accept(self, decoded: DecodedSpans | DecodedMetrics, number: int, result: FileResult) -> None:
+        if decoded.rejected:
+            what = "spans" if isinstance(decoded, DecodedSpans) else "points"
+            reason = decoded.errors[0] if decoded.errors else "rejected"
+            result.bad(number, f"{decoded.rejected} {what} rejected: {reason}", count=decoded.rejected)
+        self.batcher.add(decoded, result)
+
+    def flush(self, result: FileResult) -> None:
+        self.batcher.flush(result)
+
+
+@dataclass
+class _Context:
+    """What every reader of one file needs."""
+
+    result: FileResult
+    sink: Sink
+    cap: int
+    report: _Progress
+
+
+def read_files(
+    paths: Iterable[str | Path],
+    sink_for: Callable[[], Sink],
+    progress: ProgressCallback | None = None,
+    *,
+    max_body_bytes: int = 64 * MiB,
+) -> list[FileResult]:
+    """Read each file and hand its documents/messages to a fresh sink; one result per path."""
     results: list[FileResult] = []
     for path in paths:
         result = FileResult(str(path))
         results.append(result)
         try:
-            _ingest_one(
-                Path(path), result, store, normaliser, progress=progress, cap=max_body_bytes, batch_rows=batch_rows
-            )
+            _read_one(Path(path), result, sink_for(), progress=progress, cap=max_body_bytes)
         except FileNotFoundError:
             result.error = "no such file"
         except IsADirectoryError:
@@ -196,28 +267,7 @@ def ingest_files(
     return results
 
 
-@dataclass
-class _Context:
-    """What every reader of one file needs."""
-
-    result: FileResult
-    batcher: _Batcher
-    norm: Normaliser
-    cap: int
-    report: _Progress
-
-
-def _ingest_one(
-    path: Path,
-    result: FileResult,
-    store: Store,
-    norm: Normaliser,
-    *,
-    progress: ProgressCallback | None,
-    cap: int,
-    batch_rows: int,
-) -> None:
-    batcher = _Batcher(store, batch_rows)
+def _read_one(path: Path, result: FileResult, sink: Sink, *, progress: ProgressCallback | None, cap: int) -> None:
     with path.open("rb") as raw:
         total = path.stat().st_size
         report = _Progress(raw, str(path), progress, total)
@@ -227,7 +277,7 @@ def _ingest_one(
             io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), MiB) if compressed else io.BufferedReader(raw, MiB)
         )
         head = stream.peek(64)[:64].lstrip(_WHITESPACE)
-        ctx = _Context(result, batcher, norm, cap, report)
+        ctx = _Context(result, sink, cap, report)
         try:
             if not head:
                 result.format = "empty"
@@ -238,7 +288,7 @@ def _ingest_one(
                 _read_length_prefixed(stream, ctx)
         finally:
             # Whatever was decoded before a read error is still committed.
-            batcher.flush(result)
+            sink.flush(result)
         if compressed and result.format:
             result.format += "+gzip"
         report(final=True)
@@ -263,7 +313,7 @@ def _read_json(stream: IO[bytes], ctx: _Context) -> str:
         except (ValueError, RecursionError):
             document = None
         if document is not None:
-            _decode_into(document, 1, ctx)
+            ctx.sink.document(document, 1, ctx.result)
             return "json"
     # Not one document either: treat it as JSON lines and report the bad ones.
     _read_lines(_chain_lines(buffer, stream, cap), ctx)
@@ -336,27 +386,9 @@ def _read_lines(lines: Iterator[bytes | None], ctx: _Context) -> None:
         except (ValueError, RecursionError) as exc:
             ctx.result.bad(number, f"invalid JSON: {exc}")
             continue
-        _decode_into(document, number, ctx)
+        ctx.sink.document(document, number, ctx.result)
         if number % 64 == 0:
             ctx.report()
-
-
-def _decode_into(document: Any, number: int, ctx: _Context) -> None:
-    try:
-        decoded = decode_json_document(document, ctx.norm)
-    except BadPayloadError as exc:
-        ctx.result.bad(number, str(exc))
-        return
-    _accept(decoded, number, ctx)
-
-
-def _accept(decoded: DecodedSpans | DecodedMetrics, number: int, ctx: _Context) -> None:
-    result = ctx.result
-    if decoded.rejected:
-        what = "spans" if isinstance(decoded, DecodedSpans) else "points"
-        reason = decoded.errors[0] if decoded.errors else "rejected"
-        result.bad(number, f"{decoded.rejected} {what} rejected: {reason}", count=decoded.rejected)
-    ctx.batcher.add(decoded, result)
 
 
 # ---------------------------------------------------------------- protobuf
@@ -383,12 +415,7 @@ def _read_length_prefixed(stream: IO[bytes], ctx: _Context) -> None:
         if len(payload) < length:
             result.bad(number, f"truncated message ({len(payload)} of {length} bytes)")
             return
-        try:
-            decoded = _decode_message(payload, ctx.norm)
-        except BadPayloadError as exc:
-            result.bad(number, str(exc))
-        else:
-            _accept(decoded, number, ctx)
+        ctx.sink.message(payload, number, result)
         ctx.report()
 
 
