@@ -30,6 +30,7 @@ stored; see the per-file report), 2 usage error.
 
 examples:
   sre-agent ingest traces.jsonl.gz metrics.jsonl
+  sre-agent ingest --url http://127.0.0.1:4318 traces.jsonl   (the server owns the store)
   sre-agent ingest --db incident.duckdb --format json otel-export/*.json
 """
 
@@ -43,7 +44,7 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_store_options(parser, allow_url=False)
+    add_store_options(parser)
     parser.add_argument(
         "--keep-content",
         action="store_true",
@@ -64,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, keep_content=args.keep_content)
     if config.max_body_bytes < 1:
         raise UsageError("max_body_bytes must be positive")
+    if config.url:
+        if args.keep_content:
+            raise UsageError("--keep-content is the server's setting; it cannot be given with --url")
+        results = _send(args.files, config)
+        return _finish(results, args, where=config.url, remote=True)
     with Store.open(config.db) as store:
         hash_key = config.hash_key.encode("utf-8") if config.hash_key else store.hash_key
         normaliser = Normaliser(config.keep_content, config.max_attribute_bytes, hash_key=hash_key)
@@ -76,20 +82,36 @@ def run(args: argparse.Namespace) -> int:
                 max_body_bytes=config.max_body_bytes,
                 batch_rows=config.batch_max_spans,
             )
+    return _finish(results, args, where=config.db)
+
+
+def _send(files: list[str], config: Any) -> list[Any]:
+    """Send the files to a running server (``--url``)."""
+    import httpx
+
+    from sre_agent.remote_ingest import send_files
+
+    headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
+    with httpx.Client(base_url=config.url, headers=headers, timeout=120.0) as client, _ProgressBar(files) as progress:
+        return send_files(files, client, progress, max_body_bytes=config.max_body_bytes)
+
+
+def _finish(results: list[Any], args: argparse.Namespace, *, where: str, remote: bool = False) -> int:
+    """Per-file report on stderr, JSON summary on stdout, and the exit code."""
     for result in results:
-        _report(result)
+        _report(result, remote=remote)
     if args.format == "json":
         totals = {
             key: sum(getattr(r, key) for r in results)
             for key in ("spans", "points", "inserted", "duplicates", "rejected")
         }
         totals["failed_files"] = sum(1 for r in results if r.error is not None)
-        json.dump({"db": config.db, "files": [r.as_dict() for r in results], "totals": totals}, sys.stdout, indent=2)
+        json.dump({"target": where, "files": [r.as_dict() for r in results], "totals": totals}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     return 0 if all(r.ok for r in results) else 1
 
 
-def _report(result: Any) -> None:
+def _report(result: Any, *, remote: bool = False) -> None:
     """One summary line per file on stderr, then its bad lines."""
     if result.error is not None:
         print(f"{result.path}: not ingested: {result.error}", file=sys.stderr)
@@ -99,7 +121,8 @@ def _report(result: Any) -> None:
         parts.append(f"{result.spans} spans")
     if result.points:
         parts.append(f"{result.points} metric points")
-    summary = ", ".join(parts) + f" ({result.inserted} new, {result.duplicates} duplicates)"
+    summary = ", ".join(parts)
+    summary += " accepted by the server" if remote else f" ({result.inserted} new, {result.duplicates} duplicates)"
     if result.rejected:
         summary += f", {result.rejected} rejected"
     print(f"{result.path}: {summary} [{result.format}]", file=sys.stderr)
