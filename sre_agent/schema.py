@@ -40,13 +40,13 @@ __all__ = [
     "ENGINE_SPAN_NAMES",
     "LATENCY_COLUMNS",
     "METRIC_NAME_ALIASES",
-    "METRIC_POINT_COLUMNS",
     "METRIC_POINTS_DDL",
+    "METRIC_POINT_COLUMNS",
     "METRIC_SIGNALS",
     "RESOURCE_FIRST_COLUMNS",
+    "SPANS_DDL",
     "SPAN_ATTRIBUTE_SOURCES",
     "SPAN_COLUMNS",
-    "SPANS_DDL",
     "Column",
     "canonical_metric_name",
     "metric_points_arrow_schema",
@@ -179,9 +179,7 @@ def spans_arrow_schema() -> pa.Schema:
 # PRIMARY KEY: DuckDB's ART index for it made the file ~4x larger (about
 # 100 bytes per row) and must be maintained on every insert.
 SPANS_DDL: Final[str] = (
-    "CREATE TABLE IF NOT EXISTS spans (\n    "
-    + ",\n    ".join(f"{c.name} {c.duckdb}" for c in SPAN_COLUMNS)
-    + "\n)"
+    "CREATE TABLE IF NOT EXISTS spans (\n    " + ",\n    ".join(f"{c.name} {c.duckdb}" for c in SPAN_COLUMNS) + "\n)"
 )
 
 

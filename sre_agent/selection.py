@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Any, Literal, cast
 
 from sre_agent.errors import UsageError
 
@@ -105,7 +105,7 @@ class Selection:
         if self.service is not None:
             out["service"] = self.service
         if self.where:
-            out["where"] = {k: v for k, v in self.where}
+            out["where"] = dict(self.where)
         return out
 
     @classmethod
@@ -139,7 +139,7 @@ class Selection:
         if not isinstance(where, dict):
             raise UsageError("selection 'where' must be an object of attribute: value")
         return cls(
-            mode=mode,
+            mode=cast(Mode, mode),
             deploy_at_ns=parse_time(str(data["deploy_at"])) if "deploy_at" in data else None,
             window_ns=window_ns,
             baseline_version=data.get("baseline_version"),
@@ -171,7 +171,7 @@ def parse_time(text: str) -> int:
     except ValueError:
         raise UsageError(f"cannot read time {text!r}: use ISO 8601 (2026-12-02T15:00:00Z) or Unix seconds") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp()) * _NS + dt.microsecond * 1000
 
 
@@ -198,5 +198,5 @@ def parse_window(text: str) -> Window:
 
 def format_time(ns: int) -> str:
     """Epoch ns as ISO 8601 UTC with millisecond precision and ``Z``."""
-    dt = datetime.fromtimestamp(ns / _NS, tz=timezone.utc)
+    dt = datetime.fromtimestamp(ns / _NS, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"

@@ -42,5 +42,5 @@ def test_no_core_module_loads_textual() -> None:
 def test_import_linter_contracts_hold() -> None:
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint is not None
-    result = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import sre_agent
 from sre_agent.cli import main
 
@@ -22,12 +24,8 @@ def test_public_errors_share_one_root() -> None:
 
 
 def test_unknown_attribute_raises_attribute_error() -> None:
-    try:
+    with pytest.raises(AttributeError, match="no_such_name"):
         sre_agent.no_such_name  # noqa: B018
-    except AttributeError as exc:
-        assert "no_such_name" in str(exc)
-    else:
-        raise AssertionError("expected AttributeError")
 
 
 def test_cli_usage_error_exits_2_on_stderr(capsys: object) -> None:
