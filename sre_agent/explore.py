@@ -1,10 +1,9 @@
 """What the incident console shows besides the diagnosis, as pure queries.
 
 Every function takes a DuckDB connection (or cursor) over the canonical
-tables of :mod:`sre_agent.schema` and returns plain dataclasses that
-round-trip through JSON (:func:`to_json_dict` / :func:`from_json_dict`), so
-the same figures travel over the HTTP API (``sre_agent.explore_api``) in
-``--url`` mode. Nothing here imports textual.
+tables of :mod:`sre_agent.schema` and returns plain dataclasses; the same
+figures travel over the HTTP API in ``--url`` mode (``sre_agent.explore_api``
+holds their JSON and query-string forms). Nothing here imports textual.
 
 Aggregation happens in SQL: one scan per question, exact quantiles
 (``quantile_cont``), time buckets for the timeline, ``LIMIT`` for samples;
@@ -17,11 +16,9 @@ Times are Unix epoch nanoseconds; latencies are seconds; rates are per second.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol
 
 from sre_agent.errors import SelectionError, StoreError
 from sre_agent.selection import Selection, format_time
@@ -41,15 +38,11 @@ __all__ = [
     "Timeline",
     "WaterfallSpan",
     "exemplars",
-    "from_json_dict",
     "overview",
     "resolve_scope",
-    "selection_from_query",
-    "selection_to_query",
     "slices",
     "stage_breakdown",
     "timeline",
-    "to_json_dict",
     "waterfall",
 ]
 
@@ -215,37 +208,6 @@ def _data_bounds(cur: Cursor, service: str | None) -> tuple[int, int]:
 
 def _hhmm(ns: int) -> str:
     return format_time(ns)[11:16]
-
-
-def selection_to_query(selection: Selection) -> list[tuple[str, str]]:
-    """Query-string pairs for a selection (``where`` repeats as ``where=KEY=VALUE``)."""
-    pairs: list[tuple[str, str]] = []
-    for key, value in selection.to_dict().items():
-        if key == "where":
-            pairs += [("where", f"{k}={v}") for k, v in value.items()]
-        else:
-            pairs.append((key, str(value)))
-    return pairs
-
-
-def selection_from_query(pairs: Iterable[tuple[str, str]]) -> Selection:
-    """Inverse of :func:`selection_to_query`; unrelated keys are left to the caller.
-
-    Raises :class:`~sre_agent.errors.UsageError` on a malformed selection.
-    """
-    known = {"mode", "deploy_at", "window_s", "window", "baseline_version", "candidate_version"}
-    known |= {"baseline", "candidate", "service"}
-    data: dict[str, Any] = {}
-    where: dict[str, str] = {}
-    for key, value in pairs:
-        if key == "where":
-            name, _, wanted = value.partition("=")
-            where[name] = wanted
-        elif key in known:
-            data[key] = value
-    if where:
-        data["where"] = where
-    return Selection.from_dict(data)
 
 
 # ----------------------------------------------------------------- SQL helpers
@@ -733,50 +695,3 @@ def waterfall(cur: Cursor, trace_id: str, around_ns: int | None = None) -> list[
 
     walk(None, 0)
     return out
-
-
-# ------------------------------------------------------------------------ JSON
-
-T = TypeVar("T")
-
-
-def to_json_dict(value: Any) -> Any:
-    """A JSON-ready form of any result above (dataclasses become objects, tuples lists)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): to_json_dict(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_json_dict(v) for v in value]
-    return value
-
-
-def from_json_dict(cls: type[T], data: Any) -> T:
-    """Inverse of :func:`to_json_dict` for the dataclasses of this module."""
-    return typing.cast(T, _decode(cls, data))
-
-
-def _decode(tp: Any, data: Any) -> Any:
-    if data is None:
-        return None
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _decode(inner[0], data) if len(inner) == 1 else data
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        return [_decode(item, v) for v in data]
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v) for v in data)
-        return tuple(_decode(a, v) for a, v in zip(args, data, strict=True))
-    if origin is dict:
-        _k, val = typing.get_args(tp)
-        return {k: _decode(val, v) for k, v in data.items()}
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _decode(hints[f.name], data[f.name]) for f in dataclasses.fields(tp) if f.name in data})
-    if tp is float and isinstance(data, int):
-        return float(data)
-    return data

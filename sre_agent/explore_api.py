@@ -2,8 +2,9 @@
 
 Every route reads through ``ctx.read_cursor(tenant)``, so a tenant-scoped
 token sees only its tenant's spans. The selection travels as query
-parameters (:func:`sre_agent.explore.selection_to_query`), answers are the
-JSON forms of the explore dataclasses (:func:`sre_agent.explore.to_json_dict`).
+parameters (:func:`selection_to_query`), answers are the JSON forms of the
+explore dataclasses (:func:`to_json_dict`); ``RemoteSource`` in the console
+decodes them with :func:`selection_from_query` and :func:`from_json_dict`.
 
 Routes (all ``GET``, all JSON):
 
@@ -20,9 +21,12 @@ when the selection finds nothing to compare.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import types
+import typing
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -30,15 +34,97 @@ from starlette.routing import BaseRoute, Route
 
 from sre_agent import explore
 from sre_agent.errors import ConfigError, SelectionError
+from sre_agent.selection import Selection
 
 if TYPE_CHECKING:
     import duckdb
 
     from sre_agent.server import ApiContext
 
-__all__ = ["routes"]
+__all__ = ["from_json_dict", "routes", "selection_from_query", "selection_to_query", "to_json_dict"]
 
 _TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+
+# ------------------------------------------------------- wire forms (client and server)
+
+
+def selection_to_query(selection: Selection) -> list[tuple[str, str]]:
+    """Query-string pairs for a selection (``where`` repeats as ``where=KEY=VALUE``)."""
+    pairs: list[tuple[str, str]] = []
+    for key, value in selection.to_dict().items():
+        if key == "where":
+            pairs += [("where", f"{k}={v}") for k, v in value.items()]
+        else:
+            pairs.append((key, str(value)))
+    return pairs
+
+
+def selection_from_query(pairs: Iterable[tuple[str, str]]) -> Selection:
+    """Inverse of :func:`selection_to_query`; unrelated keys are left to the caller.
+
+    Raises :class:`~sre_agent.errors.UsageError` on a malformed selection.
+    """
+    known = {"mode", "deploy_at", "window_s", "window", "baseline_version", "candidate_version"}
+    known |= {"baseline", "candidate", "service"}
+    data: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for key, value in pairs:
+        if key == "where":
+            name, _, wanted = value.partition("=")
+            where[name] = wanted
+        elif key in known:
+            data[key] = value
+    if where:
+        data["where"] = where
+    return Selection.from_dict(data)
+
+
+T = TypeVar("T")
+
+
+def to_json_dict(value: Any) -> Any:
+    """A JSON-ready form of any result above (dataclasses become objects, tuples lists)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_json_dict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_dict(v) for v in value]
+    return value
+
+
+def from_json_dict(cls: type[T], data: Any) -> T:
+    """Inverse of :func:`to_json_dict` for the dataclasses of this module."""
+    return typing.cast(T, _decode(cls, data))
+
+
+def _decode(tp: Any, data: Any) -> Any:
+    if data is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _decode(inner[0], data) if len(inner) == 1 else data
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_decode(item, v) for v in data]
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in data)
+        return tuple(_decode(a, v) for a, v in zip(args, data, strict=True))
+    if origin is dict:
+        _k, val = typing.get_args(tp)
+        return {k: _decode(val, v) for k, v in data.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _decode(hints[f.name], data[f.name]) for f in dataclasses.fields(tp) if f.name in data})
+    if tp is float and isinstance(data, int):
+        return float(data)
+    return data
+
+
+# ------------------------------------------------------------------ routes
 
 
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -74,7 +160,7 @@ def _scoped(query: Callable[[duckdb.DuckDBPyConnection, explore.Scope, Request],
     """Resolve the request's selection first, then run ``query`` on the scope."""
 
     def run(cur: duckdb.DuckDBPyConnection, request: Request) -> Any:
-        selection = explore.selection_from_query(request.query_params.multi_items())
+        selection = selection_from_query(request.query_params.multi_items())
         return query(cur, explore.resolve_scope(cur, selection), request)
 
     return run
@@ -129,7 +215,7 @@ def routes(ctx: ApiContext) -> list[BaseRoute]:
                 return JSONResponse({"error": str(exc)}, status_code=400)
             except SelectionError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=404)
-            return JSONResponse(explore.to_json_dict(result))
+            return JSONResponse(to_json_dict(result))
 
         return handle
 

@@ -95,6 +95,8 @@ class IncidentApp(App[int]):
     """
 
     CSS_PATH = "app.tcss"
+    # The diagnosis is the expensive question: live refreshes repeat it at most this often.
+    DIAGNOSIS_EVERY_S = 60.0
     TITLE = "sre-agent"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "help", key_display="?"),
@@ -129,6 +131,8 @@ class IncidentApp(App[int]):
         self.metric = metric
         self.generation = 0  # counts loads (refreshes and re-selections)
         self._inflight: dict[str, tuple[Hashable, Worker[None]]] = {}
+        self._diagnosed_at: dict[Selection, float] = {}  # monotonic start of the last diagnosis
+        self._forced = True
         self.overview: Overview | None = None
         self.report: dict[str, Any] | None = None
         self.report_reason = "diagnosing…"
@@ -213,8 +217,13 @@ class IncidentApp(App[int]):
         worker = self.run_worker(run, name=what, group=what, thread=True, exit_on_error=False)
         self._inflight[what] = (key, worker)
 
-    def load_all(self) -> None:
-        """Ask for the overview first; the rest follows when it arrives."""
+    def load_all(self, *, forced: bool = True) -> None:
+        """Ask for the overview first; the rest follows when it arrives.
+
+        ``forced=False`` (the live interval) re-runs the diagnosis only when the
+        last one for this selection started ``DIAGNOSIS_EVERY_S`` ago or more.
+        """
+        self._forced = forced
         self.generation += 1
         sel = self.selection
         self._fetch(
@@ -238,13 +247,16 @@ class IncidentApp(App[int]):
             except DiagnosisUnavailableError as exc:
                 return ReportLoaded(sel, None, str(exc))
 
-        self._fetch("diagnosis", sel, diagnosis)
+        last = self._diagnosed_at.get(sel)
+        if self._forced or last is None or time.monotonic() - last >= self.DIAGNOSIS_EVERY_S:
+            self._diagnosed_at[sel] = time.monotonic()
+            self._fetch("diagnosis", sel, diagnosis)
         self._fetch("drill-down", sel, drill)
 
     def _tick(self) -> None:
         running = self._inflight.get("overview")
         if running is None or not running[1].is_running:
-            self.load_all()
+            self.load_all(forced=False)
 
     # -------------------------------------------------------------- messages
 

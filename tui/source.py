@@ -24,6 +24,7 @@ from sre_agent import explore
 from sre_agent.config import Config
 from sre_agent.errors import SreAgentError
 from sre_agent.explore import Exemplar, Overview, SliceRow, StageBreakdown, Timeline, WaterfallSpan
+from sre_agent.explore_api import from_json_dict, selection_to_query
 from sre_agent.selection import Selection
 
 __all__ = ["DataSource", "DiagnosisUnavailableError", "LocalSource", "RemoteSource"]
@@ -216,7 +217,7 @@ class RemoteSource:
     def _get(self, name: str, selection: Selection | None, **extra: Any) -> dict[str, Any]:
         from sre_agent.client import get_json
 
-        params: list[tuple[str, str]] = explore.selection_to_query(selection) if selection else []
+        params: list[tuple[str, str]] = selection_to_query(selection) if selection else []
         for key, value in extra.items():
             values = value if isinstance(value, list) else [value]
             params += [(key, str(v)) for v in values if v is not None]
@@ -230,25 +231,25 @@ class RemoteSource:
 
     def overview(self, selection: Selection, slos: Mapping[str, float]) -> Overview:
         body = self._get("overview", selection, slo=[f"{k}={v}" for k, v in slos.items()])
-        return explore.from_json_dict(Overview, body)
+        return from_json_dict(Overview, body)
 
     def timeline(self, selection: Selection, metric: str, buckets: int) -> Timeline:
-        return explore.from_json_dict(Timeline, self._get("timeline", selection, metric=metric, buckets=buckets))
+        return from_json_dict(Timeline, self._get("timeline", selection, metric=metric, buckets=buckets))
 
     def stages(self, selection: Selection, metric: str) -> StageBreakdown:
-        return explore.from_json_dict(StageBreakdown, self._get("stages", selection, metric=metric))
+        return from_json_dict(StageBreakdown, self._get("stages", selection, metric=metric))
 
     def slices(self, selection: Selection, metric: str) -> list[SliceRow]:
         body = self._get("slices", selection, metric=metric)
-        return [explore.from_json_dict(SliceRow, row) for row in body["slices"]]
+        return [from_json_dict(SliceRow, row) for row in body["slices"]]
 
     def exemplars(self, selection: Selection, metric: str) -> list[Exemplar]:
         body = self._get("exemplars", selection, metric=metric)
-        return [explore.from_json_dict(Exemplar, row) for row in body["exemplars"]]
+        return [from_json_dict(Exemplar, row) for row in body["exemplars"]]
 
     def waterfall(self, trace_id: str, around_ns: int | None) -> list[WaterfallSpan]:
         body = self._get("waterfall", None, trace_id=trace_id, around_ns=around_ns)
-        return [explore.from_json_dict(WaterfallSpan, row) for row in body["spans"]]
+        return [from_json_dict(WaterfallSpan, row) for row in body["spans"]]
 
     def diagnose(self, selection: Selection) -> dict[str, Any]:
         from sre_agent.client import post_json

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tui_synth import DEPLOY_NS, HOUR_NS, T0_NS, build_store
 
-from sre_agent import explore
+from sre_agent import explore, explore_api
 from sre_agent.errors import SelectionError
 from sre_agent.selection import Selection, Window
 
@@ -163,10 +163,10 @@ def test_json_and_query_forms_round_trip(con: duckdb.DuckDBPyConnection) -> None
         (explore.timeline(con, scope), explore.Timeline),
         (explore.stage_breakdown(con, scope), explore.StageBreakdown),
     ):
-        assert explore.from_json_dict(cls, explore.to_json_dict(value)) == value
+        assert explore_api.from_json_dict(cls, explore_api.to_json_dict(value)) == value
     selection = Selection(
         mode="deploy_at", deploy_at_ns=DEPLOY_NS, window_ns=600 * 10**9, where=(("host_name", "gpu-3"),)
     )
-    assert explore.selection_from_query(explore.selection_to_query(selection)) == selection
+    assert explore_api.selection_from_query(explore_api.selection_to_query(selection)) == selection
     with pytest.raises(SelectionError):
         explore.timeline(con, scope, "nope")

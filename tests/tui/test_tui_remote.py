@@ -11,7 +11,7 @@ import pytest
 from conftest import Server, screen_text, wait_until
 from tui_synth import DEPLOY_NS
 
-from sre_agent import explore
+from sre_agent import explore, explore_api
 from sre_agent.config import Config
 from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
@@ -25,7 +25,8 @@ class SwitchableTransport(httpx.HTTPTransport):
     """The real HTTP transport, plus a switch that makes the server look unreachable."""
 
     def __init__(self) -> None:
-        super().__init__()
+        # No keep-alive: a connection never outlives its request, whichever thread closes the client.
+        super().__init__(limits=httpx.Limits(max_keepalive_connections=0))
         self.down = False
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -64,7 +65,7 @@ def test_explore_routes_answer_what_local_queries_answer(served_synth: Server, s
     remote = RemoteSource(Config(url=served_synth.url))
     local = LocalSource(str(synth_db))
     try:
-        assert explore.to_json_dict(remote.overview(SINCE, {"ttft": 5.0})) == explore.to_json_dict(
+        assert explore_api.to_json_dict(remote.overview(SINCE, {"ttft": 5.0})) == explore_api.to_json_dict(
             local.overview(SINCE, {"ttft": 5.0})
         )
         assert remote.timeline(SINCE, "ttft", 30) == local.timeline(SINCE, "ttft", 30)
@@ -147,6 +148,9 @@ async def test_live_console_refreshes_and_shows_a_banner_when_unreachable(
         await wait_until(lambda: app.unreachable is None, 30, pilot.pause)
         await pilot.pause()
         assert "unreachable" not in screen_text(app)
+        assert app.generation > 5  # the interval kept refreshing
+        transport.down = True  # let in-flight requests end before the client closes
+        await app.workers.wait_for_complete()
     source.close()
     client.close()
 
