@@ -67,6 +67,77 @@ _NS: Final[int] = 1_000_000_000
 _RUNNING_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, pl.DataFrame]] = weakref.WeakKeyDictionary()
 
 
+class _BusyIntervals:
+    """Every selected request's busy interval, keyed so one sorted array serves all replicas.
+
+    A request is busy on its replica from scheduling (arrival + queue) to its
+    end (arrival + e2e). Times are packed as ``replica_code << shift | (t - origin)``
+    so that a single sorted array of starts and one of ends answer "how many
+    requests of replica r are running at t" by two binary searches: the starts
+    and ends of replicas with smaller codes are all counted and cancel out. When
+    the time span is too wide to pack (more than ~146 years at 1 ns with a few
+    replicas), the arrays are grouped per replica instead.
+    """
+
+    def __init__(self, codes: dict[str, int], code: np.ndarray, sched: np.ndarray, end: np.ndarray) -> None:
+        self.codes = codes
+        self.origin = int(min(sched.min(), end.min())) if len(sched) else 0
+        width = int(max(sched.max(), end.max())) - self.origin + 1 if len(sched) else 1
+        self.shift = width.bit_length()
+        self.packed = self.shift + (len(codes) + 1).bit_length() <= 62
+        if self.packed:
+            self.starts = np.sort((code << self.shift) + (sched - self.origin))
+            self.ends = np.sort((code << self.shift) + (end - self.origin))
+        else:
+            self.per_replica = {name: (np.sort(sched[code == c]), np.sort(end[code == c])) for name, c in codes.items()}
+
+    def running_at(self, replica: str, t: np.ndarray) -> np.ndarray:
+        """Requests of ``replica`` busy at each time in ``t`` (epoch ns), as int64."""
+        c = self.codes.get(replica)
+        if c is None:
+            return np.zeros(len(t), dtype=np.int64)
+        if self.packed:
+            key = (np.int64(c) << self.shift) + np.clip(t - self.origin, 0, (1 << self.shift) - 1)
+            found = np.searchsorted(self.starts, key, side="right") - np.searchsorted(self.ends, key, side="right")
+            return np.asarray(found, dtype=np.int64)
+        starts, ends = self.per_replica[replica]
+        found = np.searchsorted(starts, t, side="right") - np.searchsorted(ends, t, side="right")
+        return np.asarray(found, dtype=np.int64)
+
+
+_INTERVAL_CACHE: weakref.WeakKeyDictionary[Comparison, _BusyIntervals] = weakref.WeakKeyDictionary()
+
+
+def _busy_intervals(comparison: Comparison) -> _BusyIntervals:
+    """The busy intervals of every selected request, fetched once per comparison.
+
+    Shared by the prefill and decode views. Only three integer columns travel
+    from DuckDB (replica as a small integer code), however many millions of
+    requests there are; pulling the rows into a frame and filtering it per
+    replica cost seconds at 10M spans.
+    """
+    cached = _INTERVAL_CACHE.get(comparison)
+    if cached is not None:
+        return cached
+    replica = "coalesce(service_instance, host_name, service_name, '')"
+    source = comparison.engine_sql("service_instance, host_name, service_name, start_ns, queue_s, e2e_s")
+    names = [str(r[0]) for r in comparison.con.sql(f"SELECT DISTINCT {replica} FROM {source}").fetchall()]
+    columns = comparison.con.execute(
+        f"SELECT coalesce(list_position(?, {replica}), 0) AS code, "
+        "start_ns + CAST(coalesce(queue_s, 0) * 1e9 AS BIGINT) AS sched, "
+        f"start_ns + CAST(e2e_s * 1e9 AS BIGINT) AS fin FROM {source} WHERE e2e_s IS NOT NULL",
+        [names],
+    ).fetchnumpy()
+    out = _BusyIntervals(
+        {name: i + 1 for i, name in enumerate(names)},
+        np.asarray(columns["code"], dtype=np.int64),
+        np.asarray(columns["sched"], dtype=np.int64),
+        np.asarray(columns["fin"], dtype=np.int64),
+    )
+    _INTERVAL_CACHE[comparison] = out
+    return out
+
+
 def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> pl.DataFrame:
     """Per sampled request (``span_id``): requests running on its replica at one moment of its life.
 
@@ -80,15 +151,7 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     cached = _RUNNING_CACHE.setdefault(comparison, {})
     if at in cached:
         return cached[at]
-    replica = "coalesce(service_instance, host_name, service_name, '')"
-    # Every selected request's busy interval, as two integers per request: no ids, so the whole
-    # population stays small even over millions of requests.
-    full = comparison.con.sql(
-        f"SELECT {replica} AS replica, start_ns + CAST(coalesce(queue_s, 0) * 1e9 AS BIGINT) AS _sched, "
-        f"start_ns + CAST(e2e_s * 1e9 AS BIGINT) AS _end FROM "
-        f"{comparison.engine_sql('service_instance, host_name, service_name, start_ns, queue_s, e2e_s')} "
-        "WHERE e2e_s IS NOT NULL"
-    ).pl()
+    intervals = _busy_intervals(comparison)
     sample = comparison.requests.filter(pl.col("e2e_s").is_not_null()).select(
         "span_id",
         pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica"),
@@ -105,13 +168,10 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     sample = sample.with_columns(origin.alias("_from"), (end - origin).alias("_span"))
     parts: list[pl.DataFrame] = []
     for (replica,), group in sample.group_by("replica"):
-        events = full.filter(pl.col("replica") == replica)
-        starts = np.sort(events["_sched"].to_numpy())
-        ends = np.sort(events["_end"].to_numpy())
         counts = []
         for f in fractions:
             t = group["_from"].to_numpy() + (group["_span"].to_numpy() * f).astype(np.int64)
-            counts.append(np.searchsorted(starts, t, side="right") - np.searchsorted(ends, t, side="right"))
+            counts.append(intervals.running_at(str(replica), t))
         running = np.maximum(np.mean(counts, axis=0), 1.0)
         parts.append(pl.DataFrame({"span_id": group["span_id"], "running": running.astype(np.float64)}))
     out = pl.concat(parts) if parts else pl.DataFrame(schema={"span_id": pl.String, "running": pl.Float64})
