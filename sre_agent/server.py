@@ -68,9 +68,7 @@ log = logging.getLogger(__name__)
 API_ROUTE_MODULES: Final[tuple[str, ...]] = ("sre_agent.api", "sre_agent.canary_api")
 # Feature modules added by other parts of the project; skipped when absent.
 OPTIONAL_ROUTE_MODULES: Final[tuple[str, ...]] = (
-    "sre_agent.api_diagnose",
-    "sre_agent.api_canary",
-    "sre_agent.api_explore",
+    "sre_agent.diagnose_api",
     "sre_agent.explore_api",
 )
 

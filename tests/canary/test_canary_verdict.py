@@ -262,9 +262,11 @@ def test_store_errors_are_store_errors(tmp_path: Path) -> None:
 def test_slow_diagnosis_is_cut_off_and_the_verdict_still_stands(
     regression_db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import importlib
     import threading
 
-    import sre_agent.diagnose
+    # The package exports the function `diagnose`, which shadows the module of the same name.
+    diagnose_module = importlib.import_module("sre_agent.diagnose")
 
     release = threading.Event()
 
@@ -272,7 +274,7 @@ def test_slow_diagnosis_is_cut_off_and_the_verdict_still_stands(
         release.wait(10)
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(sre_agent.diagnose, "diagnose", stuck)
+    monkeypatch.setattr(diagnose_module, "diagnose", stuck)
     spec = CanarySpec.from_strings(["ttft_p99=3s"], findings_budget_s=0.05)
     try:
         with Store.open(regression_db, read_only=True) as store:
