@@ -78,6 +78,30 @@ def _locked_message(path: str, exc: Exception) -> str:
     )
 
 
+def _sorted_by(table: pa.Table, column: str) -> pa.Table:
+    """``table`` ordered by ``column`` (ascending), copying rows only when it must.
+
+    A merged receiver batch is a concatenation of requests that are each in
+    time order and usually cover disjoint time ranges, so reordering whole
+    chunks (zero-copy) nearly always sorts it. A full ``sort_by`` gathers
+    every column, the MAP columns included: 0.15-0.4 s for 50,000 spans,
+    up to a fifth of an append.
+    """
+    if table.column(column).null_count:
+        return table.sort_by(column)  # NOT NULL columns: the insert reports the error
+    batches = [b for b in table.to_batches() if b.num_rows]
+    batches.sort(key=lambda b: b.column(column)[0].as_py())
+    ordered = pa.Table.from_batches(batches, table.schema)
+    if ordered.num_rows < 2 or _is_ascending(ordered.column(column).combine_chunks()):
+        return ordered
+    return table.sort_by(column)
+
+
+def _is_ascending(values: pa.Array) -> bool:
+    """Whether ``values`` (no nulls) never decrease."""
+    return bool(pc.all(pc.greater_equal(values[1:], values[:-1])).as_py())
+
+
 class Store:
     """A DuckDB store file. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
@@ -195,7 +219,7 @@ class Store:
         """
         if table.num_rows == 0:
             return 0
-        batch = table.sort_by("start_ns")
+        batch = _sorted_by(table, "start_ns")
         with self._lock:
             self._writable()
             inserted = self._insert(
@@ -216,7 +240,7 @@ class Store:
         """
         if table.num_rows == 0:
             return 0
-        batch = table.sort_by("time_ns")
+        batch = _sorted_by(table, "time_ns")
         with self._lock:
             self._writable()
             return self._insert(
