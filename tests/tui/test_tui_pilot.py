@@ -270,3 +270,17 @@ async def test_real_engine_finds_the_replayed_incident(replay_db: Path, tmp_path
         await pilot.press("f")
         await pilot.pause()
         assert "#1 prefix_cache" in screen_text(app)
+
+
+async def test_mouse_clicks_tabs_and_rows(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.click("#--content-tab-drilldown")
+        assert app.query_one(TabbedContent).active == "drilldown"
+        table = app.query_one("#slices-table", DataTable)
+        await pilot.click("#slices-table", offset=(2, 2))  # the second data row
+        await pilot.pause()
+        assert table.cursor_row == 1
+        await pilot.click("#--content-tab-findings")
+        assert app.query_one(TabbedContent).active == "findings"
