@@ -108,8 +108,8 @@ class _Buffer:
         gathered: np.ndarray = self.data[index]
         return gathered
 
-    def views(self, offsets: np.ndarray, lengths: np.ndarray) -> pa.Array:
-        """Strings at (offset, length) of the buffer, as a validated Arrow string array."""
+    def raw_views(self, offsets: np.ndarray, lengths: np.ndarray) -> pa.Array:
+        """Bytes at (offset, length) of the buffer, as an Arrow binary_view array (no copy of the bytes)."""
         count = offsets.size
         # A view is: int32 length, then the bytes inline when <= 12, else a 4-byte
         # prefix, int32 buffer index (0: the batch buffer) and int32 offset.
@@ -120,9 +120,12 @@ class _Buffer:
         views[:, :4] = lengths.astype(np.int32)[:, None].view(np.uint8)
         views[:, 4:8] = head[:, :4]
         views[:, 8:16] = np.where((lengths <= 12)[:, None], head[:, 4:12], pointer.view(np.uint8))
-        array = pa.Array.from_buffers(pa.binary_view(), count, [None, pa.py_buffer(views), self.arrow])
+        return pa.Array.from_buffers(pa.binary_view(), count, [None, pa.py_buffer(views), self.arrow])
+
+    def views(self, offsets: np.ndarray, lengths: np.ndarray) -> pa.Array:
+        """Strings at (offset, length) of the buffer, as a validated Arrow string array."""
         try:
-            return array.cast(pa.string())
+            return self.raw_views(offsets, lengths).cast(pa.string())
         except pa.ArrowInvalid as exc:
             raise BadPayloadError(f"span attribute is not valid UTF-8: {exc}") from exc
 
@@ -208,21 +211,15 @@ def decode_attributes(flat: list[bytes], norm: Normaliser) -> Attributes:
 def _distinct_keys(buf: _Buffer, offsets: np.ndarray, lengths: np.ndarray) -> tuple[list[str], np.ndarray]:
     """The distinct keys among fast-path attributes and each attribute's index into them.
 
-    Keys repeat on every span, so they are compared as fixed-width rows
-    (length byte + zero-padded bytes, hashed by Arrow) and only the distinct
-    ones are decoded in Python.
+    Keys repeat on every span, so they are hashed by Arrow as binary views
+    of the request buffer (no copy; faster than hashing fixed-width padded
+    rows) and only the distinct ones are decoded in Python.
     """
     if offsets.size == 0:
         return [], np.zeros(0, np.int64)
-    width = int(lengths.max())
-    columns = np.arange(width)
-    rows = np.empty((offsets.size, width + 1), np.uint8)
-    rows[:, 0] = lengths
-    rows[:, 1:] = buf.data[offsets[:, None] + columns] * (columns < lengths[:, None])
-    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width + 1), offsets.size, [None, pa.py_buffer(rows)])
-    encoded = fixed.dictionary_encode()
+    encoded = buf.raw_views(offsets, lengths).dictionary_encode()
     try:
-        names = [row[1 : 1 + row[0]].decode("utf-8") for row in encoded.dictionary.to_pylist()]
+        names = [key.decode("utf-8") for key in encoded.dictionary.to_pylist()]
     except UnicodeDecodeError as exc:
         raise BadPayloadError(f"span attribute key is not valid UTF-8: {exc}") from exc
     return names, np.asarray(encoded.indices, dtype=np.int64)
