@@ -47,20 +47,59 @@ _LAZY: dict[str, str] = {
     "StoreSpanExporter": "sre_agent.exporter",
     "UsageError": "sre_agent.errors",
     "Window": "sre_agent.selection",
-    "diagnose": "sre_agent.diagnose",
+    "diagnose": "sre_agent.diagnosis",
     "ingest_files": "sre_agent.files",
     "load_config": "sre_agent.config",
     "load_scenario": "sre_agent.replays.scenario",
     "run_scenario": "sre_agent.replays.replay",
 }
 
-__all__ = sorted([*_LAZY, "__version__"])
+__all__ = [
+    "BadPayloadError",
+    "CAUSES",
+    "CanarySpec",
+    "Comparison",
+    "Config",
+    "ConfigError",
+    "Deploy",
+    "Evidence",
+    "FileResult",
+    "Finding",
+    "IngestError",
+    "InsufficientDataError",
+    "Normaliser",
+    "OverloadedError",
+    "PayloadTooLargeError",
+    "PolicyEngine",
+    "PolicyError",
+    "RemoteError",
+    "Report",
+    "RetryBudget",
+    "Scenario",
+    "ScenarioError",
+    "Selection",
+    "SelectionError",
+    "SreAgentError",
+    "Store",
+    "StoreError",
+    "StoreLockedError",
+    "StoreMetricExporter",
+    "StoreSpanExporter",
+    "UsageError",
+    "Window",
+    "__version__",
+    "diagnose",
+    "ingest_files",
+    "load_config",
+    "load_scenario",
+    "run_scenario",
+]
 
 if TYPE_CHECKING:
     from sre_agent.canary_spec import CanarySpec
     from sre_agent.compare import Comparison
     from sre_agent.config import Config, load_config
-    from sre_agent.diagnose import diagnose
+    from sre_agent.diagnosis import diagnose
     from sre_agent.errors import (
         BadPayloadError,
         ConfigError,

@@ -366,7 +366,7 @@ def top_findings(
     keeps a controller's request (Argo's default timeout is 10 s) in time.
     """
     try:
-        from sre_agent.diagnose import diagnose
+        from sre_agent.diagnosis import diagnose
     except ImportError:
         notes.append("diagnosis unavailable in this build; no findings attached")
         return []

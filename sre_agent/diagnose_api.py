@@ -75,7 +75,7 @@ def routes(ctx: ApiContext) -> list[BaseRoute]:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sre-agent-diagnose")
 
     def run(tenant: str | None, selection: Selection, rules: list[str] | None) -> Report:
-        from sre_agent.diagnose import diagnose
+        from sre_agent.diagnosis import diagnose
 
         with ctx.read_cursor(tenant) as cursor:
             return diagnose(cursor, selection, rules=rules)

@@ -131,7 +131,7 @@ class LocalSource:
         The engine is CPU-heavy Python (bootstraps, rules); in a thread it would
         hold the GIL and make every key press wait, in a process it cannot.
         """
-        if importlib.util.find_spec("sre_agent.diagnose") is None:
+        if importlib.util.find_spec("sre_agent.diagnosis") is None:
             raise DiagnosisUnavailableError("the diagnose engine is not installed")
         request = json.dumps({"path": self.path, "selection": selection.to_dict()})
         # Pipes for all three streams: the console owns the terminal, and a child must not draw on it.
@@ -182,7 +182,7 @@ def diagnose_child() -> None:
         request = json.loads(sys.stdin.read())
         selection = Selection.from_dict(request["selection"])
         try:
-            from sre_agent.diagnose import diagnose
+            from sre_agent.diagnosis import diagnose
         except ImportError as exc:
             answer = ["unavailable", f"the diagnose engine cannot load: {exc}"]
         else:

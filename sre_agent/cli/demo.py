@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _diagnosis(store: Any, deploy_ns: int, window_ns: int, fmt: str) -> str:
-    from sre_agent.diagnose import diagnose
+    from sre_agent.diagnosis import diagnose
     from sre_agent.selection import Selection
 
     report = diagnose(store, Selection(mode="deploy_at", deploy_at_ns=deploy_ns, window_ns=window_ns))

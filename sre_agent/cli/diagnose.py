@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
             print(render_dict(data, args.format), end="")
         return 0
-    from sre_agent.diagnose import diagnose
+    from sre_agent.diagnosis import diagnose
     from sre_agent.errors import SelectionError, UsageError
     from sre_agent.store import Store
 

@@ -262,11 +262,9 @@ def test_store_errors_are_store_errors(tmp_path: Path) -> None:
 def test_slow_diagnosis_is_cut_off_and_the_verdict_still_stands(
     regression_db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import importlib
     import threading
 
-    # The package exports the function `diagnose`, which shadows the module of the same name.
-    diagnose_module = importlib.import_module("sre_agent.diagnose")
+    import sre_agent.diagnosis as diagnose_module
 
     release = threading.Event()
 

@@ -13,6 +13,8 @@ from sre_agent.cli import main
 
 def test_all_is_sorted_and_every_name_resolves() -> None:
     assert sre_agent.__all__ == sorted(sre_agent.__all__)
+    # __all__ is a literal (so type checkers see explicit exports); it must list exactly the lazy names.
+    assert set(sre_agent.__all__) == {*sre_agent._LAZY, "__version__"}
     for name in sre_agent.__all__:
         assert getattr(sre_agent, name) is not None, name
 

@@ -78,7 +78,7 @@ def test_a_rule_that_raises_is_reported_and_skipped(make_store: MakeStore, monke
     import importlib
 
     # the package attribute `diagnose` is the function; the module lives in sys.modules
-    diagnose_module = importlib.import_module("sre_agent.diagnose")
+    diagnose_module = importlib.import_module("sre_agent.diagnosis")
 
     def broken(regression: object) -> None:
         raise RuntimeError("boom")

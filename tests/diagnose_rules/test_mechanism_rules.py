@@ -17,7 +17,7 @@ import duckdb
 import pytest
 from rules_synth import Side, build
 
-from sre_agent.diagnose import diagnose
+from sre_agent.diagnosis import diagnose
 from sre_agent.report import Report
 from sre_agent.rules_api import Finding
 from sre_agent.selection import Selection
