@@ -17,6 +17,7 @@ Routes (all JSON):
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import time
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from sre_agent.server import ApiContext
     from sre_agent.store import Store
 
-__all__ = ["routes"]
+__all__ = ["json_object", "routes"]
 
 _TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 # A trace with more spans than this is cut (the TUI waterfall cannot show more anyway).
@@ -150,6 +151,24 @@ def _trace_spans(ctx: ApiContext, trace_id: str) -> dict[str, Any]:
     return {"trace_id": trace_id, "spans": spans[:MAX_TRACE_SPANS], "truncated": len(spans) > MAX_TRACE_SPANS}
 
 
+async def json_object(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}``.
+
+    Raises a 400 ``HTTPException`` when the body is not JSON or not an object,
+    so every route answers bad bodies the same way.
+    """
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise HTTPException(400, f"body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise HTTPException(400, "body must be a JSON object")
+    return body
+
+
 def routes(ctx: ApiContext) -> list[BaseRoute]:
     """The core API routes bound to ``ctx``."""
 
@@ -161,11 +180,7 @@ def routes(ctx: ApiContext) -> list[BaseRoute]:
 
     async def mark_deploy(request: Request) -> JSONResponse:
         ctx.require_admin(request)
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            raise HTTPException(400, f"body is not JSON: {exc}") from exc
-        marker = _parse_marker(body)
+        marker = _parse_marker(await json_object(request))
         deploy = await asyncio.wrap_future(ctx.writer.submit_call(_mark_deploy(marker)))
         return JSONResponse({"deploy": deploy}, status_code=201)
 

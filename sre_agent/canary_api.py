@@ -46,6 +46,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from sre_agent.api import json_object
 from sre_agent.canary import CanarySpec, Verdict, evaluate
 from sre_agent.errors import ConfigError
 from sre_agent.selection import Selection
@@ -151,21 +152,6 @@ def _query_params(request: Request) -> dict[str, Any]:
     return {k: v[0] if len(v) == 1 else v for k, v in out.items()}
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        import json
-
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise HTTPException(400, f"body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise HTTPException(400, "body must be a JSON object")
-    return body
-
-
 def _parse(params: Mapping[str, Any]) -> tuple[Selection, CanarySpec]:
     try:
         return request_from_params(params)
@@ -256,12 +242,12 @@ def routes(ctx: ApiContext, *, evaluations: EvaluationStore | None = None) -> li
     async def canary(request: Request) -> JSONResponse:
         params = _query_params(request)
         if request.method == "POST":
-            params.update(await _json_object(request))
+            params.update(await json_object(request))
         result = await judged(request, params)
         return JSONResponse(result.to_dict())
 
     async def webhook(request: Request) -> JSONResponse:
-        body = await _json_object(request)
+        body = await json_object(request)
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise HTTPException(400, "Flagger 'metadata' must be an object of strings")
@@ -272,7 +258,7 @@ def routes(ctx: ApiContext, *, evaluations: EvaluationStore | None = None) -> li
         return JSONResponse(payload, status_code=200 if result.verdict == "pass" else 412)
 
     async def start(request: Request) -> JSONResponse:
-        params = {**_query_params(request), **(await _json_object(request))}
+        params = {**_query_params(request), **(await json_object(request))}
         selection, spec = _parse(params)
         tenant = ctx.tenant_for(request)
         key = store.submit(lambda: run(tenant, selection, spec))

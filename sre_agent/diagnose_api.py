@@ -11,7 +11,6 @@ from the server's auth, 503 when the store cannot be read.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
@@ -21,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from sre_agent.api import json_object
 from sre_agent.errors import ConfigError, SelectionError
 from sre_agent.selection import Selection
 
@@ -57,19 +57,6 @@ def request_from_body(body: dict[str, Any]) -> tuple[Selection, list[str] | None
     return Selection.from_dict(raw), rules
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise HTTPException(400, f"body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise HTTPException(400, "body must be a JSON object")
-    return body
-
-
 def routes(ctx: ApiContext) -> list[BaseRoute]:
     """The diagnose route bound to ``ctx`` (``read_cursor``, ``tenant_for``)."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sre-agent-diagnose")
@@ -81,7 +68,7 @@ def routes(ctx: ApiContext) -> list[BaseRoute]:
             return diagnose(cursor, selection, rules=rules)
 
     async def diagnose_endpoint(request: Request) -> JSONResponse:
-        body = await _json_body(request)
+        body = await json_object(request)
         try:
             selection, rules = request_from_body(body)
         except ConfigError as exc:
