@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Server
+from canary_server import Server
 
 from sre_agent.canary import Verdict
 from sre_agent.canary_api import EvaluationStore

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.app import App
-from textual.pilot import Pilot
-from textual.widgets import DataTable
+from tui_helpers import Server
 from tui_synth import build_store
 
 from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
 from sre_agent.tui.source import DiagnosisUnavailableError, LocalSource
 
-READY_TIMEOUT_S = 60.0
 # The replayed incident: the bundled scenario whose expected cause is prefix_cache, at 30 % of its length.
 REPLAY_SCENARIO = "prefix_cache_disabled"
 REPLAY_SCALE = "0.3"
@@ -54,49 +48,6 @@ def replay_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-class Server:
-    """A real ``sre-agent serve`` child on loopback ports chosen by the OS."""
-
-    def __init__(self, db: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sre_agent", "serve", "--db", str(db), "--http-port", "0", "--grpc-port", "0"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.url = ""
-        self.lines: list[str] = []
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                if "OTLP/HTTP and API on " in line:
-                    self.url = line.rsplit(" ", 1)[1].strip()
-                if "ready" in line:
-                    ready.set()
-            ready.set()
-
-        self._pump = threading.Thread(target=pump, daemon=True)
-        self._pump.start()
-        if not ready.wait(READY_TIMEOUT_S) or not self.url or self.proc.poll() is not None:
-            self.stop()
-            raise AssertionError(f"serve did not start: {''.join(self.lines)}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._pump.join(10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-
-
 @pytest.fixture
 def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[Server]:
     """A server owning a private copy of the synthetic store (serve opens it for writing)."""
@@ -107,20 +58,6 @@ def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
-
-
-async def wait_until(
-    condition: Callable[[], bool], timeout_s: float = 60.0, pause: Callable[[], Awaitable[None]] | None = None
-) -> None:
-    """Poll ``condition`` until true (bounded), yielding to the app between polls."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        if pause is not None:
-            await pause()
-        else:
-            await asyncio.sleep(0.02)
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -159,26 +96,3 @@ def make_app(synth_db: Path, synth_report: dict[str, Any], tmp_path: Path) -> Ca
         return app
 
     return make
-
-
-def screen_text(app: App[Any]) -> str:
-    """What the terminal shows right now, as plain text lines."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
-
-
-async def settle(pilot: Pilot[Any], timeout_s: float = 60.0) -> None:
-    """Wait until the overview, drill-down and diagnosis have all arrived (bounded)."""
-    app = pilot.app
-    assert isinstance(app, IncidentApp)
-
-    def done() -> bool:
-        table = app.query_one("#slices-table", DataTable)
-        return (
-            app.overview is not None
-            and table.row_count > 0
-            and not app.query_one("#findings-tree").loading
-            and not any(w.is_running for w in app.workers)
-        )
-
-    await wait_until(done, timeout_s, pilot.pause)
-    await pilot.pause()

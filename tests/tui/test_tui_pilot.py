@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from conftest import screen_text, settle, wait_until
 from textual.widgets import DataTable, Input, TabbedContent
+from tui_helpers import screen_text, settle, wait_until
 from tui_synth import build_store
 
 from sre_agent import explore

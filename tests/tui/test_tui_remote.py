@@ -8,7 +8,7 @@ from typing import Any
 import duckdb
 import httpx
 import pytest
-from conftest import Server, screen_text, wait_until
+from tui_helpers import Server, screen_text, wait_until
 from tui_synth import DEPLOY_NS
 
 from sre_agent import explore, explore_api

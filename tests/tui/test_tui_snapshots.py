@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import settle
 from textual.pilot import Pilot
+from tui_helpers import settle
 
 from sre_agent.tui.app import IncidentApp
 
