@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from canary_server import Server
 from canary_synth import Profile, version_pair_store
+
+# The canary tests start `sre-agent serve` with the receiver suite's harness, as the other suites do.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
+from receiver_harness import ServeProcess, start_serve
 
 
 @pytest.fixture(scope="session")
@@ -19,9 +23,9 @@ def regression_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(regression_store: Path) -> Iterator[Server]:
+def server(regression_store: Path) -> Iterator[ServeProcess]:
     """One real server for the module (starting one per test would dominate the run time)."""
-    srv = Server(regression_store)
+    srv = start_serve(regression_store, grpc=False)
     try:
         yield srv
     finally:

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from canary_server import Server
+from receiver_harness import ServeProcess, start_serve
 
 from sre_agent.canary import Verdict
 from sre_agent.canary_api import EvaluationStore
@@ -47,7 +47,7 @@ def client() -> httpx.Client:
         yield c
 
 
-def test_argo_get_fail_pass_and_inconclusive_are_all_2xx(server: Server, client: httpx.Client) -> None:
+def test_argo_get_fail_pass_and_inconclusive_are_all_2xx(server: ServeProcess, client: httpx.Client) -> None:
     url = f"{server.url}/api/v1/canary"
     failed = client.get(url, params={**VERSIONS, "slo": "ttft_p99=3s,error_rate=1%"})
     assert failed.status_code == 200
@@ -74,7 +74,7 @@ def test_argo_get_fail_pass_and_inconclusive_are_all_2xx(server: Server, client:
     assert argo_measure(no_traffic) == "Inconclusive"
 
 
-def test_argo_post_json_body_and_dry_run(server: Server, client: httpx.Client) -> None:
+def test_argo_post_json_body_and_dry_run(server: ServeProcess, client: httpx.Client) -> None:
     body = {"selection": {"baseline_version": "v1", "candidate_version": "v2"}, "slo": ["ttft_p99=3s"], "dry_run": True}
     response = client.post(f"{server.url}/api/v1/canary", json=body)
     assert argo_measure(response) == "Successful"
@@ -84,7 +84,7 @@ def test_argo_post_json_body_and_dry_run(server: Server, client: httpx.Client) -
     assert "dry run: the real verdict is fail" in doc["reasons"][0]
 
 
-def test_argo_genuine_errors_are_non_2xx(server: Server, client: httpx.Client) -> None:
+def test_argo_genuine_errors_are_non_2xx(server: ServeProcess, client: httpx.Client) -> None:
     url = f"{server.url}/api/v1/canary"
     bad = client.get(url, params={**VERSIONS, "slo": "ttft_p99=fast"})
     assert bad.status_code == 400
@@ -98,7 +98,7 @@ def _flagger(phase: str, metadata: dict[str, str]) -> dict[str, Any]:
     return {"name": "llm-gateway", "namespace": "serving", "phase": phase, "checksum": "6c3a0f", "metadata": metadata}
 
 
-def test_flagger_webhook_status_is_the_verdict(server: Server, client: httpx.Client) -> None:
+def test_flagger_webhook_status_is_the_verdict(server: ServeProcess, client: httpx.Client) -> None:
     url = f"{server.url}/api/v1/canary/webhook"
     failing = client.post(url, json=_flagger("Progressing", {**VERSIONS, "slo": "ttft_p99=3s"}))
     assert failing.status_code == 412
@@ -125,7 +125,7 @@ def test_flagger_webhook_status_is_the_verdict(server: Server, client: httpx.Cli
     assert "unknown parameter" in typo.json()["error"]
 
 
-def test_async_evaluation_202_then_poll(server: Server, client: httpx.Client) -> None:
+def test_async_evaluation_202_then_poll(server: ServeProcess, client: httpx.Client) -> None:
     start = client.post(f"{server.url}/api/v1/canary/evaluations", json={**VERSIONS, "slo": "ttft_p99=3s"})
     assert start.status_code == 202
     key = start.json()["id"]
@@ -145,7 +145,7 @@ def test_async_evaluation_202_then_poll(server: Server, client: httpx.Client) ->
     assert client.post(f"{server.url}/api/v1/canary/evaluations", json={"slo": "bogus=1"}).status_code == 400
 
 
-def test_cli_url_mode_against_the_server(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_url_mode_against_the_server(server: ServeProcess, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["canary", "--url", server.url, "--baseline-version", "v1", "--candidate-version", "v2"]
     assert main([*args, "--slo", "ttft_p99=3s", "--format", "json"]) == 1
     assert '"verdict": "fail"' in capsys.readouterr().out
@@ -187,7 +187,7 @@ README_FLAGGER_METADATA = {
 }
 
 
-def test_readme_argo_url_and_flagger_metadata_work_verbatim(server: Server, client: httpx.Client) -> None:
+def test_readme_argo_url_and_flagger_metadata_work_verbatim(server: ServeProcess, client: httpx.Client) -> None:
     query = README_ARGO_QUERY.replace("{{args.stable-version}}", "v1").replace("{{args.canary-version}}", "v2")
     argo = client.get(f"{server.url}/api/v1/canary?{query}")
     assert argo.status_code == 200, argo.text
@@ -209,7 +209,9 @@ def test_tokens_and_tenant_scoping(tmp_path_factory: pytest.TempPathFactory) -> 
 
     db = tmp_path_factory.mktemp("tenants") / "store.duckdb"
     version_pair_store(db, n_baseline=300, n_candidate=300, seed=1)  # spans without tenant.id
-    srv = Server(db, env={"SRE_AGENT_TOKEN": "admin-token", "SRE_AGENT_TENANT_TOKENS": "acme-token=acme"})
+    srv = start_serve(
+        db, grpc=False, env={"SRE_AGENT_TOKEN": "admin-token", "SRE_AGENT_TENANT_TOKENS": "acme-token=acme"}
+    )
     try:
         url = f"{srv.url}/api/v1/canary"
         params = {**VERSIONS, "slo": "e2e_p99=600s", "findings": "0"}

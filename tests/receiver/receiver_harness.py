@@ -84,6 +84,11 @@ class ServeProcess:
     def stderr(self) -> str:
         return "".join(self.stderr_lines)
 
+    @property
+    def url(self) -> str:
+        """Base URL of the HTTP API (the same server as the OTLP/HTTP receiver)."""
+        return self.http_url
+
 
 def start_serve(db: Path, *args: str, env: dict[str, str] | None = None, grpc: bool = True) -> ServeProcess:
     """Start `python -m sre_agent serve` on ephemeral ports and wait until it is ready."""

@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_helpers import Server
 from tui_synth import build_store
+
+# The console's remote tests start `sre-agent serve` with the receiver suite's harness.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
+from receiver_harness import ServeProcess, start_serve
 
 from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
@@ -49,11 +52,11 @@ def replay_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[Server]:
+def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[ServeProcess]:
     """A server owning a private copy of the synthetic store (serve opens it for writing)."""
     db = tmp_path / "served.duckdb"
     db.write_bytes(synth_db.read_bytes())
-    server = Server(db)
+    server = start_serve(db, grpc=False)
     try:
         yield server
     finally:

@@ -8,7 +8,8 @@ from typing import Any
 import duckdb
 import httpx
 import pytest
-from tui_helpers import Server, screen_text, wait_until
+from receiver_harness import ServeProcess
+from tui_helpers import screen_text, wait_until
 from tui_synth import DEPLOY_NS
 
 from sre_agent import explore, explore_api
@@ -61,7 +62,7 @@ def engine_spans_otlp(count: int, start_ns: int) -> dict[str, Any]:
     return {"resourceSpans": [{"resource": {"attributes": resource}, "scopeSpans": [{"spans": spans}]}]}
 
 
-def test_explore_routes_answer_what_local_queries_answer(served_synth: Server, synth_db: Path) -> None:
+def test_explore_routes_answer_what_local_queries_answer(served_synth: ServeProcess, synth_db: Path) -> None:
     remote = RemoteSource(Config(url=served_synth.url))
     local = LocalSource(str(synth_db))
     try:
@@ -82,7 +83,7 @@ def test_explore_routes_answer_what_local_queries_answer(served_synth: Server, s
         local.close()
 
 
-def test_explore_routes_reject_bad_parameters(served_synth: Server) -> None:
+def test_explore_routes_reject_bad_parameters(served_synth: ServeProcess) -> None:
     base = served_synth.url + "/api/v1/explore"
     with httpx.Client(timeout=30) as client:
         for path, params in (
@@ -103,7 +104,7 @@ def test_explore_routes_reject_bad_parameters(served_synth: Server) -> None:
 
 
 async def test_live_console_refreshes_and_shows_a_banner_when_unreachable(
-    served_synth: Server, synth_db: Path, tmp_path: Path
+    served_synth: ServeProcess, synth_db: Path, tmp_path: Path
 ) -> None:
     transport = SwitchableTransport()
     client = httpx.Client(transport=transport, timeout=30)

@@ -1,4 +1,4 @@
-"""Helpers shared by the console tests: a real ``sre-agent serve`` child, bounded waits, screen text.
+"""Helpers shared by the console tests: bounded waits and screen text.
 
 Kept out of conftest.py so test modules can import them by a unique name (several conftest
 modules share the name ``conftest`` when pytest is given more than one test folder).
@@ -7,12 +7,8 @@ modules share the name ``conftest`` when pytest is given more than one test fold
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from textual.app import App
@@ -22,49 +18,6 @@ from textual.widgets import DataTable
 from sre_agent.tui.app import IncidentApp
 
 READY_TIMEOUT_S = 60.0
-
-
-class Server:
-    """A real ``sre-agent serve`` child on loopback ports chosen by the OS."""
-
-    def __init__(self, db: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sre_agent", "serve", "--db", str(db), "--http-port", "0", "--grpc-port", "0"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.url = ""
-        self.lines: list[str] = []
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                if "OTLP/HTTP and API on " in line:
-                    self.url = line.rsplit(" ", 1)[1].strip()
-                if "ready" in line:
-                    ready.set()
-            ready.set()
-
-        self._pump = threading.Thread(target=pump, daemon=True)
-        self._pump.start()
-        if not ready.wait(READY_TIMEOUT_S) or not self.url or self.proc.poll() is not None:
-            self.stop()
-            raise AssertionError(f"serve did not start: {''.join(self.lines)}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._pump.join(10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
 
 
 async def wait_until(
