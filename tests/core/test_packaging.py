@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -64,4 +63,6 @@ def test_console_script_is_declared(wheel: Path) -> None:
         (entry_points,) = [n for n in zf.namelist() if n.endswith("entry_points.txt")]
         text = zf.read(entry_points).decode()
     assert "sre-agent = sre_agent.cli:run" in text
-    assert sysconfig.get_paths()["purelib"]  # the test venv is a normal one
+    # Built-in rules ship through the same entry-point group third-party rules use.
+    assert "[sre_agent.rules]" in text
+    assert "stages = sre_agent.rules.stages:stages" in text

@@ -30,9 +30,17 @@ def test_unknown_attribute_raises_attribute_error() -> None:
         sre_agent.no_such_name  # noqa: B018
 
 
-def test_cli_usage_error_exits_2_on_stderr(capsys: object) -> None:
+def test_cli_usage_error_exits_2_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--no-such-flag"]) == 2
-    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("error: ")
+    assert "--no-such-flag" in err
+    assert "Traceback" not in err
+    assert main([]) == 2  # no command: help on stderr, usage exit code
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "examples:" in err
 
 
 def test_console_script_help_has_examples() -> None:
