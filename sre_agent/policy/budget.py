@@ -95,8 +95,9 @@ class Budget:
 
     def fits_time(self, seconds: float) -> bool:
         """True when ``seconds`` more still end before the deadline."""
-        remaining = self.remaining_s()
-        return remaining is None or seconds <= remaining
+        # remaining_s() inlined: the stop strategy asks this before every retry.
+        deadline = self.limits.deadline_s
+        return deadline is None or seconds <= max(deadline - (self._clock() - self.started_s), 0.0)
 
     def reserve(
         self,
@@ -112,26 +113,31 @@ class Budget:
         below ``min_output_tokens`` the attempt is refused. The timeout is the smaller of
         ``attempt_timeout_s`` and the time left (None: no bound).
         """
+        # Runs before every attempt: remaining_s() inlined and min() spelt as comparisons.
         limits = self.limits
         if self.attempts >= limits.max_attempts:
             return None
-        remaining_s = self.remaining_s()
-        if remaining_s is not None and remaining_s <= 0.0:
-            return None
+        remaining_s: float | None = None
+        if limits.deadline_s is not None:
+            remaining_s = max(limits.deadline_s - (self._clock() - self.started_s), 0.0)
+            if remaining_s <= 0.0:
+                return None
         cap = wanted_output_tokens
         if limits.max_tokens is not None:
-            cap = min(cap, limits.max_tokens - self.tokens - input_tokens_bound)
+            left_tokens = limits.max_tokens - self.tokens - input_tokens_bound
+            cap = min(cap, left_tokens)
         if limits.max_usd is not None and pricing is not None:
             left_usd = limits.max_usd - self.usd - input_tokens_bound * pricing.input_per_mtok / 1e6
             if pricing.output_per_mtok > 0:
-                cap = min(cap, math.floor(left_usd * 1e6 / pricing.output_per_mtok))
+                affordable = math.floor(left_usd * 1e6 / pricing.output_per_mtok)
+                cap = min(cap, affordable)
             elif left_usd < 0:
                 cap = -1
         if cap < min_output_tokens:
             return None
         timeout = attempt_timeout_s
         if remaining_s is not None:
-            timeout = remaining_s if timeout is None else min(timeout, remaining_s)
+            timeout = remaining_s if timeout is None or remaining_s < timeout else timeout
         usd = pricing.worst_case_usd(input_tokens_bound, cap) if pricing is not None else 0.0
         self.attempts += 1
         return Reservation(input_tokens_bound, cap, usd, timeout)

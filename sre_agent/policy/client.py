@@ -39,16 +39,17 @@ from sre_agent.policy.recovery import ChatRequest, Plan, RecoveryConfig, Recover
 from sre_agent.policy.strategies import (
     AttemptState,
     retry_if_recoverable,
-    stop_on_budget,
-    stop_on_fleet_budget,
+    stop_on_budget_or_fleet,
     wait_full_jitter,
     wait_server_hint,
 )
-from sre_agent.policy.wire import HttpCall, build_call, input_tokens_bound, stream_accumulator
+from sre_agent.policy.wire import HttpCall, call_template, input_tokens_bound, stream_accumulator
 
 __all__ = ["AttemptRecord", "PolicyEngine", "PolicyResult", "arun_request", "run_request"]
 
 Tool = Callable[[dict[str, Any]], Any]
+
+_STREAM_FORMATS = frozenset({"openai-chat", "openai-responses"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +200,7 @@ class PolicyEngine:
         self.latency = _LatencyStats()
         self._ids = itertools.count(1)
         self._id_prefix = f"{os.getpid()}-{id(self):x}"
-        self._stop = stop_on_budget() | stop_on_fleet_budget()
+        self._stop = stop_on_budget_or_fleet()
         self._wait = wait_server_hint(wait or wait_full_jitter())
         self._retry = retry_if_recoverable()
 
@@ -216,20 +217,27 @@ class PolicyEngine:
         return state
 
     def _prepare(self, state: AttemptState, hedge: bool = False) -> _Prepared | None:
-        plan: Plan = state.extra["plan"]
+        extra = state.extra
+        plan: Plan = extra["plan"]
         target = self.targets[plan.target_index]
         request = plan.request
         # The bound serialises the messages: compute it once per distinct request, not per retry.
-        cached = state.extra.get("input_bound")
+        cached = extra.get("input_bound")
         if cached is None or cached[0] is not request.messages:
             cached = (request.messages, input_tokens_bound(request))
-            state.extra["input_bound"] = cached
+            extra["input_bound"] = cached
         reservation = state.budget.reserve(cached[1], request.max_output_tokens, target.pricing, self.attempt_timeout_s)
         if reservation is None:
             plan.budget_refused = True
             return None
-        call = build_call(target, request, reservation.max_output_tokens)
-        stream = request.stream and target.provider_format in ("openai-chat", "openai-responses")
+        # Retries of one request on one target differ only in the output cap: build URL,
+        # headers and body once and fill the cap in per attempt.
+        template = extra.get("call_template")
+        if template is None or template[0] is not request or template[1] is not target:
+            template = (request, target, call_template(target, request))
+            extra["call_template"] = template
+        call = template[2].call(reservation.max_output_tokens)
+        stream = request.stream and target.provider_format in _STREAM_FORMATS
         return _Prepared(state.budget.attempts, target, call, reservation, stream, hedge)
 
     def _start_span(self, prepared: _Prepared) -> trace.Span:

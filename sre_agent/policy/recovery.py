@@ -100,6 +100,10 @@ class Plan:
     history: list[str] = field(default_factory=list)
 
 
+#: History notes of same-target retries, built once (an enum's ``.value`` is a slow property).
+_RETRY_NOTES = {cls: f"retry {cls.value}" for cls in TRANSIENT}
+
+
 def _lower_effort(effort: str | None) -> str | None:
     if effort is None:
         return "low"  # the provider default is usually medium: ask for less thinking
@@ -159,7 +163,7 @@ class RecoveryPlanner:
         plan.same_target_failures += 1
         if plan.same_target_failures >= self.config.max_same_target_failures:
             return self._fallback(state, plan, f"{plan.same_target_failures} failures in a row")
-        plan.history.append(f"retry {outcome.cls.value}")
+        plan.history.append(_RETRY_NOTES[outcome.cls])
         return True
 
     def _exhausted(self, state: AttemptState, plan: Plan) -> bool:

@@ -16,10 +16,12 @@ from typing import Any
 from sre_agent.policy.recovery import ChatRequest, Target
 
 __all__ = [
+    "CallTemplate",
     "HttpCall",
     "ResponsesStreamAccumulator",
     "SseAccumulator",
     "build_call",
+    "call_template",
     "input_tokens_bound",
     "stream_accumulator",
 ]
@@ -49,15 +51,40 @@ def input_tokens_bound(request: ChatRequest) -> int:
     return size + 16 + 8 * len(request.messages)
 
 
-def build_call(target: Target, request: ChatRequest, max_output_tokens: int) -> HttpCall:
-    """The HTTP call for ``request`` on ``target`` with the output cap ``max_output_tokens``."""
+@dataclass(frozen=True, slots=True)
+class CallTemplate:
+    """Everything of an :class:`HttpCall` except the output cap, built once per request and target.
+
+    Retries of one request differ only in the output cap, so the engine builds the URL,
+    headers and body once and :meth:`call` fills the cap in (a shallow copy per attempt:
+    the message list and nested dicts are shared between attempts and never mutated).
+    ``cap_key`` is the body key of the cap; the body holds a placeholder there so that the
+    key order, and so the JSON sent, is the same as a body built from scratch.
+    """
+
+    url: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    cap_key: str
+    provider_name: str
+
+    def call(self, max_output_tokens: int) -> HttpCall:
+        """The call with the output cap ``max_output_tokens`` (fresh top-level body and header dicts)."""
+        body = self.body.copy()
+        body[self.cap_key] = max_output_tokens
+        return HttpCall(self.url, self.headers.copy(), body, self.provider_name)
+
+
+def call_template(target: Target, request: ChatRequest) -> CallTemplate:
+    """The cap-independent part of the call for ``request`` on ``target``."""
     base = target.base_url.rstrip("/")
     headers = {"content-type": "application/json", **dict(target.headers)}
     fmt = target.provider_format
     messages = list(request.messages)
     body: dict[str, Any]
     if fmt == "openai-chat":
-        body = {"model": target.model, "messages": messages, "max_completion_tokens": max_output_tokens}
+        cap_key = "max_completion_tokens"
+        body = {"model": target.model, "messages": messages, cap_key: 0}
         if request.reasoning_effort is not None:
             body["reasoning_effort"] = request.reasoning_effort
         if request.tools:
@@ -67,7 +94,8 @@ def build_call(target: Target, request: ChatRequest, max_output_tokens: int) -> 
             body["stream_options"] = {"include_usage": True}
         url = f"{base}/chat/completions"
     elif fmt == "openai-responses":
-        body = {"model": target.model, "input": messages, "max_output_tokens": max_output_tokens}
+        cap_key = "max_output_tokens"
+        body = {"model": target.model, "input": messages, cap_key: 0}
         if request.reasoning_effort is not None:
             body["reasoning"] = {"effort": request.reasoning_effort}
         if request.tools:
@@ -76,12 +104,9 @@ def build_call(target: Target, request: ChatRequest, max_output_tokens: int) -> 
             body["stream"] = True
         url = f"{base}/responses"
     elif fmt == "anthropic":
+        cap_key = "max_tokens"
         system = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "system")
-        body = {
-            "model": target.model,
-            "messages": [m for m in messages if m.get("role") != "system"],
-            "max_tokens": max_output_tokens,
-        }
+        body = {"model": target.model, "messages": [m for m in messages if m.get("role") != "system"], cap_key: 0}
         if system:
             body["system"] = system
         if request.reasoning_effort is not None:
@@ -90,7 +115,12 @@ def build_call(target: Target, request: ChatRequest, max_output_tokens: int) -> 
         url = f"{base}/messages"
     else:
         raise ValueError(f"cannot send provider format {fmt!r}")
-    return HttpCall(url, headers, body, _PROVIDER_NAMES[fmt])
+    return CallTemplate(url, headers, body, cap_key, _PROVIDER_NAMES[fmt])
+
+
+def build_call(target: Target, request: ChatRequest, max_output_tokens: int) -> HttpCall:
+    """The HTTP call for ``request`` on ``target`` with the output cap ``max_output_tokens``."""
+    return call_template(target, request).call(max_output_tokens)
 
 
 class SseAccumulator:
