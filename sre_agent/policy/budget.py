@@ -201,13 +201,14 @@ class RetryBudget:
 
     def _expire(self, now: float) -> None:
         horizon = now - self.ttl_s
-        while self._deposits and self._deposits[0][0] <= horizon:
-            self._deposited -= self._deposits.popleft()[1]
-        while self._withdrawals and self._withdrawals[0][0] <= horizon:
-            self._withdrawn -= self._withdrawals.popleft()[1]
-        if not self._deposits:
+        deposits, withdrawals = self._deposits, self._withdrawals
+        while deposits and deposits[0][0] <= horizon:
+            self._deposited -= deposits.popleft()[1]
+        while withdrawals and withdrawals[0][0] <= horizon:
+            self._withdrawn -= withdrawals.popleft()[1]
+        if not deposits:
             self._deposited = 0.0  # drop accumulated float error whenever a side empties
-        if not self._withdrawals:
+        if not withdrawals:
             self._withdrawn = 0.0
 
     def _balance(self) -> float:
@@ -231,11 +232,13 @@ class RetryBudget:
         with self._lock:
             now = self._clock()
             self._expire(now)
-            if self._balance() < self._withdraw_units:
+            units = self._withdraw_units
+            # _balance() inlined: this runs before every retry of every request.
+            if self._deposited - self._withdrawn + self._reserve_units < units:
                 self.refusals_total += 1
                 return False
-            self._withdrawals.append((now, self._withdraw_units))
-            self._withdrawn += self._withdraw_units
+            self._withdrawals.append((now, units))
+            self._withdrawn += units
             self.withdrawals_total += 1
             return True
 

@@ -142,6 +142,9 @@ _NO_USAGE = Usage()
 _RETRY_AFTER_MS = ("retry-after-ms", "x-ms-retry-after-ms")
 
 
+_RETRY_AFTER_NAMES = frozenset({*_RETRY_AFTER_MS, "retry-after"})
+
+
 def parse_retry_after(headers: Mapping[str, str], now_s: float | None = None) -> float | None:
     """The server's requested wait in seconds, or None when absent or unparsable.
 
@@ -151,6 +154,11 @@ def parse_retry_after(headers: Mapping[str, str], now_s: float | None = None) ->
     """
     # httpx.Headers is already case-insensitive; a plain mapping is lower-cased once.
     lower = headers if hasattr(headers, "multi_items") else {k.lower(): v for k, v in headers.items()}
+    return _retry_after(lower, now_s)
+
+
+def _retry_after(lower: Mapping[str, str], now_s: float | None) -> float | None:
+    """:func:`parse_retry_after` on headers that answer lower-case names."""
     for name in _RETRY_AFTER_MS:
         raw = lower.get(name)
         if raw is not None:
@@ -178,6 +186,26 @@ def _should_retry(headers: Mapping[str, str]) -> bool | None:
         if key.lower() == "x-should-retry":
             return value.strip().lower() == "true"
     return None
+
+
+def _failure_hints(headers: Mapping[str, str], now_s: float | None) -> tuple[float | None, bool | None]:
+    """``(parse_retry_after(headers, now_s), _should_retry(headers))`` with one pass over a plain mapping.
+
+    A plain mapping is lower-cased key by key either way; this keeps only the names that
+    matter instead of building a full lower-cased copy and then scanning again. Duplicates
+    that differ in case resolve as before: the last for Retry-After, the first for x-should-retry.
+    """
+    if hasattr(headers, "multi_items"):
+        return parse_retry_after(headers, now_s), _should_retry(headers)
+    hints: dict[str, str] = {}
+    should_retry: bool | None = None
+    for key, value in headers.items():
+        name = key.lower()
+        if name in _RETRY_AFTER_NAMES:
+            hints[name] = value
+        elif should_retry is None and name == "x-should-retry":
+            should_retry = value.strip().lower() == "true"
+    return (_retry_after(hints, now_s) if hints else None), should_retry
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,14 +294,18 @@ def _parse_openai_chat(body: Any) -> _Parsed:
     choice = _dig(body, ("choices", 0))
     message = _dig(choice, ("message",)) or {}
     raw_calls = message.get("tool_calls") or [] if isinstance(message, dict) else []
-    calls = tuple(
-        ToolCall(
-            call_id=str(call.get("id", "")),
-            name=str(_dig(call, ("function", "name")) or ""),
-            arguments=_parse_args(_dig(call, ("function", "arguments"))),
+    calls = (
+        tuple(
+            ToolCall(
+                call_id=str(call.get("id", "")),
+                name=str(_dig(call, ("function", "name")) or ""),
+                arguments=_parse_args(_dig(call, ("function", "arguments"))),
+            )
+            for call in raw_calls
+            if isinstance(call, dict)
         )
-        for call in raw_calls
-        if isinstance(call, dict)
+        if raw_calls
+        else ()  # the usual answer: no generator to build and drain
     )
     content = message.get("content") if isinstance(message, dict) else None
     refusal = message.get("refusal") if isinstance(message, dict) else None
@@ -491,11 +523,10 @@ def classify(
     cost = pricing.cost_usd(usage) if pricing is not None else 0.0
     if status_code >= 400 or status_code < 200:
         # Server hints only matter on failures; skipping them keeps the success path short.
-        retry_after = parse_retry_after(headers, now_s) if status_code >= 400 else None
-        should_retry = _should_retry(headers) if status_code >= 400 else None
+        retry_after, should_retry = _failure_hints(headers, now_s) if status_code >= 400 else (None, None)
         cls, detail = _classify_status(status_code, body)
         if usage is _NO_USAGE:
-            return _shared_failure((status_code, cls, detail, cost, retry_after, should_retry))
+            return _shared_failure(cls, (status_code, detail, cost, retry_after, should_retry))
         return Outcome(
             cls, usage, cost, status_code, retry_after_s=retry_after, should_retry=should_retry, detail=detail
         )
@@ -529,17 +560,20 @@ def classify(
 #: Failure outcomes without reported usage, keyed by every value they are built from. Outcome is
 #: immutable, so retries that get the same 429/5xx share one instance instead of building eleven
 #: frozen fields each time. Cleared when full: Retry-After values make the key space open-ended.
-_FAILURES: dict[tuple[int, OutcomeClass, str, float, float | None, bool | None], Outcome] = {}
+_FAILURES: dict[tuple[int, str, float, float | None, bool | None], Outcome] = {}
 _FAILURES_MAX = 1024
 
 
-def _shared_failure(key: tuple[int, OutcomeClass, str, float, float | None, bool | None]) -> Outcome:
-    """The outcome for ``(status_code, cls, detail, cost_usd, retry_after_s, should_retry)`` and no usage."""
+def _shared_failure(cls: OutcomeClass, key: tuple[int, str, float, float | None, bool | None]) -> Outcome:
+    """The outcome of class ``cls`` for ``key = (status_code, detail, cost_usd, retry_after_s, should_retry)``.
+
+    The class is checked rather than hashed into the key (an Enum's ``__hash__`` runs in Python).
+    """
     outcome = _FAILURES.get(key)
-    if outcome is None:
+    if outcome is None or outcome.cls is not cls:
         if len(_FAILURES) >= _FAILURES_MAX:
             _FAILURES.clear()
-        status_code, cls, detail, cost, retry_after, should_retry = key
+        status_code, detail, cost, retry_after, should_retry = key
         outcome = Outcome(
             cls, _NO_USAGE, cost, status_code, retry_after_s=retry_after, should_retry=should_retry, detail=detail
         )

@@ -26,6 +26,9 @@ __all__ = [
     "stream_accumulator",
 ]
 
+# json.dumps(..., ensure_ascii=False) builds a new JSONEncoder per call; the same settings, built once.
+_JSON = json.JSONEncoder(ensure_ascii=False)
+
 _PROVIDER_NAMES = {"openai-chat": "openai", "openai-responses": "openai", "anthropic": "anthropic"}
 
 
@@ -45,21 +48,21 @@ def input_tokens_bound(request: ChatRequest) -> int:
     A BPE token covers at least one byte, so the byte count of the messages (and tool
     definitions) bounds their token count; 16 + 8 per message covers chat-template tokens.
     """
-    size = len(json.dumps(request.messages, ensure_ascii=False).encode())
+    size = len(_JSON.encode(request.messages).encode())
     if request.tools:
-        size += len(json.dumps(request.tools, ensure_ascii=False).encode())
+        size += len(_JSON.encode(request.tools).encode())
     return size + 16 + 8 * len(request.messages)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallTemplate:
     """Everything of an :class:`HttpCall` except the output cap, built once per request and target.
 
-    Retries of one request differ only in the output cap, so the engine builds the URL,
-    headers and body once and :meth:`call` fills the cap in (a shallow copy per attempt:
-    the message list and nested dicts are shared between attempts and never mutated).
-    ``cap_key`` is the body key of the cap; the body holds a placeholder there so that the
-    key order, and so the JSON sent, is the same as a body built from scratch.
+    Retries of one request differ at most in the output cap, so the engine builds the URL,
+    headers and body once and :meth:`call` fills the cap in. ``cap_key`` is the body key of
+    the cap; the body holds a placeholder there so that the key order, and so the JSON sent,
+    is the same as a body built from scratch. The calls it returns share the message list and
+    nested dicts and must be treated as read-only (httpx only serialises them).
     """
 
     url: str
@@ -67,12 +70,20 @@ class CallTemplate:
     body: dict[str, Any]
     cap_key: str
     provider_name: str
+    last: HttpCall | None = None
+    last_cap: int | None = None
 
     def call(self, max_output_tokens: int) -> HttpCall:
-        """The call with the output cap ``max_output_tokens`` (fresh top-level body and header dicts)."""
+        """The call with the output cap ``max_output_tokens``; the previous one again when the cap is unchanged."""
+        last = self.last
+        cap = self.last_cap
+        if last is not None and cap == max_output_tokens and type(cap) is type(max_output_tokens):
+            return last  # a same-cap retry resends the identical request: no new body
         body = self.body.copy()
         body[self.cap_key] = max_output_tokens
-        return HttpCall(self.url, self.headers.copy(), body, self.provider_name)
+        last = self.last = HttpCall(self.url, self.headers.copy(), body, self.provider_name)
+        self.last_cap = max_output_tokens
+        return last
 
 
 def call_template(target: Target, request: ChatRequest) -> CallTemplate:
