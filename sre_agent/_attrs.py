@@ -89,6 +89,10 @@ def slow_entry(data: bytes, norm: Normaliser) -> tuple[str, str, Any]:
     return key, text, typed
 
 
+# Typed, so that Arrow does not infer (and try a failing import) on every call.
+_TRUE = pa.scalar("true", pa.string())
+_FALSE = pa.scalar("false", pa.string())
+
 _PAD = 256  # > longest fast-path reach past an attribute's start (key < 128 bytes + 5 + 12)
 
 
@@ -198,7 +202,7 @@ def decode_attributes(flat: list[bytes], norm: Normaliser) -> Attributes:
         buf.views(value_at[strings_at] + 1, first[strings_at]),
         format_doubles(numbers[doubles_at]),
         pc.cast(pa.array(integers[ints_at]), pa.string()),
-        pc.if_else(pa.array(first[bools_at] == 1), "true", "false").cast(pa.string()),
+        pc.if_else(pa.array(first[bools_at] == 1), _TRUE, _FALSE),
         pa.array([s[1] for s in slow], pa.string()),
     ]
     values = pa.concat_arrays(value_pieces).take(_positions(m, [strings_at, doubles_at, ints_at, bools_at, slow_at]))
