@@ -195,7 +195,7 @@ def _failure_hints(headers: Mapping[str, str], now_s: float | None) -> tuple[flo
     matter instead of building a full lower-cased copy and then scanning again. Duplicates
     that differ in case resolve as before: the last for Retry-After, the first for x-should-retry.
     """
-    if hasattr(headers, "multi_items"):
+    if type(headers) is not dict and hasattr(headers, "multi_items"):
         return parse_retry_after(headers, now_s), _should_retry(headers)
     hints: dict[str, str] = {}
     should_retry: bool | None = None
@@ -520,16 +520,17 @@ def classify(
     spec = FORMATS[provider_format]
     has_usage = isinstance(body, dict) and ("usage" in body or "usageMetadata" in body or "usage_metadata" in body)
     usage = spec.usage(body) if has_usage else _NO_USAGE
-    cost = pricing.cost_usd(usage) if pricing is not None else 0.0
     if status_code >= 400 or status_code < 200:
         # Server hints only matter on failures; skipping them keeps the success path short.
         retry_after, should_retry = _failure_hints(headers, now_s) if status_code >= 400 else (None, None)
         cls, detail = _classify_status(status_code, body)
         if usage is _NO_USAGE:
-            return _shared_failure(cls, (status_code, detail, cost, retry_after, should_retry))
+            return _shared_failure((status_code, cls, detail, retry_after, should_retry), pricing)
+        cost = pricing.cost_usd(usage) if pricing is not None else 0.0
         return Outcome(
             cls, usage, cost, status_code, retry_after_s=retry_after, should_retry=should_retry, detail=detail
         )
+    cost = pricing.cost_usd(usage) if pricing is not None else 0.0
     if not isinstance(body, dict):
         return Outcome(OutcomeClass.INVALID_OUTPUT, usage, cost, status_code, detail="body is not a JSON object")
     if isinstance(body.get("error"), dict) and not body.get("choices") and not body.get("output"):
@@ -557,27 +558,29 @@ def classify(
     return Outcome(cls, usage, cost, status_code, finish, None, None, reasoning_only, text, tool_calls, detail)
 
 
-#: Failure outcomes without reported usage, keyed by every value they are built from. Outcome is
-#: immutable, so retries that get the same 429/5xx share one instance instead of building eleven
-#: frozen fields each time. Cleared when full: Retry-After values make the key space open-ended.
-_FAILURES: dict[tuple[int, str, float, float | None, bool | None], Outcome] = {}
+#: Failure outcomes without reported usage, keyed by ``(status_code, cls, detail, retry_after_s,
+#: should_retry)``, each with the pricing its cost came from. Outcome and Pricing are immutable,
+#: so retries that get the same 429/5xx under the same pricing share one instance instead of
+#: building eleven frozen fields (and the cost of zero usage) each time. Cleared when full:
+#: Retry-After values make the key space open-ended.
+_FailureKey = tuple[int, OutcomeClass, str, float | None, bool | None]
+_FAILURES: dict[_FailureKey, tuple[Pricing | None, Outcome]] = {}
 _FAILURES_MAX = 1024
 
 
-def _shared_failure(cls: OutcomeClass, key: tuple[int, str, float, float | None, bool | None]) -> Outcome:
-    """The outcome of class ``cls`` for ``key = (status_code, detail, cost_usd, retry_after_s, should_retry)``.
-
-    The class is checked rather than hashed into the key (an Enum's ``__hash__`` runs in Python).
-    """
-    outcome = _FAILURES.get(key)
-    if outcome is None or outcome.cls is not cls:
-        if len(_FAILURES) >= _FAILURES_MAX:
-            _FAILURES.clear()
-        status_code, detail, cost, retry_after, should_retry = key
-        outcome = Outcome(
-            cls, _NO_USAGE, cost, status_code, retry_after_s=retry_after, should_retry=should_retry, detail=detail
-        )
-        _FAILURES[key] = outcome
+def _shared_failure(key: _FailureKey, pricing: Pricing | None) -> Outcome:
+    """The outcome for ``key`` with no usage reported, priced with ``pricing``."""
+    entry = _FAILURES.get(key)
+    if entry is not None and entry[0] is pricing:
+        return entry[1]
+    if len(_FAILURES) >= _FAILURES_MAX:
+        _FAILURES.clear()
+    status_code, cls, detail, retry_after, should_retry = key
+    cost = pricing.cost_usd(_NO_USAGE) if pricing is not None else 0.0
+    outcome = Outcome(
+        cls, _NO_USAGE, cost, status_code, retry_after_s=retry_after, should_retry=should_retry, detail=detail
+    )
+    _FAILURES[key] = (pricing, outcome)
     return outcome
 
 
