@@ -1,0 +1,280 @@
+"""The per-attempt fast path decides exactly what the straightforward code would (issue 6).
+
+Each shortcut taken for speed (call templates, shared failure outcomes, one-pass header
+hints, the fused stop strategy, the inlined reserve) is checked against the plain
+definition it replaces, on generated inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_fakes import FakeClock
+from tenacity import RetryCallState, Retrying
+
+from sre_agent.policy import (
+    Budget,
+    BudgetLimits,
+    ChatRequest,
+    OutcomeClass,
+    Pricing,
+    RetryBudget,
+    Target,
+    classify,
+    stop_on_budget,
+    stop_on_fleet_budget,
+)
+from sre_agent.policy import outcome as outcome_module
+from sre_agent.policy.budget import Reservation
+from sre_agent.policy.outcome import parse_retry_after
+from sre_agent.policy.recovery import RecoveryPlanner
+from sre_agent.policy.strategies import AttemptState, stop_on_budget_or_fleet
+from sre_agent.policy.wire import build_call, call_template
+
+MESSAGES = (
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Why is p99 up? (ünïcode)"},
+)
+TOOLS = ({"type": "function", "function": {"name": "page", "parameters": {"type": "object"}}},)
+
+
+def _fresh_body(target: Target, request: ChatRequest, cap: int) -> dict[str, Any]:
+    """The request body written out per format, the way each provider documents it."""
+    messages = list(request.messages)
+    if target.provider_format == "openai-chat":
+        body: dict[str, Any] = {"model": target.model, "messages": messages, "max_completion_tokens": cap}
+        if request.reasoning_effort is not None:
+            body["reasoning_effort"] = request.reasoning_effort
+        if request.tools:
+            body["tools"] = list(request.tools)
+        if request.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+    if target.provider_format == "openai-responses":
+        body = {"model": target.model, "input": messages, "max_output_tokens": cap}
+        if request.reasoning_effort is not None:
+            body["reasoning"] = {"effort": request.reasoning_effort}
+        if request.tools:
+            body["tools"] = list(request.tools)
+        if request.stream:
+            body["stream"] = True
+        return body
+    body = {"model": target.model, "messages": [m for m in messages if m["role"] != "system"], "max_tokens": cap}
+    body["system"] = "Be brief."
+    if request.reasoning_effort is not None:
+        body["output_config"] = {"effort": request.reasoning_effort}
+    return body
+
+
+@pytest.mark.parametrize("fmt", ["openai-chat", "openai-responses", "anthropic"])
+@pytest.mark.parametrize("effort", [None, "high"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_template_sends_the_same_bytes_as_a_body_built_from_scratch(
+    fmt: str, effort: str | None, stream: bool
+) -> None:
+    target = Target("http://h:1/v1/", "m", provider_format=fmt, headers=(("authorization", "Bearer t"),))
+    request = ChatRequest(MESSAGES, 512, reasoning_effort=effort, tools=TOOLS if fmt != "anthropic" else None)
+    request = dataclasses.replace(request, stream=stream and fmt != "anthropic")
+    template = call_template(target, request)
+    for cap in (512, 100, 100, 512):
+        call = template.call(cap)
+        expected = _fresh_body(target, request, cap)
+        # Same keys in the same order, so the JSON on the wire is byte-identical.
+        assert json.dumps(call.body) == json.dumps(expected)
+        assert call.headers["authorization"] == "Bearer t"
+        assert call.url.startswith("http://h:1/v1/")
+        assert "//" not in call.url.removeprefix("http://")
+    assert build_call(target, request, 77).body == _fresh_body(target, request, 77)
+
+
+def test_a_same_cap_retry_reuses_the_call_and_a_new_cap_never_touches_the_old_one() -> None:
+    template = call_template(Target("http://h/v1", "m"), ChatRequest(MESSAGES, 512))
+    first = template.call(512)
+    assert template.call(512) is first
+    lowered = template.call(300)
+    assert lowered is not first
+    assert (first.body["max_completion_tokens"], lowered.body["max_completion_tokens"]) == (512, 300)
+    assert template.body["max_completion_tokens"] == 0  # the template itself is never sent
+
+
+def test_retries_of_one_failure_share_one_outcome_per_pricing() -> None:
+    body = {"error": {"type": "server_error", "message": "overloaded"}}
+    cheap, dear = Pricing(1.0, 2.0), Pricing(-1.0, -2.0)  # negative prices: the zero cost is -0.0
+    first = classify(503, {"retry-after": "2"}, body, pricing=cheap)
+    again = classify(503, {"Retry-After": "2"}, body, pricing=cheap)
+    assert again is first
+    assert (first.cls, first.status_code, first.retry_after_s, first.detail) == (
+        OutcomeClass.SERVER_ERROR,
+        503,
+        2.0,
+        "HTTP 503",
+    )
+    other = classify(503, {"retry-after": "2"}, body, pricing=dear)
+    assert other is not first
+    assert math.copysign(1.0, other.cost_usd) == -1.0  # priced by its own pricing, not the cached one
+    assert classify(503, {"retry-after": "3"}, body, pricing=cheap).retry_after_s == 3.0
+    assert classify(429, {"retry-after": "2"}, body, pricing=cheap).cls is OutcomeClass.RATE_LIMITED
+    # A failure that reports usage is never shared: its cost depends on the usage.
+    with_usage = {**body, "usage": {"prompt_tokens": 10, "completion_tokens": 0}}
+    billed = classify(503, {}, with_usage, pricing=cheap)
+    assert billed.usage.input_tokens == 10
+    assert billed.cost_usd == pytest.approx(10e-6)
+
+
+def test_the_shared_failure_table_stays_bounded() -> None:
+    for millis in range(outcome_module._FAILURES_MAX + 50):
+        classify(429, {"retry-after-ms": str(millis)}, None)
+    assert len(outcome_module._FAILURES) <= outcome_module._FAILURES_MAX
+    assert classify(429, {"retry-after-ms": "1500"}, None).retry_after_s == 1.5
+
+
+def _should_retry_reference(headers: Mapping[str, str]) -> bool | None:
+    for key, value in headers.items():
+        if key.lower() == "x-should-retry":
+            return value.strip().lower() == "true"
+    return None
+
+
+HEADER_NAMES = ["Retry-After", "retry-after", "RETRY-AFTER-MS", "retry-after-ms", "x-ms-retry-after-ms"]
+HEADER_NAMES += ["X-Should-Retry", "x-should-retry", "content-type"]
+HEADER_VALUES = ["1", "0.25", "-3", "true", "false", " TRUE ", "soon", "Wed, 21 Oct 2015 07:28:30 GMT"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(HEADER_NAMES), st.sampled_from(HEADER_VALUES), max_size=5))
+def test_one_pass_header_hints_match_the_two_separate_readers(headers: dict[str, str]) -> None:
+    now = 1445412480.0
+    expected = (parse_retry_after(headers, now), _should_retry_reference(headers))
+    assert outcome_module._failure_hints(headers, now) == expected
+    outcome = classify(503, headers, None, now_s=now)
+    assert (outcome.retry_after_s, outcome.should_retry) == expected
+    wire = httpx.Headers(list(headers.items()))
+    assert outcome_module._failure_hints(wire, now) == (parse_retry_after(wire, now), _should_retry_reference(wire))
+
+
+def _retry_state(state: AttemptState, upcoming_sleep: float) -> RetryCallState:
+    retry_state = RetryCallState(Retrying(), fn=None, args=(state,), kwargs={})
+    retry_state.upcoming_sleep = upcoming_sleep
+    return retry_state
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    attempts=st.integers(0, 5),
+    tokens=st.integers(0, 3000),
+    usd=st.floats(0.0, 0.03),
+    elapsed=st.floats(0.0, 100.0),
+    sleep=st.floats(0.0, 30.0),
+    continuation=st.booleans(),
+    fleet_ratio=st.sampled_from([None, 0.0, 0.5]),
+    deposits=st.integers(0, 3),
+)
+def test_the_fused_stop_decides_and_withdraws_like_the_composed_one(
+    *,
+    attempts: int,
+    tokens: int,
+    usd: float,
+    elapsed: float,
+    sleep: float,
+    continuation: bool,
+    fleet_ratio: float | None,
+    deposits: int,
+) -> None:
+    decisions = []
+    for stop in (stop_on_budget() | stop_on_fleet_budget(), stop_on_budget_or_fleet()):
+        clock = FakeClock()
+        fleet = None if fleet_ratio is None else RetryBudget(fleet_ratio, min_retries_per_s=0.0, clock=clock)
+        for _ in range(deposits if fleet is not None else 0):
+            fleet.deposit()  # type: ignore[union-attr]
+        budget = Budget(BudgetLimits(max_attempts=4, max_tokens=2000, max_usd=0.02, deadline_s=60.0), clock)
+        budget.attempts, budget.tokens, budget.usd = attempts, tokens, usd
+        clock.now += elapsed
+        state = AttemptState(budget, fleet, RecoveryPlanner([Target("http://h/v1", "m")]), expected_latency_s=1.0)
+        state.continuation = continuation
+        decided = stop(_retry_state(state, sleep))
+        withdrawn = None if fleet is None else (fleet.withdrawals_total, fleet.refusals_total)
+        decisions.append((decided, withdrawn))
+    assert decisions[0] == decisions[1]
+
+
+def _reserve_reference(
+    budget: Budget, bound: int, wanted: int, pricing: Pricing | None, timeout: float | None
+) -> tuple[int, float, float | None] | None:
+    """reserve() written with the public helpers, without the inlining."""
+    limits = budget.limits
+    remaining = budget.remaining_s()
+    if budget.attempts >= limits.max_attempts or (remaining is not None and remaining <= 0.0):
+        return None
+    cap = wanted
+    if limits.max_tokens is not None:
+        cap = min(cap, limits.max_tokens - budget.tokens - bound)
+    if limits.max_usd is not None and pricing is not None:
+        left = limits.max_usd - budget.usd - bound * pricing.input_per_mtok / 1e6
+        if pricing.output_per_mtok > 0:
+            cap = min(cap, math.floor(left * 1e6 / pricing.output_per_mtok))
+        elif left < 0:
+            cap = -1
+    if cap < 1:
+        return None
+    if remaining is not None:
+        timeout = remaining if timeout is None else min(timeout, remaining)
+    return cap, (pricing.worst_case_usd(bound, cap) if pricing is not None else 0.0), timeout
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    limits=st.builds(
+        BudgetLimits,
+        max_attempts=st.integers(1, 4),
+        max_tokens=st.one_of(st.none(), st.integers(0, 5000)),
+        max_usd=st.one_of(st.none(), st.floats(0.0, 0.05)),
+        deadline_s=st.one_of(st.none(), st.floats(0.0, 90.0)),
+    ),
+    spent=st.tuples(st.integers(0, 4), st.integers(0, 5000), st.floats(0.0, 0.05), st.floats(0.0, 100.0)),
+    bound=st.integers(0, 3000),
+    wanted=st.integers(1, 8000),
+    # Real prices: 0 or at least a cent per million tokens (a subnormal price overflows either way).
+    pricing=st.one_of(st.none(), st.builds(Pricing, st.floats(0.0, 30.0), st.just(0.0) | st.floats(0.01, 60.0))),
+    timeout=st.one_of(st.none(), st.floats(0.1, 60.0)),
+)
+def test_reserve_matches_its_plain_definition(
+    *,
+    limits: BudgetLimits,
+    spent: tuple[int, int, float, float],
+    bound: int,
+    wanted: int,
+    pricing: Pricing | None,
+    timeout: float | None,
+) -> None:
+    clock = FakeClock()
+    budget = Budget(limits, clock)
+    budget.attempts, budget.tokens, budget.usd, elapsed = spent
+    clock.now += elapsed
+    expected = _reserve_reference(budget, bound, wanted, pricing, timeout)
+    reservation = budget.reserve(bound, wanted, pricing, timeout)
+    if expected is None:
+        assert reservation is None
+        assert budget.attempts == spent[0]
+    else:
+        assert reservation == Reservation(bound, *expected)
+        assert budget.attempts == spent[0] + 1
+
+
+def test_reservation_keeps_its_frozen_dataclass_contract() -> None:
+    reservation = Reservation(10, 20, 0.5, None)
+    names = ["input_tokens", "max_output_tokens", "usd", "timeout_s"]
+    assert [f.name for f in dataclasses.fields(Reservation)] == names
+    assert reservation == Reservation(input_tokens=10, max_output_tokens=20, usd=0.5, timeout_s=None)
+    assert hash(reservation) == hash(Reservation(10, 20, 0.5, None))
+    assert dataclasses.replace(reservation, usd=1.0).usd == 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        reservation.usd = 2.0  # type: ignore[misc]
