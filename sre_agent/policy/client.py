@@ -211,9 +211,10 @@ class PolicyEngine:
         if request.request_id is None:
             # Scopes the tool ledger; unique within the process is enough (uuid4 costs more).
             request = replace(request, request_id=f"{self._id_prefix}-{next(self._ids)}")
-        state = AttemptState(budget=Budget(limits or self.limits, self.clock), fleet=self.fleet, planner=self.planner)
-        state.extra["plan"] = Plan(request=request)
-        state.expected_latency_s = self.targets[0].expected_latency_s
+        state = AttemptState(
+            Budget(limits or self.limits, self.clock), self.fleet, self.planner, self.targets[0].expected_latency_s
+        )
+        state.extra["plan"] = Plan(request)
         return state
 
     def _prepare(self, state: AttemptState, hedge: bool = False) -> _Prepared | None:

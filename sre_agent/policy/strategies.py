@@ -184,8 +184,18 @@ class wait_full_jitter(wait_base):
         self.uniform = uniform or random.uniform
 
     def __call__(self, retry_state: RetryCallState) -> float:
-        high = min(self.cap_s, self.base_s * 2 ** (retry_state.attempt_number - 1))
+        high: float = self.base_s * 2 ** (retry_state.attempt_number - 1)
+        if not high < self.cap_s:  # min(cap_s, high) without the builtin call
+            high = self.cap_s
+        if self.uniform is _UNIFORM:
+            # random.uniform(0, high) is 0.0 + (high - 0.0) * random(), i.e. exactly high * random()
+            # for high >= 0; the C-level random() skips a Python-level call on every retry.
+            return high * _RANDOM()
         return self.uniform(0.0, high)
+
+
+_UNIFORM = random.uniform
+_RANDOM = random.random
 
 
 #: Outcome classes that a same-request retry can fix (server side, transient).

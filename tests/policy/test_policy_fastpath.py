@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ from sre_agent.policy import (
     classify,
     stop_on_budget,
     stop_on_fleet_budget,
+    wait_full_jitter,
 )
 from sre_agent.policy import outcome as outcome_module
 from sre_agent.policy.budget import Reservation
@@ -278,3 +280,25 @@ def test_reservation_keeps_its_frozen_dataclass_contract() -> None:
     assert dataclasses.replace(reservation, usd=1.0).usd == 1.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         reservation.usd = 2.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3, 5, 8])
+def test_default_full_jitter_draws_what_random_uniform_would(attempt: int) -> None:
+    retry_state = RetryCallState(Retrying(), fn=None, args=(), kwargs={})
+    retry_state.attempt_number = attempt
+    high = min(8.0, 0.5 * 2 ** (attempt - 1))
+    random.seed(attempt)
+    drawn = wait_full_jitter()(retry_state)
+    random.seed(attempt)
+    assert drawn == random.uniform(0.0, high)
+    assert wait_full_jitter(uniform=lambda low, high: high)(retry_state) == high  # an injected source still wins
+
+
+@settings(max_examples=200, deadline=None)
+@given(deadline=st.one_of(st.none(), st.floats(0.0, 60.0)), elapsed=st.floats(0.0, 90.0), seconds=st.floats(0.0, 90.0))
+def test_fits_time_matches_remaining_s(deadline: float | None, elapsed: float, seconds: float) -> None:
+    clock = FakeClock()
+    budget = Budget(BudgetLimits(deadline_s=deadline), clock)
+    clock.now += elapsed
+    remaining = budget.remaining_s()
+    assert budget.fits_time(seconds) is (remaining is None or seconds <= remaining)
