@@ -18,7 +18,12 @@ when :meth:`Store.apply_retention` is called.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +41,8 @@ from sre_agent.schema import DEPLOYS_DDL, METRIC_POINTS_DDL, SPANS_DDL
 __all__ = ["SCHEMA_VERSION", "Deploy", "Store"]
 
 SCHEMA_VERSION = "1"
+
+log = logging.getLogger(__name__)
 
 _META_DDL = "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)"
 # First and last start time of every (service, version) seen in spans; the
@@ -67,6 +74,23 @@ class Deploy:
     previous_version: str | None
     source: str
     note: str | None = None
+
+
+# Appends of at least this many rows go through a Parquet staging file
+# (Store._insert_staged); smaller ones are not worth a file.
+_STAGE_MIN_ROWS = 64
+
+
+def _stage_parent() -> str | None:
+    """Where staging files go: memory-backed /dev/shm when present, else the temp directory."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+def _remove(path: str) -> None:
+    if path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _locked_message(path: str, exc: Exception) -> str:
@@ -112,6 +136,7 @@ class Store:
         self._lock = threading.Lock()
         self._closed = False
         self._versions: dict[tuple[str, str], int] = {}
+        self._stage_dir: str | None = None  # created on the first staged append
         if not read_only:
             self._create()
         self._hash_key = self._load_hash_key()
@@ -158,6 +183,8 @@ class Store:
             if not self._closed:
                 self._closed = True
                 self._con.close()
+                if self._stage_dir is not None:
+                    shutil.rmtree(self._stage_dir, ignore_errors=True)
 
     def __enter__(self) -> Store:
         return self
@@ -284,14 +311,46 @@ class Store:
             if len(fresh) == 0:
                 return 0
             rows = batch if len(fresh) == batch.num_rows else batch.take(pa.array(fresh))
-            con.register("_sre_rows", rows)
-            try:
-                con.execute(f"INSERT INTO {table_name} SELECT * FROM _sre_rows")
-            finally:
-                con.unregister("_sre_rows")
+            if rows.num_rows < _STAGE_MIN_ROWS or not self._insert_staged(table_name, rows):
+                con.register("_sre_rows", rows)
+                try:
+                    con.execute(f"INSERT INTO {table_name} SELECT * FROM _sre_rows")
+                finally:
+                    con.unregister("_sre_rows")
         except duckdb.Error as exc:
             raise StoreError(f"cannot append to {table_name} in {self.path}: {exc}") from exc
         return len(fresh)
+
+    def _insert_staged(self, table_name: str, rows: pa.Table) -> bool:
+        """Append ``rows`` through an uncompressed Parquet file; False when it cannot be written.
+
+        Why: DuckDB's Arrow scan validates every MAP row (unique, non-NULL
+        keys) entry by entry; with ~25 attribute entries per span that check
+        costs more than writing and reading the same rows as Parquet, whose
+        reader builds the MAP vectors directly (tests/benchmarks/store_append.py
+        measures both). The file is private to this store and removed right
+        after the insert. When it cannot be written (e.g. a small /dev/shm is
+        full) the caller appends through the Arrow scan instead.
+        """
+        import pyarrow.parquet as pq
+
+        path = ""
+        try:
+            if self._stage_dir is None:
+                self._stage_dir = tempfile.mkdtemp(prefix="sre-agent-stage-", dir=_stage_parent())
+            path = os.path.join(self._stage_dir, f"{table_name}.parquet")
+            pq.write_table(
+                rows, path, compression="none", use_dictionary=False, write_statistics=False, row_group_size=1 << 30
+            )
+        except OSError as exc:
+            log.warning("cannot stage %d rows as Parquet (%s); appending through Arrow", rows.num_rows, exc)
+            _remove(path)
+            return False
+        try:
+            self._con.execute(f"INSERT INTO {table_name} SELECT * FROM read_parquet(?)", [path])
+        finally:
+            _remove(path)
+        return True
 
     # ------------------------------------------------------------ deploys
 

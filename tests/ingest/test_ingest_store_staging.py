@@ -1,0 +1,81 @@
+"""Large appends go through a Parquet staging file: same rows as the Arrow scan, no leftovers."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from otlp_builders import T0, VLLM_V1, trace_request
+
+import sre_agent.store as store_module
+from sre_agent.normalise import Normaliser
+from sre_agent.otlp import decode_traces
+from sre_agent.store import Store
+
+NORM = Normaliser(hash_key=b"k")
+SECOND = 1_000_000_000
+
+
+def _spans(n: int) -> pa.Table:
+    """``n`` spans (more than the staging threshold) with varied attributes, some with odd values."""
+    spans = []
+    for i in range(n):
+        attributes = dict(VLLM_V1)
+        attributes["gen_ai.request.id"] = f"req-{i}"
+        if i % 3 == 0:
+            attributes["tenant.id"] = f"tenant-{i % 7}"
+        if i % 5 == 0:
+            attributes["note"] = "ünïcode ✓ " * (i % 4)
+        if i % 11 == 0:
+            attributes = {}  # an empty MAP, not NULL
+        spans.append({"attributes": attributes, "start": T0 + i * SECOND})
+    request = trace_request(spans, resource={"service.name": "vllm", "service.version": "v1"})
+    return decode_traces(request.SerializeToString(), "application/x-protobuf", normaliser=NORM).table
+
+
+def _rows(store: Store) -> list[tuple[object, ...]]:
+    return store.connection.execute("SELECT * FROM spans ORDER BY span_id").fetchall()
+
+
+def test_staged_append_stores_exactly_what_the_arrow_scan_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = _spans(300)
+    assert batch.num_rows >= store_module._STAGE_MIN_ROWS
+    with Store.open(tmp_path / "staged.duckdb") as staged:
+        assert staged.append_spans(batch) == 300
+        assert staged.append_spans(batch) == 0  # idempotent through the staged path too
+        staged_rows = _rows(staged)
+        query = "SELECT typeof(attributes), typeof(resource_attributes) FROM spans"
+        types = staged.connection.execute(query).fetchone()
+    monkeypatch.setattr(store_module, "_STAGE_MIN_ROWS", 10**9)
+    with Store.open(tmp_path / "arrow.duckdb") as direct:
+        assert direct.append_spans(batch) == 300
+        assert _rows(direct) == staged_rows
+    assert types == ("MAP(VARCHAR, VARCHAR)", "MAP(VARCHAR, VARCHAR)")
+    empty = [row for row in staged_rows if row[-1] == {}]
+    assert len(empty) == len(range(0, 300, 11))
+
+
+def test_staging_files_are_removed_after_each_append_and_the_folder_on_close(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "store.duckdb") as store:
+        store.append_spans(_spans(100))
+        folder = store._stage_dir
+        assert folder is not None
+        assert os.path.isdir(folder)
+        assert os.listdir(folder) == []
+    assert not os.path.exists(folder)
+
+
+def test_unwritable_staging_folder_falls_back_to_the_arrow_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(store_module, "_stage_parent", lambda: str(tmp_path / "missing" / "dir"))
+    with caplog.at_level(logging.WARNING, logger="sre_agent.store"), Store.open(tmp_path / "store.duckdb") as store:
+        assert store.append_spans(_spans(100)) == 100
+        row = store.connection.execute("SELECT count(*) FROM spans").fetchone()
+    assert row == (100,)
+    assert "appending through Arrow" in caplog.text
