@@ -175,7 +175,7 @@ def otlp_json(request: Any, *, upper_ids: bool = False) -> dict[str, Any]:
 
     from google.protobuf import json_format
 
-    document = json_format.MessageToDict(request, use_integers_for_enums=True)
+    document: dict[str, Any] = json_format.MessageToDict(request, use_integers_for_enums=True)
 
     def fix(obj: Any) -> None:
         if isinstance(obj, dict):
