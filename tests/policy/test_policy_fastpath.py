@@ -8,8 +8,10 @@ definition it replaces, on generated inputs.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
+import pickle
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -25,10 +27,12 @@ from sre_agent.policy import (
     Budget,
     BudgetLimits,
     ChatRequest,
+    Outcome,
     OutcomeClass,
     Pricing,
     RetryBudget,
     Target,
+    Usage,
     classify,
     stop_on_budget,
     stop_on_fleet_budget,
@@ -271,15 +275,34 @@ def test_reserve_matches_its_plain_definition(
         assert budget.attempts == spent[0] + 1
 
 
-def test_reservation_keeps_its_frozen_dataclass_contract() -> None:
-    reservation = Reservation(10, 20, 0.5, None)
-    names = ["input_tokens", "max_output_tokens", "usd", "timeout_s"]
-    assert [f.name for f in dataclasses.fields(Reservation)] == names
-    assert reservation == Reservation(input_tokens=10, max_output_tokens=20, usd=0.5, timeout_s=None)
-    assert hash(reservation) == hash(Reservation(10, 20, 0.5, None))
-    assert dataclasses.replace(reservation, usd=1.0).usd == 1.0
+@pytest.mark.parametrize(
+    ("cls", "args"),
+    [
+        (Reservation, (10, 20, 0.5, None)),
+        (Usage, (100, 50, 40, 10)),
+        (Outcome, (OutcomeClass.SERVER_ERROR, Usage(1, 2), 0.25, 503, None, 1.5, False, False, "", (), "HTTP 503")),
+    ],
+)
+def test_hand_written_inits_keep_the_frozen_dataclass_contract(cls: type, args: tuple[Any, ...]) -> None:
+    parameters = list(inspect.signature(cls).parameters.values())
+    declared = dataclasses.fields(cls)
+    assert [p.name for p in parameters] == [f.name for f in declared]
+    for parameter, declared_field in zip(parameters, declared, strict=True):
+        if declared_field.default_factory is not dataclasses.MISSING:
+            assert parameter.default == declared_field.default_factory()
+        else:
+            assert parameter.default == (
+                inspect.Parameter.empty if declared_field.default is dataclasses.MISSING else declared_field.default
+            )
+    instance = cls(*args)
+    assert [getattr(instance, f.name) for f in declared] == list(args)
+    assert instance == cls(**{f.name: value for f, value in zip(declared, args, strict=True)})
+    assert hash(instance) == hash(cls(*args))
+    assert pickle.loads(pickle.dumps(instance)) == instance
+    first = declared[0].name
+    assert dataclasses.replace(instance, **{first: args[0]}) == instance
     with pytest.raises(dataclasses.FrozenInstanceError):
-        reservation.usd = 2.0  # type: ignore[misc]
+        setattr(instance, first, args[0])
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3, 5, 8])
