@@ -170,7 +170,7 @@ def _table(batch: _Batch, norm: Normaliser) -> pa.Table:
     columns["tpot_s"] = pc.if_else(pc.greater(tokens, _ONE), per_token, _NULL_FLOAT)
     elapsed = pc.subtract(columns["end_ns"], columns["start_ns"])
     columns["duration_s"] = pc.divide(pc.cast(elapsed, pa.float64(), safe=False), _NS_PER_S)
-    columns["attributes"] = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), attrs.keys, attrs.values)
+    columns["attributes"] = _attribute_map(offsets, span_of_attr, attrs, n)
     columns["resource_attributes"] = _resource_map(batch.resource_maps, n)
     schema = spans_arrow_schema()
     return pa.Table.from_arrays([_as_type(columns[f.name], f.type) for f in schema], schema=schema)
@@ -180,6 +180,37 @@ def _as_type(values: Any, arrow_type: pa.DataType) -> pa.Array:
     if isinstance(values, pa.Array):
         return values if values.type == arrow_type else values.cast(arrow_type)
     return pa.array(values, type=arrow_type)
+
+
+def _attribute_map(offsets: np.ndarray, span_of_attr: np.ndarray, attrs: Attributes, n: int) -> pa.Array:
+    """The span attributes as a MAP; a key repeated within a span keeps its first value.
+
+    OTLP requires unique keys but does not enforce them, and DuckDB refuses a
+    MAP with a repeated key, which would fail the whole commit.
+    """
+    keys, values = attrs.keys, attrs.values
+    width = max(1, len(attrs.key_names))
+    pair = span_of_attr * width + attrs.key_ids
+    if _has_repeats(pair, n * width):
+        order = np.argsort(pair, kind="stable")
+        repeated = np.zeros(len(pair), bool)
+        repeated[order[1:]] = pair[order[1:]] == pair[order[:-1]]
+        keep = ~repeated
+        kept = np.concatenate([[0], np.cumsum(keep)])
+        offsets = kept[offsets]
+        mask = pa.array(keep)
+        keys, values = keys.filter(mask), values.filter(mask)
+    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, values)
+
+
+def _has_repeats(values: np.ndarray, bound: int) -> bool:
+    """Whether non-negative ``values`` (all below ``bound``) hold a repeat."""
+    if len(values) < 2:
+        return False
+    if bound <= 16 * len(values):  # dense: counting is ~50x cheaper than sorting
+        return bool(np.bincount(values, minlength=bound).max() > 1)
+    ordered = np.sort(values)
+    return bool((ordered[1:] == ordered[:-1]).any())
 
 
 def _resource_map(groups: list[tuple[int, list[str], list[str]]], n: int) -> pa.Array:

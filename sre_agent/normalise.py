@@ -218,15 +218,19 @@ class Normaliser:
     def resource_entries(self, attributes: Iterable[Any]) -> tuple[list[str], list[str], list[Any], list[int]]:
         """Decode resource attributes (``KeyValue`` messages) once per resource.
 
-        Returns the MAP keys and values, and the canonical slot values and
-        priorities the resource contributes (resource-first columns get a
+        Returns the MAP keys and values (a repeated key keeps its first
+        value), and the canonical slot values and priorities the resource contributes (resource-first columns get a
         priority that span attributes cannot beat).
         """
         keys: list[str] = []
         values: list[str] = []
         slot: list[Any] = [None] * len(CANONICAL_COLUMNS)
         prio: list[int] = [NO_PRIORITY] * len(CANONICAL_COLUMNS)
+        seen: set[str] = set()
         for kv in attributes:
+            if kv.key in seen:
+                continue  # a repeated key keeps its first value (MAP keys are unique)
+            seen.add(kv.key)
             key, text, typed, column, _ = self.entry(kv.key, any_value_to_python(kv.value))
             keys.append(key)
             values.append(text)
@@ -238,10 +242,14 @@ class Normaliser:
         return keys, values, slot, prio
 
     def map_items(self, attributes: Iterable[Any]) -> tuple[list[str], list[str]]:
-        """MAP keys and (redacted) string values of ``KeyValue`` messages."""
+        """MAP keys and (redacted) string values of ``KeyValue`` messages; a repeated key keeps its first value."""
         keys: list[str] = []
         values: list[str] = []
+        seen: set[str] = set()
         for kv in attributes:
+            if kv.key in seen:
+                continue  # a repeated key keeps its first value (MAP keys are unique)
+            seen.add(kv.key)
             key, text, _typed, _column, _prio = self.entry(kv.key, any_value_to_python(kv.value))
             keys.append(key)
             values.append(text)
