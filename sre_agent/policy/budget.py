@@ -228,6 +228,8 @@ class RetryBudget:
     def _expire(self, now: float) -> None:
         horizon = now - self.ttl_s
         deposits, withdrawals = self._deposits, self._withdrawals
+        if (not deposits or deposits[0][0] > horizon) and (not withdrawals or withdrawals[0][0] > horizon):
+            return  # nothing expired: the usual case, and the resets below already happened when a side emptied
         while deposits and deposits[0][0] <= horizon:
             self._deposited -= deposits.popleft()[1]
         while withdrawals and withdrawals[0][0] <= horizon:

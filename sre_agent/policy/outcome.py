@@ -574,6 +574,11 @@ def _classify_status(status: int, body: Any) -> tuple[OutcomeClass, str]:
     return OutcomeClass.CLIENT_ERROR, f"HTTP {status}"
 
 
+#: (class, detail) of the statuses whose class does not depend on the body (408, 429, 5xx),
+#: precomputed by _classify_status itself: a retried 429/503 costs one dict lookup.
+_BODY_FREE_STATUSES = {status: _classify_status(status, None) for status in (408, 429, *range(500, 600))}
+
+
 def classify(
     status_code: int,
     headers: Mapping[str, str],
@@ -599,7 +604,7 @@ def classify(
     if status_code >= 400 or status_code < 200:
         # Server hints only matter on failures; skipping them keeps the success path short.
         retry_after, should_retry = _failure_hints(headers, now_s) if status_code >= 400 else (None, None)
-        cls, detail = _classify_status(status_code, body)
+        cls, detail = _BODY_FREE_STATUSES.get(status_code) or _classify_status(status_code, body)
         if usage is _NO_USAGE:
             return _shared_failure((status_code, cls, detail, retry_after, should_retry), pricing)
         cost = pricing.cost_usd(usage) if pricing is not None else 0.0
