@@ -51,6 +51,17 @@ class OutcomeClass(StrEnum):
     CLIENT_ERROR = "client_error"
 
 
+# Module-level names for the members: reading a member off the Enum class costs about four
+# global lookups, and classification tests several per answer.
+_S = OutcomeClass.SUCCESS
+_EXH = OutcomeClass.EXHAUSTED
+_REF = OutcomeClass.REFUSED
+_TOOL = OutcomeClass.TOOL_ERROR
+_CTX = OutcomeClass.CONTEXT_OVERFLOW
+_SRV = OutcomeClass.SERVER_ERROR
+_INV = OutcomeClass.INVALID_OUTPUT
+
+
 # Usage and Outcome are frozen dataclasses built on every classified answer. Their __init__
 # sets the slots through the slot descriptors instead of the generated frozen __init__'s
 # object.__setattr__ per field (about 40% cheaper); eq, hash, repr, replace() and
@@ -180,7 +191,7 @@ class Outcome:
     @property
     def usable(self) -> bool:
         """True when the attempt produced an answer the caller can use."""
-        return self.cls is OutcomeClass.SUCCESS
+        return self.cls is _S
 
 
 (
@@ -472,13 +483,6 @@ def _parse_gemini(body: Any) -> _Parsed:
     )
 
 
-_S = OutcomeClass.SUCCESS
-_EXH = OutcomeClass.EXHAUSTED
-_REF = OutcomeClass.REFUSED
-_TOOL = OutcomeClass.TOOL_ERROR
-_CTX = OutcomeClass.CONTEXT_OVERFLOW
-_SRV = OutcomeClass.SERVER_ERROR
-
 #: Finish-value tables per provider format (reference section 2.5).
 FORMATS: dict[str, FormatSpec] = {
     "openai-chat": FormatSpec(
@@ -618,19 +622,19 @@ def classify(
         cls, detail = _classify_status(500 if "server" in _error_text(body) else 400, body)
         return Outcome(cls, usage, cost, status_code, detail=f"error object in 200 body ({detail})")
     finish, text, refusal, tool_calls = spec.parse(body)
-    cls = spec.finish_classes.get(finish or "", OutcomeClass.INVALID_OUTPUT)
+    cls = spec.finish_classes.get(finish or "", _INV)
     detail = f"finish={finish}"
     reasoning_only = False
     if refusal:
-        cls, detail = OutcomeClass.REFUSED, "refusal in output"
-    elif cls is OutcomeClass.EXHAUSTED:
+        cls, detail = _REF, "refusal in output"
+    elif cls is _EXH:
         reasoning_only = not text.strip() and usage.reasoning_tokens >= usage.output_tokens > 0
         detail = "output cap hit, all tokens spent on reasoning" if reasoning_only else "output cap hit"
-    elif cls is OutcomeClass.SUCCESS:
+    elif cls is _S:
         if tool_calls and any(call.arguments is None for call in tool_calls):
-            cls, detail = OutcomeClass.TOOL_ERROR, "malformed tool-call arguments"
+            cls, detail = _TOOL, "malformed tool-call arguments"
         elif not tool_calls and not text.strip():
-            cls, detail = OutcomeClass.INVALID_OUTPUT, "finished with no text and no tool call"
+            cls, detail = _INV, "finished with no text and no tool call"
     elif finish is None or finish not in spec.finish_classes:
         detail = f"unknown finish value {finish!r}"
     # Positional: the generated keyword __init__ of a frozen dataclass costs measurably more per call.

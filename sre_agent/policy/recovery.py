@@ -100,6 +100,8 @@ class Plan:
     history: list[str] = field(default_factory=list)
 
 
+_SUCCESS = OutcomeClass.SUCCESS  # a member read off the Enum class costs about four global lookups
+
 #: History notes of same-target retries, built once (an enum's ``.value`` is a slow property).
 _RETRY_NOTES = {cls: f"retry {cls.value}" for cls in TRANSIENT}
 
@@ -126,7 +128,7 @@ class RecoveryPlanner:
         if plan.budget_refused:
             return False
         cls = outcome.cls
-        if cls is OutcomeClass.SUCCESS:
+        if cls is _SUCCESS:
             if plan.pending_tool_turn:
                 state.continuation = True
                 return True
