@@ -8,8 +8,8 @@ this module decodes all attributes of a batch at once with numpy and Arrow:
 
 * the common layout ``0x0A klen key 0x12 vlen tag payload`` with a double,
   int, bool or short string payload is decoded by array operations (keys and
-  strings become Arrow ``binary_view`` slices of the batch buffer, validated
-  as UTF-8 when cast to strings);
+  strings are cut out of the batch buffer by one Arrow ``take`` and
+  validated as UTF-8 when cast to strings);
 * anything else (arrays, key-value lists, bytes, long strings, NaN or
   infinite doubles, unusual field order) is parsed one by one with the real
   ``KeyValue`` parser and :meth:`Normaliser.entry`.
@@ -112,24 +112,27 @@ class _Buffer:
         gathered: np.ndarray = self.data[index]
         return gathered
 
-    def raw_views(self, offsets: np.ndarray, lengths: np.ndarray) -> pa.Array:
-        """Bytes at (offset, length) of the buffer, as an Arrow binary_view array (no copy of the bytes)."""
+    def raw_slices(self, offsets: np.ndarray, lengths: np.ndarray) -> pa.Array:
+        """Bytes at (offset, length) of the buffer, as an Arrow binary array.
+
+        The slices are in buffer order and do not overlap, so one binary array
+        over the whole buffer can alternate them with the gaps between them
+        (element 2i is slice i, element 2i + 1 the bytes up to slice i + 1);
+        taking the even elements copies the slices in C++. About ten times
+        cheaper than assembling binary_view structs with numpy gathers.
+        """
         count = offsets.size
-        # A view is: int32 length, then the bytes inline when <= 12, else a 4-byte
-        # prefix, int32 buffer index (0: the batch buffer) and int32 offset.
-        head = self.data[offsets[:, None] + np.arange(12)] * (np.arange(12) < lengths[:, None])
-        pointer = np.zeros((count, 2), np.int32)
-        pointer[:, 1] = offsets
-        views = np.empty((count, 16), np.uint8)
-        views[:, :4] = lengths.astype(np.int32)[:, None].view(np.uint8)
-        views[:, 4:8] = head[:, :4]
-        views[:, 8:16] = np.where((lengths <= 12)[:, None], head[:, 4:12], pointer.view(np.uint8))
-        return pa.Array.from_buffers(pa.binary_view(), count, [None, pa.py_buffer(views), self.arrow])
+        bounds = np.empty(2 * count + 1, np.int32)
+        bounds[0:-1:2] = offsets
+        bounds[1::2] = offsets + lengths
+        bounds[-1] = bounds[-2] if count else 0
+        pairs = pa.Array.from_buffers(pa.binary(), 2 * count, [None, pa.py_buffer(bounds), self.arrow])
+        return pairs.take(pa.array(np.arange(0, 2 * count, 2)))
 
     def views(self, offsets: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Strings at (offset, length) of the buffer, as a validated Arrow string array."""
         try:
-            return self.raw_views(offsets, lengths).cast(pa.string())
+            return self.raw_slices(offsets, lengths).cast(pa.string())
         except pa.ArrowInvalid as exc:
             raise BadPayloadError(f"span attribute is not valid UTF-8: {exc}") from exc
 
@@ -215,13 +218,13 @@ def decode_attributes(flat: list[bytes], norm: Normaliser) -> Attributes:
 def _distinct_keys(buf: _Buffer, offsets: np.ndarray, lengths: np.ndarray) -> tuple[list[str], np.ndarray]:
     """The distinct keys among fast-path attributes and each attribute's index into them.
 
-    Keys repeat on every span, so they are hashed by Arrow as binary views
-    of the request buffer (no copy; faster than hashing fixed-width padded
-    rows) and only the distinct ones are decoded in Python.
+    Keys repeat on every span, so they are hashed by Arrow as binary slices
+    of the request buffer (faster than hashing fixed-width padded rows) and
+    only the distinct ones are decoded in Python.
     """
     if offsets.size == 0:
         return [], np.zeros(0, np.int64)
-    encoded = buf.raw_views(offsets, lengths).dictionary_encode()
+    encoded = buf.raw_slices(offsets, lengths).dictionary_encode()
     try:
         names = [key.decode("utf-8") for key in encoded.dictionary.to_pylist()]
     except UnicodeDecodeError as exc:
