@@ -48,10 +48,15 @@ def input_tokens_bound(request: ChatRequest) -> int:
     A BPE token covers at least one byte, so the byte count of the messages (and tool
     definitions) bounds their token count; 16 + 8 per message covers chat-template tokens.
     """
-    size = len(_JSON.encode(request.messages).encode())
+    size = _utf8_len(_JSON.encode(request.messages))
     if request.tools:
-        size += len(_JSON.encode(request.tools).encode())
+        size += _utf8_len(_JSON.encode(request.tools))
     return size + 16 + 8 * len(request.messages)
+
+
+def _utf8_len(text: str) -> int:
+    # An ASCII string's UTF-8 length is its length; isascii() is O(1) on CPython's compact strings.
+    return len(text) if text.isascii() else len(text.encode())
 
 
 @dataclass(slots=True)

@@ -43,7 +43,7 @@ from sre_agent.policy.budget import Reservation
 from sre_agent.policy.outcome import parse_retry_after
 from sre_agent.policy.recovery import RecoveryPlanner
 from sre_agent.policy.strategies import AttemptState, stop_on_budget_or_fleet
-from sre_agent.policy.wire import build_call, call_template
+from sre_agent.policy.wire import build_call, call_template, input_tokens_bound
 
 MESSAGES = (
     {"role": "system", "content": "Be brief."},
@@ -325,3 +325,14 @@ def test_fits_time_matches_remaining_s(deadline: float | None, elapsed: float, s
     clock.now += elapsed
     remaining = budget.remaining_s()
     assert budget.fits_time(seconds) is (remaining is None or seconds <= remaining)
+
+
+@settings(max_examples=200, deadline=None)
+@given(contents=st.lists(st.text(max_size=30), min_size=1, max_size=4), with_tools=st.booleans())
+def test_input_bound_is_the_utf8_size_of_the_json_as_documented(contents: list[str], with_tools: bool) -> None:
+    messages = tuple({"role": "user", "content": text} for text in contents)
+    request = ChatRequest(messages, tools=TOOLS if with_tools else None)
+    size = len(json.dumps(messages, ensure_ascii=False).encode())
+    if with_tools:
+        size += len(json.dumps(TOOLS, ensure_ascii=False).encode())
+    assert input_tokens_bound(request) == size + 16 + 8 * len(messages)
