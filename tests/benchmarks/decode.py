@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
 from otlp_builders import key_values
 
 T0 = 1_760_000_000_000_000_000
+PROTOBUF = "application/x-protobuf"
 MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "mistralai/Mistral-7B-Instruct-v0.3"]
 
 
@@ -136,8 +137,8 @@ def breakdown(bodies: list[bytes], spans: int, normaliser: Normaliser) -> None:
 
     lite = _lite_request_class()
     stages = {
-        "upb parse, full messages": lambda body: ExportTraceServiceRequest.FromString(body),
-        "upb parse, attributes as bytes": lambda body: lite.FromString(body),
+        "upb parse, full messages": ExportTraceServiceRequest.FromString,
+        "upb parse, attributes as bytes": lite.FromString,
         "read every attribute via message API": _touch_attributes,
     }
     for name, work in stages.items():
@@ -150,7 +151,7 @@ def breakdown(bodies: list[bytes], spans: int, normaliser: Normaliser) -> None:
     finally:
         _spans._table = real_table
     attrs = _cpu_us_per_span(lambda _: decode_attributes(collected.pop(), normaliser), bodies, spans)
-    full = _cpu_us_per_span(lambda body: decode_traces(body, "application/x-protobuf", normaliser=normaliser), bodies, spans)
+    full = _cpu_us_per_span(lambda body: decode_traces(body, PROTOBUF, normaliser=normaliser), bodies, spans)
     print(f"  {'parse + per-span loop (no columns)':45s} {loop:6.2f} us/span")
     print(f"  {'vectorised attribute decode':45s} {attrs:6.2f} us/span")
     print(f"  {'canonical columns + Arrow (the rest)':45s} {full - loop - attrs:6.2f} us/span")
