@@ -23,13 +23,14 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import polars as pl
 
-from sre_agent.compare import SIDES
+from sre_agent.compare import E2E_SQL, QUEUE_SQL, SIDES
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
     PER_TOKEN_METRICS,
@@ -67,6 +68,11 @@ _NS: Final[int] = 1_000_000_000
 _RUNNING_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, pl.DataFrame]] = weakref.WeakKeyDictionary()
 
 
+#: Busy intervals ending this long after the last window are cut there (a malformed e2e of years
+#: would otherwise overflow nanoseconds or widen the packed keys); one day, in ns.
+_HORIZON_NS: Final[int] = 86_400 * _NS
+
+
 class _BusyIntervals:
     """Every selected request's busy interval, keyed so one sorted array serves all replicas.
 
@@ -76,20 +82,16 @@ class _BusyIntervals:
     requests of replica r are running at t" by two binary searches: the starts
     and ends of replicas with smaller codes are all counted and cancel out. When
     the time span is too wide to pack (more than ~146 years at 1 ns with a few
-    replicas), the arrays are grouped per replica instead.
+    replicas), the arrays are kept per replica instead (``per_replica``).
     """
 
-    def __init__(self, codes: dict[str, int], code: np.ndarray, sched: np.ndarray, end: np.ndarray) -> None:
+    def __init__(self, codes: dict[str, int], origin: int, shift: int) -> None:
         self.codes = codes
-        self.origin = int(min(sched.min(), end.min())) if len(sched) else 0
-        width = int(max(sched.max(), end.max())) - self.origin + 1 if len(sched) else 1
-        self.shift = width.bit_length()
-        self.packed = self.shift + (len(codes) + 1).bit_length() <= 62
-        if self.packed:
-            self.starts = np.sort((code << self.shift) + (sched - self.origin))
-            self.ends = np.sort((code << self.shift) + (end - self.origin))
-        else:
-            self.per_replica = {name: (np.sort(sched[code == c]), np.sort(end[code == c])) for name, c in codes.items()}
+        self.origin = origin
+        self.shift = shift
+        self.packed = shift + (len(codes) + 1).bit_length() <= 62
+        self.starts = self.ends = np.zeros(0, dtype=np.int64)
+        self.per_replica: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def running_at(self, replica: str, t: np.ndarray) -> np.ndarray:
         """Requests of ``replica`` busy at each time in ``t`` (epoch ns), as int64."""
@@ -108,32 +110,77 @@ class _BusyIntervals:
 _INTERVAL_CACHE: weakref.WeakKeyDictionary[Comparison, _BusyIntervals] = weakref.WeakKeyDictionary()
 
 
+def _sorted_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both arrays sorted, ``b`` on a second thread: numpy releases the GIL while it sorts."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        later = pool.submit(np.sort, b)
+        return np.sort(a), later.result()
+
+
+def _query_times(comparison: Comparison, at: Literal["prefill", "decode"]) -> tuple[pl.DataFrame, tuple[float, ...]]:
+    """The sampled requests with the moments their running batch is counted at.
+
+    Columns ``span_id``, ``replica``, ``start_ns``, ``_from`` and
+    ``_span`` (ns): a request is looked at ``_from + _span * f`` for each
+    returned fraction ``f`` (see :func:`running_batch`).
+    """
+    sample = comparison.requests.filter(pl.col("e2e_s").is_not_null()).select(
+        "span_id",
+        pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica"),
+        "start_ns",
+        pl.col("queue_s").fill_null(0.0),
+        "ttft_s",
+        "e2e_s",
+    )
+    # Rounded like DuckDB's CAST in _busy_intervals: truncating put a request's scheduling
+    # a nanosecond before its own busy interval, so it missed itself in the count.
+    sched = pl.col("start_ns") + (pl.col("queue_s") * _NS).round().cast(pl.Int64)
+    end = pl.col("start_ns") + (pl.col("e2e_s") * _NS).round().cast(pl.Int64)
+    first = pl.col("start_ns") + (pl.col("ttft_s").fill_null(pl.col("queue_s")) * _NS).round().cast(pl.Int64)
+    origin = sched if at == "prefill" else first
+    fractions = (0.0,) if at == "prefill" else (0.25, 0.5, 0.75)
+    return sample.with_columns(origin.alias("_from"), (end - origin).alias("_span")), fractions
+
+
 def _busy_intervals(comparison: Comparison) -> _BusyIntervals:
     """The busy intervals of every selected request, fetched once per comparison.
 
-    Shared by the prefill and decode views. Only three integer columns travel
-    from DuckDB (replica as a small integer code), however many millions of
-    requests there are; pulling the rows into a frame and filtering it per
-    replica cost seconds at 10M spans.
+    Shared by the prefill and decode views. DuckDB cleans and packs the keys
+    in parallel, so only two integer columns travel, however many millions of
+    requests there are, and the scan skips the derived columns of
+    :meth:`Comparison.engine_sql`. Pulling the rows into a frame and filtering
+    it per replica cost seconds at 10M spans.
     """
     cached = _INTERVAL_CACHE.get(comparison)
     if cached is not None:
         return cached
+    con = comparison.con
     replica = "coalesce(service_instance, host_name, service_name, '')"
-    source = comparison.engine_sql("service_instance, host_name, service_name, start_ns, queue_s, e2e_s")
-    names = [str(r[0]) for r in comparison.con.sql(f"SELECT DISTINCT {replica} FROM {source}").fetchall()]
-    columns = comparison.con.execute(
-        f"SELECT coalesce(list_position(?, {replica}), 0) AS code, "
-        "start_ns + CAST(coalesce(queue_s, 0) * 1e9 AS BIGINT) AS sched, "
-        f"start_ns + CAST(e2e_s * 1e9 AS BIGINT) AS fin FROM {source} WHERE e2e_s IS NOT NULL",
-        [names],
-    ).fetchnumpy()
-    out = _BusyIntervals(
-        {name: i + 1 for i, name in enumerate(names)},
-        np.asarray(columns["code"], dtype=np.int64),
-        np.asarray(columns["sched"], dtype=np.int64),
-        np.asarray(columns["fin"], dtype=np.int64),
-    )
+    names = [str(r[0]) for r in con.sql(comparison.scan_sql(f"DISTINCT {replica}")).fetchall()]
+    windows = [comparison.window(s) for s in SIDES]
+    origin = min(w.start_ns for w in windows)
+    horizon = max(w.end_ns for w in windows) + _HORIZON_NS
+    out = _BusyIntervals({name: i + 1 for i, name in enumerate(names)}, origin, (horizon - origin).bit_length())
+    limit = horizon - origin
+    sched = f"least(start_ns - {origin} + CAST(coalesce({QUEUE_SQL}, 0) * 1e9 AS BIGINT), {limit})"
+    fin = f"least(start_ns - {origin} + CAST(least({E2E_SQL}, {limit / 1e9}) * 1e9 AS BIGINT), {limit})"
+    # The names go in as a literal and the rows out through Arrow: a prepared statement
+    # with fetchnumpy was several times slower on 10M rows.
+    listed = "[" + ", ".join("'" + n.replace("'", "''") + "'" for n in names) + "]"
+    code = f"CAST(coalesce(list_position({listed}, {replica}), 0) AS BIGINT)"
+    if out.packed:
+        select = f"({code} << {out.shift}) + {sched} AS s, ({code} << {out.shift}) + {fin} AS f"
+    else:
+        select = f"{code} AS code, {sched} + {origin} AS s, {fin} + {origin} AS f"
+    table = con.sql(comparison.scan_sql(select, f"{E2E_SQL} IS NOT NULL")).to_arrow_table()
+    columns = {name: table.column(name).to_numpy() for name in table.column_names}
+    if out.packed:
+        out.starts, out.ends = _sorted_pair(columns["s"], columns["f"])
+    else:
+        codes = columns["code"]
+        out.per_replica = {
+            n: (np.sort(columns["s"][codes == c]), np.sort(columns["f"][codes == c])) for n, c in out.codes.items()
+        }
     _INTERVAL_CACHE[comparison] = out
     return out
 
@@ -152,20 +199,7 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     if at in cached:
         return cached[at]
     intervals = _busy_intervals(comparison)
-    sample = comparison.requests.filter(pl.col("e2e_s").is_not_null()).select(
-        "span_id",
-        pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica"),
-        "start_ns",
-        pl.col("queue_s").fill_null(0.0),
-        "ttft_s",
-        "e2e_s",
-    )
-    sched = pl.col("start_ns") + (pl.col("queue_s") * _NS).cast(pl.Int64)
-    end = pl.col("start_ns") + (pl.col("e2e_s") * _NS).cast(pl.Int64)
-    first = pl.col("start_ns") + (pl.col("ttft_s").fill_null(pl.col("queue_s")) * _NS).cast(pl.Int64)
-    fractions = (0.0,) if at == "prefill" else (0.25, 0.5, 0.75)
-    origin = sched if at == "prefill" else first
-    sample = sample.with_columns(origin.alias("_from"), (end - origin).alias("_span"))
+    sample, fractions = _query_times(comparison, at)
     parts: list[pl.DataFrame] = []
     for (replica,), group in sample.group_by("replica"):
         counts = []
@@ -491,7 +525,8 @@ def with_running(
     comparison: Comparison, frame: pl.DataFrame, at: Literal["prefill", "decode"], size: pl.Expr
 ) -> tuple[pl.DataFrame, SidePair]:
     """``frame`` plus ``running`` and ``bucket`` (running batch x ``size`` bucket); mean running per side."""
-    frame = frame.join(running_batch(comparison, at), on="span_id", how="inner")
+    # A left join plus a filter: polars' inner join on string keys was ~10x slower here (100k rows).
+    frame = frame.join(running_batch(comparison, at), on="span_id", how="left").filter(pl.col("running").is_not_null())
     frame = frame.with_columns(size.alias("_size")).with_columns(
         pl.format("{} x size {}", pow2_bucket("running", RUNNING_BUCKET), pow2_bucket("_size", 4.0)).alias("bucket")
     )

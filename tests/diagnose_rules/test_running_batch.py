@@ -1,0 +1,60 @@
+"""The running batch per request: the packed single-array layout, the per-replica
+fallback and a brute-force overlap count agree on a store built from serving mechanics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+from rules_synth import Side, build
+
+from sre_agent.compare import Comparison
+from sre_agent.rules import _engine_cost
+from sre_agent.selection import Selection
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("running") / "s.duckdb", Side(), Side(version="v2", rate_rps=12.0))
+
+
+def _running(path: Path, at: str) -> pl.DataFrame:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        comparison = Comparison.open(con, Selection(mode="since_last_deploy"))
+        return _engine_cost.running_batch(comparison, at).sort("span_id")  # type: ignore[arg-type]
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("at", ["prefill", "decode"])
+def test_packed_and_per_replica_layouts_agree(store: Path, at: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    packed = _running(store, at)
+    # A horizon of ~2**61 ns leaves no bits for the replica code: the per-replica arrays are used.
+    monkeypatch.setattr(_engine_cost, "_HORIZON_NS", 2**61)
+    per_replica = _running(store, at)
+    assert packed.height > 100
+    assert packed.equals(per_replica)
+
+
+def test_running_at_scheduling_matches_a_brute_force_overlap_count(store: Path) -> None:
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        rows = con.sql(
+            "SELECT span_id, coalesce(service_instance, host_name, service_name, '') AS replica, "
+            "start_ns + CAST(coalesce(queue_s, 0) * 1e9 AS BIGINT) AS sched, "
+            "start_ns + CAST(e2e_s * 1e9 AS BIGINT) AS fin FROM spans WHERE is_engine AND e2e_s IS NOT NULL"
+        ).pl()
+    finally:
+        con.close()
+    running = _running(store, "prefill").join(rows, on="span_id")
+    sample = running.sample(200, seed=1)
+    for r in sample.iter_rows(named=True):
+        same = rows.filter(pl.col("replica") == r["replica"])
+        t = r["sched"]
+        expected = int(((same["sched"] <= t) & (same["fin"] > t)).sum())
+        assert r["running"] == float(max(expected, 1)), r
+    assert np.mean(running["running"].to_numpy()) > 1.0
