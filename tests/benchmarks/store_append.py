@@ -9,7 +9,14 @@ core). The last line is::
 
     store_append: spans_per_s=N duplicate_batch_spans_per_s=D existing_rows=R batch=B
 
-Run: ``python tests/benchmarks/store_append.py [--prefill 1000000] [--batch 50000] [--batches 3]``
+``--floors`` first prints process CPU per span (microseconds) for commits of
+``--floor-batch`` spans, each variant into its own fresh store, interleaved:
+the Arrow scan (DuckDB validates every MAP row), the Parquet staging path the
+store uses, the same rows without the two MAP columns, and the MAP columns
+alone read from Arrow and from Parquet without storing them. These are the
+storage floors behind the end-to-end ingest figure.
+
+Run: ``python tests/benchmarks/store_append.py [--prefill 1000000] [--batch 50000] [--batches 3] [--floors]``
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -47,15 +56,76 @@ def prefill(store: Store, rows: int) -> None:
     )
 
 
+def _append_arrow(store: Store, batch: pa.Table) -> None:
+    con = store.connection
+    con.register("_floor", batch)
+    con.execute("INSERT INTO spans SELECT * FROM _floor")
+    con.unregister("_floor")
+
+
+def _append_without_maps(store: Store, batch: pa.Table) -> None:
+    con = store.connection
+    con.register("_floor", batch.drop_columns(["attributes", "resource_attributes"]))
+    con.execute("INSERT INTO spans BY NAME SELECT * FROM _floor")
+    con.unregister("_floor")
+
+
+def _scan_maps_arrow(store: Store, batch: pa.Table) -> None:
+    con = store.connection
+    con.register("_floor", batch.select(["attributes", "resource_attributes"]))
+    con.execute("SELECT sum(cardinality(attributes) + cardinality(resource_attributes)) FROM _floor").fetchall()
+    con.unregister("_floor")
+
+
+def _scan_maps_parquet(store: Store, batch: pa.Table) -> None:
+    import pyarrow.parquet as pq
+
+    with tempfile.NamedTemporaryFile(suffix=".parquet") as file:
+        pq.write_table(batch.select(["attributes", "resource_attributes"]), file.name, compression="none")
+        query = "SELECT sum(cardinality(attributes) + cardinality(resource_attributes)) FROM read_parquet(?)"
+        store.connection.execute(query, [file.name]).fetchall()
+
+
+def floors(tables: list[pa.Table], batch: int) -> None:
+    """Print process CPU per span of each way to append (or just read) the same commits."""
+    rows = pa.concat_tables(tables)
+    commits = [rows.slice(i, batch) for i in range(0, rows.num_rows - batch + 1, batch)]
+    variants: dict[str, Callable[[Store, pa.Table], Any]] = {
+        "append via Arrow scan (MAP rows validated)": _append_arrow,
+        "append via Parquet staging (Store.append_spans)": Store.append_spans,
+        "append without the two MAP columns": _append_without_maps,
+        "MAP columns read from Arrow, not stored": _scan_maps_arrow,
+        "MAP columns read from Parquet, not stored": _scan_maps_parquet,
+    }
+    cpu = dict.fromkeys(variants, 0.0)
+    with tempfile.TemporaryDirectory() as folder:
+        stores = {name: Store.open(os.path.join(folder, f"floor{i}.duckdb")) for i, name in enumerate(variants)}
+        for i, commit in enumerate(commits):
+            for name in list(variants) if i % 2 == 0 else list(variants)[::-1]:
+                started = time.process_time()
+                variants[name](stores[name], commit)
+                cpu[name] += time.process_time() - started
+        for store in stores.values():
+            store.close()
+    spans = batch * len(commits)
+    print(f"storage floors, {len(commits)} commits of {batch} spans, process CPU:")
+    for name, seconds in cpu.items():
+        print(f"  {name:50s} {seconds / spans * 1e6:6.1f} us/span")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prefill", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--floors", action="store_true", help="first print the storage floors (see above)")
+    parser.add_argument("--floor-batch", type=int, default=4096, help="spans per commit for --floors")
     args = parser.parse_args()
     normaliser = Normaliser(hash_key=b"benchmark")
     bodies = build_bodies(args.batch * args.batches, 1000)
     tables = [decode_traces(b, "application/x-protobuf", normaliser=normaliser).table for b in bodies]
+    if args.floors:
+        floors(tables, args.floor_batch)
     per_batch = len(tables) // args.batches
     batches = [pa.concat_tables(tables[i * per_batch : (i + 1) * per_batch]) for i in range(args.batches)]
     with tempfile.TemporaryDirectory() as folder, Store.open(os.path.join(folder, "bench.duckdb")) as store:
