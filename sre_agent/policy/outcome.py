@@ -610,7 +610,11 @@ def classify(
         retry_after, should_retry = _failure_hints(headers, now_s) if status_code >= 400 else (None, None)
         cls, detail = _BODY_FREE_STATUSES.get(status_code) or _classify_status(status_code, body)
         if usage is _NO_USAGE:
-            return _shared_failure((status_code, cls, detail, retry_after, should_retry), pricing)
+            key = (status_code, cls, detail, retry_after, should_retry)
+            shared = _FAILURES.get(key)
+            if shared is not None and shared[0] is pricing:
+                return shared[1]
+            return _shared_failure(key, pricing)
         cost = pricing.cost_usd(usage) if pricing is not None else 0.0
         return Outcome(
             cls, usage, cost, status_code, retry_after_s=retry_after, should_retry=should_retry, detail=detail
@@ -654,10 +658,10 @@ _FAILURES_MAX = 1024
 
 
 def _shared_failure(key: _FailureKey, pricing: Pricing | None) -> Outcome:
-    """The outcome for ``key`` with no usage reported, priced with ``pricing``."""
-    entry = _FAILURES.get(key)
-    if entry is not None and entry[0] is pricing:
-        return entry[1]
+    """Build, remember and return the outcome for ``key`` with no usage reported, priced with ``pricing``.
+
+    classify looks the table up itself (one call less per retried failure) and calls this on a miss.
+    """
     if len(_FAILURES) >= _FAILURES_MAX:
         _FAILURES.clear()
     status_code, cls, detail, retry_after, should_retry = key

@@ -76,25 +76,20 @@ def _state(retry_state: RetryCallState) -> AttemptState:
     return state
 
 
-def _outcome(retry_state: RetryCallState) -> Outcome | None:
-    future = retry_state.outcome
-    if future is None:
-        return None
-    # One lock round-trip instead of two (``failed`` then ``result``): a failed future raises here.
-    try:
-        result = future.result()
-    except BaseException:  # an exception escaped the attempt: retry_if_recoverable lets it surface
-        return None
-    return result if isinstance(result, Outcome) else None
-
-
 class retry_if_recoverable(retry_base):
     """Retry when the planner has a *changed* next request for this outcome class."""
 
     def __call__(self, retry_state: RetryCallState) -> bool:
-        outcome = _outcome(retry_state)
-        if outcome is None:
-            return False  # an exception escaped the attempt: a bug, let it surface
+        future = retry_state.outcome
+        if future is None:
+            return False
+        # One lock round-trip instead of two (``failed`` then ``result``): a failed future raises here.
+        try:
+            outcome = future.result()
+        except BaseException:  # an exception escaped the attempt: a bug, let tenacity surface it
+            return False
+        if not isinstance(outcome, Outcome):
+            return False
         state = _state(retry_state)
         state.last = outcome  # the wait strategy reads it here instead of locking the future again
         state.continuation = False
