@@ -23,14 +23,13 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import polars as pl
 
-from sre_agent.compare import E2E_SQL, QUEUE_SQL, SIDES
+from sre_agent.compare import SIDES
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
     PER_TOKEN_METRICS,
@@ -68,55 +67,6 @@ _NS: Final[int] = 1_000_000_000
 _RUNNING_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, pl.DataFrame]] = weakref.WeakKeyDictionary()
 
 
-#: Busy intervals ending this long after the last window are cut there (a malformed e2e of years
-#: would otherwise overflow nanoseconds or widen the packed keys); one day, in ns.
-_HORIZON_NS: Final[int] = 86_400 * _NS
-
-
-class _BusyIntervals:
-    """Every selected request's busy interval, keyed so one sorted array serves all replicas.
-
-    A request is busy on its replica from scheduling (arrival + queue) to its
-    end (arrival + e2e). Times are packed as ``replica_code << shift | (t - origin)``
-    so that a single sorted array of starts and one of ends answer "how many
-    requests of replica r are running at t" by two binary searches: the starts
-    and ends of replicas with smaller codes are all counted and cancel out. When
-    the time span is too wide to pack (more than ~146 years at 1 ns with a few
-    replicas), the arrays are kept per replica instead (``per_replica``).
-    """
-
-    def __init__(self, codes: dict[str, int], origin: int, shift: int) -> None:
-        self.codes = codes
-        self.origin = origin
-        self.shift = shift
-        self.packed = shift + (len(codes) + 1).bit_length() <= 62
-        self.starts = self.ends = np.zeros(0, dtype=np.int64)
-        self.per_replica: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-    def running_at(self, replica: str, t: np.ndarray) -> np.ndarray:
-        """Requests of ``replica`` busy at each time in ``t`` (epoch ns), as int64."""
-        c = self.codes.get(replica)
-        if c is None:
-            return np.zeros(len(t), dtype=np.int64)
-        if self.packed:
-            key = (np.int64(c) << self.shift) + np.clip(t - self.origin, 0, (1 << self.shift) - 1)
-            found = np.searchsorted(self.starts, key, side="right") - np.searchsorted(self.ends, key, side="right")
-            return np.asarray(found, dtype=np.int64)
-        starts, ends = self.per_replica[replica]
-        found = np.searchsorted(starts, t, side="right") - np.searchsorted(ends, t, side="right")
-        return np.asarray(found, dtype=np.int64)
-
-
-_INTERVAL_CACHE: weakref.WeakKeyDictionary[Comparison, _BusyIntervals] = weakref.WeakKeyDictionary()
-
-
-def _sorted_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both arrays sorted, ``b`` on a second thread: numpy releases the GIL while it sorts."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        later = pool.submit(np.sort, b)
-        return np.sort(a), later.result()
-
-
 def _query_times(comparison: Comparison, at: Literal["prefill", "decode"]) -> tuple[pl.DataFrame, tuple[float, ...]]:
     """The sampled requests with the moments their running batch is counted at.
 
@@ -142,49 +92,6 @@ def _query_times(comparison: Comparison, at: Literal["prefill", "decode"]) -> tu
     return sample.with_columns(origin.alias("_from"), (end - origin).alias("_span")), fractions
 
 
-def _busy_intervals(comparison: Comparison) -> _BusyIntervals:
-    """The busy intervals of every selected request, fetched once per comparison.
-
-    Shared by the prefill and decode views. DuckDB cleans and packs the keys
-    in parallel, so only two integer columns travel, however many millions of
-    requests there are, and the scan skips the derived columns of
-    :meth:`Comparison.engine_sql`. Pulling the rows into a frame and filtering
-    it per replica cost seconds at 10M spans.
-    """
-    cached = _INTERVAL_CACHE.get(comparison)
-    if cached is not None:
-        return cached
-    con = comparison.con
-    replica = "coalesce(service_instance, host_name, service_name, '')"
-    names = [str(r[0]) for r in con.sql(comparison.scan_sql(f"DISTINCT {replica}")).fetchall()]
-    windows = [comparison.window(s) for s in SIDES]
-    origin = min(w.start_ns for w in windows)
-    horizon = max(w.end_ns for w in windows) + _HORIZON_NS
-    out = _BusyIntervals({name: i + 1 for i, name in enumerate(names)}, origin, (horizon - origin).bit_length())
-    limit = horizon - origin
-    sched = f"least(start_ns - {origin} + CAST(coalesce({QUEUE_SQL}, 0) * 1e9 AS BIGINT), {limit})"
-    fin = f"least(start_ns - {origin} + CAST(least({E2E_SQL}, {limit / 1e9}) * 1e9 AS BIGINT), {limit})"
-    # The names go in as a literal and the rows out through Arrow: a prepared statement
-    # with fetchnumpy was several times slower on 10M rows.
-    listed = "[" + ", ".join("'" + n.replace("'", "''") + "'" for n in names) + "]"
-    code = f"CAST(coalesce(list_position({listed}, {replica}), 0) AS BIGINT)"
-    if out.packed:
-        select = f"({code} << {out.shift}) + {sched} AS s, ({code} << {out.shift}) + {fin} AS f"
-    else:
-        select = f"{code} AS code, {sched} + {origin} AS s, {fin} + {origin} AS f"
-    table = con.sql(comparison.scan_sql(select, f"{E2E_SQL} IS NOT NULL")).to_arrow_table()
-    columns = {name: table.column(name).to_numpy() for name in table.column_names}
-    if out.packed:
-        out.starts, out.ends = _sorted_pair(columns["s"], columns["f"])
-    else:
-        codes = columns["code"]
-        out.per_replica = {
-            n: (np.sort(columns["s"][codes == c]), np.sort(columns["f"][codes == c])) for n, c in out.codes.items()
-        }
-    _INTERVAL_CACHE[comparison] = out
-    return out
-
-
 def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> pl.DataFrame:
     """Per sampled request (``span_id``): requests running on its replica at one moment of its life.
 
@@ -198,7 +105,7 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     cached = _RUNNING_CACHE.setdefault(comparison, {})
     if at in cached:
         return cached[at]
-    intervals = _busy_intervals(comparison)
+    intervals = comparison.busy_intervals
     sample, fractions = _query_times(comparison, at)
     parts: list[pl.DataFrame] = []
     for (replica,), group in sample.group_by("replica"):

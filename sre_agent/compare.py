@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import numpy as np
 
 from sre_agent import stats
+from sre_agent.busy import BusyIntervals, Prefetch
 from sre_agent.compare_traces import MAX_DIMENSION_VALUES, TraceAggregates
 from sre_agent.compare_traces import NOT_DIMENSION_PREFIXES as _NOT_DIMENSION_PREFIXES
 from sre_agent.errors import InsufficientDataError, SelectionError
@@ -273,6 +274,7 @@ class Comparison(TraceAggregates):
         self._dimensions: list[str] = []
         self._dimension_maps: dict[str, tuple[str, ...]] = {}
         self._trace_cache: pl.DataFrame | None = None
+        self._prefetch: Prefetch | None = None
 
     @classmethod
     def open(
@@ -298,6 +300,28 @@ class Comparison(TraceAggregates):
         )
         comparison._check_data()
         return comparison
+
+    # ------------------------------------------------------------ busy intervals
+    def start_prefetch(self) -> bool:
+        """Start reading :attr:`busy_intervals` on a second connection; returns whether it started.
+
+        Worth it when the engine rules will run: the read is the costliest step
+        at millions of spans and releases the GIL. Pair with :meth:`cancel_prefetch`.
+        """
+        if self._prefetch is None:
+            self._prefetch = Prefetch(self)
+            return self._prefetch.start()
+        return False
+
+    def cancel_prefetch(self) -> None:
+        """Interrupt a background read that is still running (nothing needed it)."""
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+
+    @cached_property
+    def busy_intervals(self) -> BusyIntervals:
+        """Every selected engine request's busy interval per replica (:mod:`sre_agent.busy`)."""
+        return (self._prefetch or Prefetch(self)).result()
 
     # ----------------------------------------------------------------- windows
     def window(self, side: Side) -> SideWindow:

@@ -354,8 +354,12 @@ def diagnose(
     """
     started = time.perf_counter()
     con, owned = _connection(source)
+    comparison: Comparison | None = None
     try:
         comparison = Comparison.open(con, selection, sample_per_side=sample_per_side, seed=seed)
+        if all(comparison.request_counts[s] for s in SIDES):
+            # The engine rules' busy intervals are read meanwhile, on a core the Python work leaves idle.
+            comparison.start_prefetch()
         estimates = estimate_metrics(comparison)
         regression = headline(comparison, estimates)
         loaded, failures = load_rules(rules)
@@ -386,5 +390,7 @@ def diagnose(
             timings={"total_s": time.perf_counter() - started, **{f"rule.{k}": v for k, v in timings.items()}},
         )
     finally:
+        if comparison is not None:
+            comparison.cancel_prefetch()
         if owned:
             con.close()

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 from rules_synth import Side, build
 
+from sre_agent import busy
 from sre_agent.compare import Comparison
 from sre_agent.rules import _engine_cost
 from sre_agent.selection import Selection
@@ -34,7 +35,7 @@ def _running(path: Path, at: str) -> pl.DataFrame:
 def test_packed_and_per_replica_layouts_agree(store: Path, at: str, monkeypatch: pytest.MonkeyPatch) -> None:
     packed = _running(store, at)
     # A horizon of ~2**61 ns leaves no bits for the replica code: the per-replica arrays are used.
-    monkeypatch.setattr(_engine_cost, "_HORIZON_NS", 2**61)
+    monkeypatch.setattr(busy, "HORIZON_NS", 2**61)
     per_replica = _running(store, at)
     assert packed.height > 100
     assert packed.equals(per_replica)
@@ -58,3 +59,35 @@ def test_running_at_scheduling_matches_a_brute_force_overlap_count(store: Path) 
         expected = int(((same["sched"] <= t) & (same["fin"] > t)).sum())
         assert r["running"] == float(max(expected, 1)), r
     assert np.mean(running["running"].to_numpy()) > 1.0
+
+
+def test_the_background_read_matches_the_direct_read(store: Path) -> None:
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        comparison = Comparison.open(con, Selection(mode="since_last_deploy"))
+        assert comparison.start_prefetch()
+        background = comparison.busy_intervals
+        direct = busy.fetch_busy_intervals(comparison, con)
+    finally:
+        con.close()
+    assert len(background.starts) > 100
+    assert np.array_equal(background.starts, direct.starts)
+    assert np.array_equal(background.ends, direct.ends)
+
+
+def test_no_background_read_around_a_tenant_view_of_spans(store: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.duckdb"
+    copy.write_bytes(store.read_bytes())
+    con = duckdb.connect(str(copy))
+    try:
+        # The server scopes a tenant token this way; a second connection would not see the view.
+        con.execute("CREATE TEMP VIEW spans AS SELECT * FROM copy.main.spans WHERE service_instance <> 'gpu-1'")
+        comparison = Comparison.open(con, Selection(mode="since_last_deploy"))
+        assert not comparison.start_prefetch()
+        scoped = comparison.busy_intervals
+        total = con.sql("SELECT count(*) FROM copy.main.spans WHERE is_engine AND e2e_s IS NOT NULL").fetchall()[0]
+    finally:
+        con.close()
+    assert "gpu-1" not in scoped.codes
+    assert total is not None
+    assert 0 < len(scoped.starts) < total[0]
