@@ -52,54 +52,46 @@ MESSAGES = (
 TOOLS = ({"type": "function", "function": {"name": "page", "parameters": {"type": "object"}}},)
 
 
-def _fresh_body(target: Target, request: ChatRequest, cap: int) -> dict[str, Any]:
-    """The request body written out per format, the way each provider documents it."""
-    messages = list(request.messages)
-    if target.provider_format == "openai-chat":
-        body: dict[str, Any] = {"model": target.model, "messages": messages, "max_completion_tokens": cap}
-        if request.reasoning_effort is not None:
-            body["reasoning_effort"] = request.reasoning_effort
-        if request.tools:
-            body["tools"] = list(request.tools)
-        if request.stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        return body
-    if target.provider_format == "openai-responses":
-        body = {"model": target.model, "input": messages, "max_output_tokens": cap}
-        if request.reasoning_effort is not None:
-            body["reasoning"] = {"effort": request.reasoning_effort}
-        if request.tools:
-            body["tools"] = list(request.tools)
-        if request.stream:
-            body["stream"] = True
-        return body
-    body = {"model": target.model, "messages": [m for m in messages if m["role"] != "system"], "max_tokens": cap}
-    body["system"] = "Be brief."
-    if request.reasoning_effort is not None:
-        body["output_config"] = {"effort": request.reasoning_effort}
-    return body
+SYSTEM, USER = MESSAGES
+# The bodies each provider documents, written out: (format, effort, tools, stream) -> (url suffix, body
+# with the cap as "CAP"). Key order matters: it is the order of the JSON sent.
+CASES: list[tuple[str, str | None, bool, bool, str, dict[str, Any]]] = [
+    ("openai-chat", None, False, False, "/chat/completions",
+     {"model": "m", "messages": [SYSTEM, USER], "max_completion_tokens": "CAP"}),
+    ("openai-chat", "high", True, True, "/chat/completions",
+     {"model": "m", "messages": [SYSTEM, USER], "max_completion_tokens": "CAP", "reasoning_effort": "high",
+      "tools": list(TOOLS), "stream": True, "stream_options": {"include_usage": True}}),
+    ("openai-responses", None, False, False, "/responses",
+     {"model": "m", "input": [SYSTEM, USER], "max_output_tokens": "CAP"}),
+    ("openai-responses", "low", True, True, "/responses",
+     {"model": "m", "input": [SYSTEM, USER], "max_output_tokens": "CAP", "reasoning": {"effort": "low"},
+      "tools": list(TOOLS), "stream": True}),
+    ("anthropic", None, False, False, "/messages",
+     {"model": "m", "messages": [USER], "max_tokens": "CAP", "system": "Be brief."}),
+    ("anthropic", "max", False, False, "/messages",
+     {"model": "m", "messages": [USER], "max_tokens": "CAP", "system": "Be brief.",
+      "output_config": {"effort": "max"}}),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("fmt", ["openai-chat", "openai-responses", "anthropic"])
-@pytest.mark.parametrize("effort", [None, "high"])
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_call_template_sends_the_same_bytes_as_a_body_built_from_scratch(
-    fmt: str, effort: str | None, stream: bool
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_a_call_template_sends_the_documented_body_for_every_cap(
+    case: tuple[str, str | None, bool, bool, str, dict[str, Any]],
 ) -> None:
+    fmt, effort, tools, stream, path, documented = case
     target = Target("http://h:1/v1/", "m", provider_format=fmt, headers=(("authorization", "Bearer t"),))
-    request = ChatRequest(MESSAGES, 512, reasoning_effort=effort, tools=TOOLS if fmt != "anthropic" else None)
-    request = dataclasses.replace(request, stream=stream and fmt != "anthropic")
+    request = ChatRequest(MESSAGES, 512, reasoning_effort=effort, tools=TOOLS if tools else None, stream=stream)
     template = call_template(target, request)
     for cap in (512, 100, 100, 512):
         call = template.call(cap)
-        expected = _fresh_body(target, request, cap)
+        expected = {key: cap if value == "CAP" else value for key, value in documented.items()}
         # Same keys in the same order, so the JSON on the wire is byte-identical.
         assert json.dumps(call.body) == json.dumps(expected)
+        assert call.url == "http://h:1/v1" + path
         assert call.headers["authorization"] == "Bearer t"
-        assert call.url.startswith("http://h:1/v1/")
-        assert "//" not in call.url.removeprefix("http://")
-    assert build_call(target, request, 77).body == _fresh_body(target, request, 77)
+    assert json.dumps(build_call(target, request, 77).body) == json.dumps(
+        {key: 77 if value == "CAP" else value for key, value in documented.items()}
+    )
 
 
 def test_a_same_cap_retry_reuses_the_call_and_a_new_cap_never_touches_the_old_one() -> None:
