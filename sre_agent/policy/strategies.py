@@ -90,7 +90,8 @@ class retry_if_recoverable(retry_base):
             return False
         if not isinstance(outcome, Outcome):
             return False
-        state = _state(retry_state)
+        state = retry_state.args[0]  # _state() inlined: this runs on every attempt
+        assert isinstance(state, AttemptState)
         state.last = outcome  # the wait strategy reads it here instead of locking the future again
         state.continuation = False
         state.skip_wait = False
@@ -146,7 +147,8 @@ class stop_on_budget_or_fleet(stop_base):
     """
 
     def __call__(self, retry_state: RetryCallState) -> bool:
-        state = _state(retry_state)
+        state = retry_state.args[0]  # _state() inlined: this runs on every attempt
+        assert isinstance(state, AttemptState)
         return _over_budget(state, retry_state.upcoming_sleep) or _fleet_refuses(state)
 
 
@@ -157,7 +159,8 @@ class wait_server_hint(wait_base):
         self.fallback = fallback
 
     def __call__(self, retry_state: RetryCallState) -> float:
-        state = _state(retry_state)
+        state = retry_state.args[0]  # _state() inlined: this runs on every attempt
+        assert isinstance(state, AttemptState)
         if state.continuation or state.skip_wait:
             return 0.0
         outcome = state.last  # set by retry_if_recoverable, which tenacity always runs first
