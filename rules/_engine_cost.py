@@ -38,7 +38,6 @@ from sre_agent.rules._mechanism import (
     metric_hit_rate,
     per_request,
     pow2_bucket,
-    ratio_estimate,
     require_both_sides,
     rnd,
     side,
@@ -159,40 +158,63 @@ class ConditionalShift:
         return clip01(self.conditional / self.raw)
 
 
+def _bucket_estimates(data: pl.DataFrame, cost: str, bucket: str) -> pl.DataFrame:
+    """Per (side, bucket): requests, mean ``_log`` with its cluster-robust SE, and mean ``cost``.
+
+    The same estimate as ``ratio_estimate(part, _log, 1)`` for every bucket at once,
+    from per-slice sums in one group-by (a filter per bucket cost a collect each).
+    """
+    per_slice = data.group_by("side", bucket, "slice").agg(
+        pl.len().alias("n_k"), pl.col("_log").sum().alias("y_k"), (pl.col("_log") ** 2).sum().alias("y2_k"),
+        pl.col(cost).sum().alias("c_k"),
+    )  # fmt: skip
+    mean = pl.col("y") / pl.col("n")
+    per_row = (pl.col("y2") - 2 * mean * pl.col("y") + mean**2 * pl.col("n")) / pl.col("n") ** 2
+    per_cluster = pl.when(pl.col("k") > 1).then(
+        pl.col("k") / (pl.col("k") - 1) * pl.col("resid2") / pl.col("n") ** 2
+    ).otherwise(0.0)  # fmt: skip
+    groups = per_slice.group_by("side", bucket).agg(
+        pl.col("n_k").sum().alias("n"), pl.col("y_k").sum().alias("y"), pl.col("y2_k").sum().alias("y2"),
+        pl.col("c_k").sum().alias("c"), pl.len().alias("k"),
+        # sum_k (y_k - R n_k)^2 with R = sum y / sum n, expanded so it needs no second pass
+        ((pl.col("y_k") - pl.col("y_k").sum() / pl.col("n_k").sum() * pl.col("n_k")) ** 2).sum().alias("resid2"),
+    )  # fmt: skip
+    return groups.with_columns(
+        mean.alias("value"),
+        pl.max_horizontal(per_cluster, per_row, 1.0 / pl.col("n") ** 2).sqrt().alias("se"),
+        (pl.col("c") / pl.col("n")).alias("cost_mean"),
+    )
+
+
 def conditional_log_shift(frame: pl.DataFrame, cost: str, bucket: str, label: str) -> ConditionalShift | None:
     """Compare ``log(cost)`` per ``bucket`` (a column); ``None`` when no bucket has enough requests on both sides.
 
     ``frame`` needs ``side``, ``slice``, ``cost`` (> 0 rows only are used) and ``bucket``.
-    ``label`` names the bucket in the evidence rows (e.g. ``batch``).
+    ``label`` names the bucket in the evidence rows (e.g. ``batch``). Each bucket's
+    mean log cost has a cluster-robust SE over the time slices (as :func:`ratio_estimate`).
     """
     data = frame.filter(pl.col(cost).is_not_null() & (pl.col(cost) > 0) & pl.col(bucket).is_not_null())
-    data = data.with_columns(pl.col(cost).log().alias("_log"))
-    b_all, c_all = side(data, "baseline"), side(data, "candidate")
-    if b_all.height < MIN_BUCKET or c_all.height < MIN_BUCKET:
+    data = data.select("side", "slice", bucket, cost, pl.col(cost).log().alias("_log"))
+    sides = {s: data.filter(pl.col("side") == s) for s in SIDES}
+    if any(part.height < MIN_BUCKET for part in sides.values()):
         return None
-    raw = float(c_all["_log"].mean()) - float(b_all["_log"].mean())  # type: ignore[arg-type]
-    one = pl.lit(1.0)
+    raw = float(sides["candidate"]["_log"].mean()) - float(sides["baseline"]["_log"].mean())  # type: ignore[arg-type]
+    estimates = _bucket_estimates(data, cost, bucket)
+    both = estimates.filter((pl.col("side") == "baseline") & (pl.col("n") >= MIN_BUCKET)).join(
+        estimates.filter((pl.col("side") == "candidate") & (pl.col("n") >= MIN_BUCKET)), on=bucket, suffix="_c"
+    )
+    if both.height == 0:
+        return None
     diffs: list[tuple[float, float, int]] = []
     rows: list[tuple[str, float, float, int]] = []
-    for (key,), c_part in c_all.group_by(bucket):
-        b_part = b_all.filter(pl.col(bucket) == key)
-        if b_part.height < MIN_BUCKET or c_part.height < MIN_BUCKET:
-            continue
-        eb = ratio_estimate(b_part, pl.col("_log"), one)
-        ec = ratio_estimate(c_part, pl.col("_log"), one)
-        if eb.value is None or ec.value is None:
-            continue
-        diffs.append((ec.value - eb.value, eb.se**2 + ec.se**2, c_part.height))
-        rows.append(
-            (f"{label} {key}", float(b_part[cost].mean()), float(c_part[cost].mean()), c_part.height)  # type: ignore[arg-type]
-        )
-    if not diffs:
-        return None
+    for r in both.iter_rows(named=True):
+        diffs.append((r["value_c"] - r["value"], r["se"] ** 2 + r["se_c"] ** 2, int(r["n_c"])))
+        rows.append((f"{label} {r[bucket]}", float(r["cost_mean"]), float(r["cost_mean_c"]), int(r["n_c"])))
     weight = sum(n for _, _, n in diffs)
     conditional = sum(d * n for d, _, n in diffs) / weight
     se = math.sqrt(sum(v * n * n for _, v, n in diffs)) / weight
     rows.sort(key=lambda r: -r[3])
-    return ConditionalShift(raw, conditional, se, len(diffs), weight / c_all.height, tuple(rows))
+    return ConditionalShift(raw, conditional, se, len(diffs), weight / sides["candidate"].height, tuple(rows))
 
 
 # --------------------------------------------------------------- batch shape
