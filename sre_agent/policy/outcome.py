@@ -380,7 +380,12 @@ class FormatSpec:
 def _parse_openai_chat(body: Any) -> _Parsed:
     choice = _dig(body, ("choices", 0))
     message = _dig(choice, ("message",)) or {}
-    raw_calls = message.get("tool_calls") or [] if isinstance(message, dict) else []
+    if isinstance(message, dict):
+        raw_calls = message.get("tool_calls") or []
+        content = message.get("content")
+        refusal = message.get("refusal")
+    else:
+        raw_calls, content, refusal = [], None, None
     calls = (
         tuple(
             ToolCall(
@@ -394,14 +399,9 @@ def _parse_openai_chat(body: Any) -> _Parsed:
         if raw_calls
         else ()  # the usual answer: no generator to build and drain
     )
-    content = message.get("content") if isinstance(message, dict) else None
-    refusal = message.get("refusal") if isinstance(message, dict) else None
     finish = _dig(choice, ("finish_reason",))
     return _Parsed(
-        finish=finish if isinstance(finish, str) else None,
-        text=content if isinstance(content, str) else "",
-        refusal=bool(refusal),
-        tool_calls=calls,
+        finish if isinstance(finish, str) else None, content if isinstance(content, str) else "", bool(refusal), calls
     )
 
 
