@@ -149,7 +149,10 @@ class stop_on_budget_or_fleet(stop_base):
     def __call__(self, retry_state: RetryCallState) -> bool:
         state = retry_state.args[0]  # _state() inlined: this runs on every attempt
         assert isinstance(state, AttemptState)
-        return _over_budget(state, retry_state.upcoming_sleep) or _fleet_refuses(state)
+        if _over_budget(state, retry_state.upcoming_sleep):
+            return True
+        fleet = state.fleet  # _fleet_refuses() inlined: one Python frame less per retry
+        return not (state.continuation or fleet is None or fleet.try_withdraw())
 
 
 class wait_server_hint(wait_base):
