@@ -4,7 +4,9 @@ Starts `sre-agent serve` on a temporary store, sends ``--spans`` vLLM V1-shaped
 ``llm_request`` spans (telemetry.md 1.3 attributes, distinct ids, advancing
 timestamps) in requests of ``--batch`` spans from separate sender processes over
 several keep-alive connections, waits for every 200, stops the server (SIGTERM,
-which flushes) and checks the row count in the file. In the same run it measures
+which flushes) and checks the row count in the file. It also prints the server's
+CPU per span and commit statistics (steadier than throughput on a shared
+machine). In the same run it measures
 how fast opentelemetry-proto alone parses the same payloads
 (``ExportTraceServiceRequest.FromString``). The last line is::
 
@@ -16,6 +18,7 @@ Run: ``python tests/benchmarks/ingest.py [--spans 1000000] [--senders 2] [--conn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import multiprocessing
 import sys
@@ -148,6 +151,37 @@ def parse_only_spans_per_s(batch: int, requests: int) -> float:
     return best
 
 
+def _server_usage(pid: int, url: str, spans: int, elapsed: float) -> str:
+    """The server's CPU per span (Linux /proc, all threads) and its commit statistics.
+
+    CPU per span is steadier than throughput on a shared machine: it is what
+    the server costs, whatever else competes for the cores.
+    """
+    import os
+    import urllib.request
+
+    per_thread: list[float] = []
+    tick = os.sysconf("SC_CLK_TCK")
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            per_thread.append((int(fields[11]) + int(fields[12])) / tick / spans * 1e6)
+    per_thread.sort(reverse=True)
+    metrics = dict(
+        line.rsplit(" ", 1)
+        for line in urllib.request.urlopen(url + "/metrics", timeout=10).read().decode().splitlines()
+        if line.startswith("sre_agent_receiver_commit_seconds_")
+    )
+    commits = float(metrics.get("sre_agent_receiver_commit_seconds_count", "0"))
+    busy = float(metrics.get("sre_agent_receiver_commit_seconds_sum", "0"))
+    threads = ", ".join(f"{t:.1f}" for t in per_thread[:3])
+    return (
+        f"server: cpu_us_per_span={sum(per_thread):.1f} (busiest threads {threads}) commits={commits:.0f} "
+        f"spans_per_commit={spans / max(commits, 1):.0f} writer_busy={busy / elapsed:.0%}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=1_000_000, help="spans to send (rounded down to whole batches)")
@@ -185,6 +219,7 @@ def main() -> int:
             process.join()
             if process.exitcode != 0:
                 raise SystemExit(f"a sender failed (exit {process.exitcode})")
+        server_line = _server_usage(server.proc.pid, server.http_url, total, elapsed)
     finally:
         code = server.stop()
     if code != 0:
@@ -194,6 +229,7 @@ def main() -> int:
         raise SystemExit(f"row count mismatch: sent {total}, stored {stored}")
     spans_per_s = total / elapsed
     print(f"sent {total} spans in {requests} requests in {elapsed:.2f} s ({retries} retried after 429/503)")
+    print(server_line)
     parse_only = parse_only_spans_per_s(args.batch, min(requests, 200))
     ratio = spans_per_s / parse_only
     print(f"ingest: spans_per_s={spans_per_s:.0f} parse_only_spans_per_s={parse_only:.0f} ratio={ratio:.3f}")
