@@ -15,13 +15,13 @@ a 200 body with no recognisable answer is ``invalid_output`` (never
 
 from __future__ import annotations
 
-import email.utils
 import json
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, NamedTuple
+
+from sre_agent.policy.hints import failure_hints, parse_retry_after
 
 __all__ = [
     "FORMATS",
@@ -206,94 +206,7 @@ class Outcome:
     _o_text,
     _o_tool_calls,
     _o_detail,
-) = (
-    Outcome.__dict__[name].__set__
-    for name in (
-        "cls",
-        "usage",
-        "cost_usd",
-        "status_code",
-        "finish_reason",
-        "retry_after_s",
-        "should_retry",
-        "reasoning_only",
-        "text",
-        "tool_calls",
-        "detail",
-    )
-)
-
-# ---------------------------------------------------------------------------------------------
-# headers
-
-_RETRY_AFTER_MS = ("retry-after-ms", "x-ms-retry-after-ms")
-
-
-_RETRY_AFTER_NAMES = frozenset({*_RETRY_AFTER_MS, "retry-after"})
-
-
-def parse_retry_after(headers: Mapping[str, str], now_s: float | None = None) -> float | None:
-    """The server's requested wait in seconds, or None when absent or unparsable.
-
-    Reads ``retry-after-ms`` and ``x-ms-retry-after-ms`` (milliseconds) first, as the
-    official SDKs do, then ``Retry-After`` as seconds or an HTTP date (relative to
-    ``now_s``, Unix seconds, default the wall clock). Negative waits become 0.
-    """
-    # httpx.Headers is already case-insensitive; a plain mapping is lower-cased once.
-    lower = headers if hasattr(headers, "multi_items") else {k.lower(): v for k, v in headers.items()}
-    return _retry_after(lower, now_s)
-
-
-def _retry_after(lower: Mapping[str, str], now_s: float | None) -> float | None:
-    """:func:`parse_retry_after` on headers that answer lower-case names."""
-    for name in _RETRY_AFTER_MS:
-        raw = lower.get(name)
-        if raw is not None:
-            try:
-                return max(float(raw) / 1000.0, 0.0)
-            except ValueError:
-                pass
-    raw = lower.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        return max(float(raw), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
-        return None
-    now = time.time() if now_s is None else now_s
-    return max(when.timestamp() - now, 0.0)
-
-
-def _should_retry(headers: Mapping[str, str]) -> bool | None:
-    for key, value in headers.items():
-        if key.lower() == "x-should-retry":
-            return value.strip().lower() == "true"
-    return None
-
-
-def _failure_hints(headers: Mapping[str, str], now_s: float | None) -> tuple[float | None, bool | None]:
-    """``(parse_retry_after(headers, now_s), _should_retry(headers))`` with one pass over a plain mapping.
-
-    A plain mapping is lower-cased key by key either way; this keeps only the names that
-    matter instead of building a full lower-cased copy and then scanning again. Duplicates
-    that differ in case resolve as before: the last for Retry-After, the first for x-should-retry.
-    """
-    if type(headers) is not dict and hasattr(headers, "multi_items"):
-        return parse_retry_after(headers, now_s), _should_retry(headers)
-    hints: dict[str, str] = {}
-    should_retry: bool | None = None
-    for key, value in headers.items():
-        name = key.lower()
-        if name in _RETRY_AFTER_NAMES:
-            hints[name] = value
-        elif should_retry is None and name == "x-should-retry":
-            should_retry = value.strip().lower() == "true"
-    return (_retry_after(hints, now_s) if hints else None), should_retry
-
+) = (Outcome.__dict__[f.name].__set__ for f in fields(Outcome))  # in field order: see the signature test
 
 # ---------------------------------------------------------------------------------------------
 # body helpers
@@ -607,7 +520,7 @@ def classify(
     usage = spec.usage(body) if has_usage else _NO_USAGE
     if status_code >= 400 or status_code < 200:
         # Server hints only matter on failures; skipping them keeps the success path short.
-        retry_after, should_retry = _failure_hints(headers, now_s) if status_code >= 400 else (None, None)
+        retry_after, should_retry = failure_hints(headers, now_s) if status_code >= 400 else (None, None)
         cls, detail = _BODY_FREE_STATUSES.get(status_code) or _classify_status(status_code, body)
         if usage is _NO_USAGE:
             key = (status_code, cls, detail, retry_after, should_retry)

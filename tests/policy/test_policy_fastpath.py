@@ -13,7 +13,6 @@ import json
 import math
 import pickle
 import random
-from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -40,7 +39,7 @@ from sre_agent.policy import (
 )
 from sre_agent.policy import outcome as outcome_module
 from sre_agent.policy.budget import Reservation
-from sre_agent.policy.outcome import parse_retry_after
+from sre_agent.policy.hints import failure_hints, parse_retry_after, should_retry_header
 from sre_agent.policy.recovery import RecoveryPlanner
 from sre_agent.policy.strategies import AttemptState, stop_on_budget_or_fleet
 from sre_agent.policy.wire import build_call, call_template, input_tokens_bound
@@ -135,13 +134,6 @@ def test_the_shared_failure_table_stays_bounded() -> None:
     assert classify(429, {"retry-after-ms": "1500"}, None).retry_after_s == 1.5
 
 
-def _should_retry_reference(headers: Mapping[str, str]) -> bool | None:
-    for key, value in headers.items():
-        if key.lower() == "x-should-retry":
-            return value.strip().lower() == "true"
-    return None
-
-
 HEADER_NAMES = ["Retry-After", "retry-after", "RETRY-AFTER-MS", "retry-after-ms", "x-ms-retry-after-ms"]
 HEADER_NAMES += ["X-Should-Retry", "x-should-retry", "content-type"]
 HEADER_VALUES = ["1", "0.25", "-3", "true", "false", " TRUE ", "soon", "Wed, 21 Oct 2015 07:28:30 GMT"]
@@ -151,12 +143,12 @@ HEADER_VALUES = ["1", "0.25", "-3", "true", "false", " TRUE ", "soon", "Wed, 21 
 @given(st.dictionaries(st.sampled_from(HEADER_NAMES), st.sampled_from(HEADER_VALUES), max_size=5))
 def test_one_pass_header_hints_match_the_two_separate_readers(headers: dict[str, str]) -> None:
     now = 1445412480.0
-    expected = (parse_retry_after(headers, now), _should_retry_reference(headers))
-    assert outcome_module._failure_hints(headers, now) == expected
+    expected = (parse_retry_after(headers, now), should_retry_header(headers))
+    assert failure_hints(headers, now) == expected
     outcome = classify(503, headers, None, now_s=now)
     assert (outcome.retry_after_s, outcome.should_retry) == expected
     wire = httpx.Headers(list(headers.items()))
-    assert outcome_module._failure_hints(wire, now) == (parse_retry_after(wire, now), _should_retry_reference(wire))
+    assert failure_hints(wire, now) == (parse_retry_after(wire, now), should_retry_header(wire))
 
 
 def _retry_state(state: AttemptState, upcoming_sleep: float) -> RetryCallState:
