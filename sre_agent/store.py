@@ -81,10 +81,38 @@ class Deploy:
 _STAGE_MIN_ROWS = 64
 
 
+_STAGE_PREFIX = "sre-agent-stage-"
+
+
 def _stage_parent() -> str | None:
-    """Where staging files go: memory-backed /dev/shm when present, else the temp directory."""
+    """Where staging files go: memory-backed /dev/shm when present, else the temp directory (None)."""
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+def _new_stage_dir() -> str:
+    """A private staging folder named after this process; folders of dead processes are removed first.
+
+    A killed writer (SIGKILL, OOM) cannot remove its folder, and a file left
+    in /dev/shm holds memory until reboot.
+    """
+    parent = _stage_parent() or tempfile.gettempdir()
+    if os.name == "posix":  # os.kill(pid, 0) only probes on POSIX
+        for entry in os.scandir(parent):
+            owner = entry.name.removeprefix(_STAGE_PREFIX).split("-", 1)[0]
+            if entry.name.startswith(_STAGE_PREFIX) and owner.isdigit() and not _alive(int(owner)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{_STAGE_PREFIX}{os.getpid()}-", dir=parent)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def _remove(path: str) -> None:
@@ -337,7 +365,7 @@ class Store:
         path = ""
         try:
             if self._stage_dir is None:
-                self._stage_dir = tempfile.mkdtemp(prefix="sre-agent-stage-", dir=_stage_parent())
+                self._stage_dir = _new_stage_dir()
             path = os.path.join(self._stage_dir, f"{table_name}.parquet")
             pq.write_table(
                 rows, path, compression="none", use_dictionary=False, write_statistics=False, row_group_size=1 << 30

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -79,3 +81,22 @@ def test_unwritable_staging_folder_falls_back_to_the_arrow_scan(
         row = store.connection.execute("SELECT count(*) FROM spans").fetchone()
     assert row == (100,)
     assert "appending through Arrow" in caplog.text
+
+
+def test_staging_folders_of_dead_processes_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "_stage_parent", lambda: str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    stale = tmp_path / f"sre-agent-stage-{int(dead.stdout)}-abc"
+    stale.mkdir()
+    (stale / "spans.parquet").write_bytes(b"left by a killed writer")
+    alive = tmp_path / f"sre-agent-stage-{os.getppid()}-def"  # our parent: a live process
+    alive.mkdir()
+    unrelated = tmp_path / "something-else"
+    unrelated.mkdir()
+    with Store.open(tmp_path / "store.duckdb") as store:
+        assert store.append_spans(_spans(100)) == 100
+        assert store._stage_dir is not None
+        assert Path(store._stage_dir).name.startswith(f"sre-agent-stage-{os.getpid()}-")
+    assert not stale.exists()
+    assert alive.exists()
+    assert unrelated.exists()
