@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from otlp_builders import T0, VLLM_V1, trace_request
+from otlp_builders import T0, VLLM_V1, metrics_request, trace_request
 
 import sre_agent.store as store_module
 from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
+from sre_agent.otlp import decode_metrics, decode_traces
 from sre_agent.store import Store
 
 NORM = Normaliser(hash_key=b"k")
@@ -100,3 +100,26 @@ def test_staging_folders_of_dead_processes_are_removed(tmp_path: Path, monkeypat
     assert not stale.exists()
     assert alive.exists()
     assert unrelated.exists()
+
+
+def test_staged_metric_points_match_the_arrow_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gauge = [{"time": T0 + i, "value": i * 0.5, "attributes": {"model_name": f"m{i % 3}"}} for i in range(80)]
+    histogram = [
+        {"time": T0 + i, "count": 3, "sum": 1.5, "bounds": [0.1, 1.0], "bucket_counts": [1, 1, 1]} for i in range(80)
+    ]
+    request = metrics_request(
+        [
+            {"name": "vllm:num_requests_running", "kind": "gauge", "points": gauge},
+            {"name": "vllm:e2e_request_latency_seconds", "kind": "histogram", "points": histogram},
+        ]
+    )
+    table = decode_metrics(request.SerializeToString(), "application/x-protobuf", normaliser=NORM).table
+    query = "SELECT * FROM metric_points ORDER BY series_key, time_ns"
+    with Store.open(tmp_path / "staged.duckdb") as staged:
+        assert staged.append_metric_points(table) == 160
+        assert staged._stage_dir is not None
+        staged_rows = staged.connection.execute(query).fetchall()
+    monkeypatch.setattr(store_module, "_STAGE_MIN_ROWS", 10**9)
+    with Store.open(tmp_path / "arrow.duckdb") as direct:
+        assert direct.append_metric_points(table) == 160
+        assert direct.connection.execute(query).fetchall() == staged_rows
