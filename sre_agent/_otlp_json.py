@@ -165,7 +165,8 @@ def _fill_span(span: Any, obj: Any) -> None:
         span.name = name
     kind = obj.get("kind")
     if kind is not None and not isinstance(kind, str):  # enum names are not OTLP; ParseDict ignored them too
-        span.kind = _integer(kind, "kind") & 0xFFFFFFFF
+        # An enum is an int32 on the wire: wrap into its signed range (-1 stays -1, an unknown kind).
+        span.kind = ((_integer(kind, "kind") + 2**31) & 0xFFFFFFFF) - 2**31
     for camel, snake, attribute in (
         ("startTimeUnixNano", "start_time_unix_nano", "start_time_unix_nano"),
         ("endTimeUnixNano", "end_time_unix_nano", "end_time_unix_nano"),

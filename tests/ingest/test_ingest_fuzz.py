@@ -117,3 +117,17 @@ def otlp_shaped_json(draw: st.DrawFn) -> bytes:
 @given(st.one_of(JSON_VALUES.map(lambda v: json.dumps(v).encode()), otlp_shaped_json()))
 def test_random_json(body: bytes) -> None:
     _check(body, JSON)
+
+
+def test_out_of_range_span_kinds_in_json_are_accepted_as_unknown_kinds() -> None:
+    """The fuzzer's find: ``"kind": -1`` crashed the JSON decoder (the enum is a signed int32)."""
+    for kind in (-1, 2**31, 2**32 + 9, -(2**40)):
+        document = {
+            "resourceSpans": [{"scopeSpans": [{"spans": [{
+                "traceId": "4a9e4d7c3ed57de8c8c0d5f96bab7cfa", "spanId": "f651713dd836bb61", "name": "llm_request",
+                "kind": kind, "startTimeUnixNano": str(T0), "endTimeUnixNano": str(T0 + 10**9),
+            }]}]}]
+        }  # fmt: skip
+        result = decode_traces(json.dumps(document).encode(), JSON, normaliser=NORM)
+        assert result.rejected == 0
+        assert result.table.column("kind").to_pylist() == ["unspecified"]
