@@ -86,9 +86,13 @@ def _categories(frame: pl.DataFrame, columns: dict[str, str]) -> pl.DataFrame:
 def _moved(frame: pl.DataFrame, duration: str, q: float, level: str) -> list[tuple[float, str, Evidence, float]]:
     """(score, category, evidence, explained) for each category whose share rose."""
     out = []
-    for col in [c for c in frame.columns if c.startswith("cat:")]:
-        eb = ratio_estimate(side(frame, "baseline"), pl.col(col), pl.lit(1.0))
-        ec = ratio_estimate(side(frame, "candidate"), pl.col(col), pl.lit(1.0))
+    categories = [c for c in frame.columns if c.startswith("cat:")]
+    # Split once, on just the needed columns: each filter of the wide frame copies every column.
+    narrow = frame.select("side", "slice", duration, *categories)
+    sides = {s: side(narrow, s) for s in ("baseline", "candidate")}
+    for col in categories:
+        eb = ratio_estimate(sides["baseline"], pl.col(col), pl.lit(1.0))
+        ec = ratio_estimate(sides["candidate"], pl.col(col), pl.lit(1.0))
         if eb.value is None or ec.value is None or eb.n < MIN_BUCKET or ec.n < MIN_BUCKET:
             continue
         z = z_change(eb, ec)
@@ -97,7 +101,7 @@ def _moved(frame: pl.DataFrame, duration: str, q: float, level: str) -> list[tup
             continue
         tails = []
         for s in ("baseline", "candidate"):
-            part = side(frame, s).filter(pl.col(duration).is_not_null())
+            part = sides[s].filter(pl.col(duration).is_not_null())
             threshold = part[duration].quantile(q, interpolation="lower")
             tail = part.filter(pl.col(duration) >= threshold)
             tails.append(float(tail[col].mean()) if tail.height else 0.0)  # type: ignore[arg-type]
