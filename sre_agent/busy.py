@@ -88,12 +88,11 @@ def fetch_busy_intervals(comparison: Comparison, con: duckdb.DuckDBPyConnection)
     derived columns of :meth:`Comparison.engine_sql`. Times use DuckDB's
     rounding ``CAST`` of seconds x 1e9 (callers' moments must round alike).
     """
-    from sre_agent.compare import E2E_SQL, QUEUE_SQL, SIDES
+    from sre_agent.compare import E2E_SQL, QUEUE_SQL
 
     names = [str(r[0]) for r in con.sql(comparison.scan_sql(f"DISTINCT {REPLICA_SQL}")).fetchall()]
-    windows = [comparison.window(s) for s in SIDES]
-    origin = min(w.start_ns for w in windows)
-    horizon = max(w.end_ns for w in windows) + HORIZON_NS
+    origin, last = comparison.bounds
+    horizon = last + HORIZON_NS
     out = BusyIntervals({name: i + 1 for i, name in enumerate(names)}, origin, (horizon - origin).bit_length())
     limit = horizon - origin
     sched = f"least(start_ns - {origin} + CAST(coalesce({QUEUE_SQL}, 0) * 1e9 AS BIGINT), {limit})"

@@ -324,6 +324,11 @@ class Comparison(TraceAggregates):
         return (self._prefetch or Prefetch(self)).result()
 
     # ----------------------------------------------------------------- windows
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """Earliest start and latest end of the two windows, Unix epoch ns (known before any scan)."""
+        return min(w.start_ns for w in self._windows.values()), max(w.end_ns for w in self._windows.values())
+
     def window(self, side: Side) -> SideWindow:
         """One side's window with its request count filled in."""
         w = self._windows[side]
