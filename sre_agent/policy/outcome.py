@@ -223,6 +223,11 @@ def _dig(body: Any, path: tuple[str | int, ...]) -> Any:
     return node
 
 
+def _items(node: Any) -> list[Any]:
+    """``node`` when it is a JSON array, else empty: a malformed body is unusable, never a crash."""
+    return node if isinstance(node, list) else []
+
+
 def _int(body: Any, paths: tuple[tuple[str | int, ...], ...]) -> int:
     # Runs four times per classified body: _dig inlined, and an exact int (the usual JSON
     # token count) returned before the general number check.
@@ -294,7 +299,7 @@ def _parse_openai_chat(body: Any) -> _Parsed:
     choice = _dig(body, ("choices", 0))
     message = _dig(choice, ("message",)) or {}
     if isinstance(message, dict):
-        raw_calls = message.get("tool_calls") or []
+        raw_calls = _items(message.get("tool_calls"))
         content = message.get("content")
         refusal = message.get("refusal")
     else:
@@ -330,7 +335,7 @@ def _parse_openai_responses(body: Any) -> _Parsed:
     texts: list[str] = []
     refusal = False
     calls: list[ToolCall] = []
-    for item in _dig(body, ("output",)) or []:
+    for item in _items(_dig(body, ("output",))):
         if not isinstance(item, dict):
             continue
         if item.get("type") == "function_call":
@@ -341,7 +346,7 @@ def _parse_openai_responses(body: Any) -> _Parsed:
                     arguments=_parse_args(item.get("arguments")),
                 )
             )
-        for part in item.get("content") or []:
+        for part in _items(item.get("content")):
             if not isinstance(part, dict):
                 continue
             if part.get("type") == "refusal":
@@ -354,7 +359,7 @@ def _parse_openai_responses(body: Any) -> _Parsed:
 def _parse_anthropic(body: Any) -> _Parsed:
     texts: list[str] = []
     calls: list[ToolCall] = []
-    for block in _dig(body, ("content",)) or []:
+    for block in _items(_dig(body, ("content",))):
         if not isinstance(block, dict):
             continue
         if block.get("type") == "text" and isinstance(block.get("text"), str):
@@ -377,7 +382,7 @@ def _parse_gemini(body: Any) -> _Parsed:
     blocked = _dig(body, ("promptFeedback", "blockReason"))
     if isinstance(blocked, str):
         return _Parsed(finish=f"BLOCKED:{blocked}", text="", refusal=True, tool_calls=())
-    parts = _dig(body, ("candidates", 0, "content", "parts")) or []
+    parts = _items(_dig(body, ("candidates", 0, "content", "parts")))
     texts = [
         p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str) and not p.get("thought")
     ]

@@ -48,3 +48,22 @@ def test_retry_after_http_date_and_garbage() -> None:
 def test_transport_errors() -> None:
     assert classify_exception(httpx.ReadTimeout("slow")).cls is OutcomeClass.TIMEOUT
     assert classify_exception(httpx.ConnectError("refused")).cls is OutcomeClass.SERVER_ERROR
+
+
+@pytest.mark.parametrize(
+    ("provider_format", "body"),
+    [
+        ("anthropic", {"content": True, "stop_reason": "end_turn"}),
+        ("anthropic", {"content": "text", "stop_reason": "end_turn"}),
+        ("openai-responses", {"status": "completed", "output": 7}),
+        ("openai-responses", {"status": "completed", "output": [{"type": "message", "content": True}]}),
+        ("openai-chat", {"choices": [{"message": {"content": "x", "tool_calls": 3}, "finish_reason": "stop"}]}),
+        ("gemini", {"candidates": [{"content": {"parts": True}, "finishReason": "STOP"}]}),
+    ],
+)
+def test_wrongly_typed_arrays_classify_instead_of_raising(provider_format: str, body: dict[str, Any]) -> None:
+    """A differential fuzz found ``{"content": true}`` raising TypeError for Anthropic bodies."""
+    outcome = classify(200, {}, body, provider_format=provider_format)
+    assert isinstance(outcome.cls, OutcomeClass)
+    if provider_format in ("anthropic", "gemini"):
+        assert not outcome.usable  # no text and no tool call could be read
