@@ -57,7 +57,7 @@ from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import batch_shape, engine_cost, load_per_replica, running_batch
 from sre_agent.rules._mechanism import Z_MIN, clip01, engine_share, latency_share, rnd, side, tail_shares
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.
 MAX_RATE_CHANGE: Final[float] = 0.15
@@ -93,6 +93,7 @@ def _changed(ratio: float | None, limit: float) -> bool:
     return ratio is not None and abs(ratio - 1.0) >= limit
 
 
+@run_late  # waits on the busy intervals read in the background
 def batch_composition(
     comparison: Comparison,
     regression: Regression,

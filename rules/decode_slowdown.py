@@ -50,7 +50,7 @@ from sre_agent.rules._engine_cost import (
     service_time_queue_share,
 )
 from sre_agent.rules._mechanism import Z_MIN, latency_share, rnd, stage_share
-from sre_agent.rules_api import Evidence, Finding, Regression
+from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 NEXT_CHECK: Final[str] = (
     "compare decode step time at equal running batch size before and after (engine logs or a fixed-batch "
@@ -59,6 +59,7 @@ NEXT_CHECK: Final[str] = (
 )
 
 
+@run_late  # waits on the busy intervals read in the background
 def decode_slowdown(
     comparison: Comparison, regression: Regression, stages: StageDecomposition, metrics: MetricView
 ) -> Finding | None:

@@ -49,7 +49,7 @@ from sre_agent.rules._engine_cost import (
     service_time_queue_share,
 )
 from sre_agent.rules._mechanism import PER_TOKEN_METRICS, latency_share, rnd, stage_share
-from sre_agent.rules_api import Evidence, Finding, Regression
+from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 #: Confidence factor when nothing says how many prompt tokens were cached.
 NO_CACHE_SIGNAL_DAMPING: Final[float] = 0.5
@@ -60,6 +60,7 @@ NEXT_CHECK: Final[str] = (
 )
 
 
+@run_late  # waits on the busy intervals read in the background
 def prefill_slowdown(
     comparison: Comparison, regression: Regression, stages: StageDecomposition, metrics: MetricView
 ) -> Finding | None:

@@ -236,12 +236,15 @@ def _context(comparison: Comparison, regression: Regression, estimates: list[Met
 def run_rules(
     rules: Iterable[tuple[str, Rule]], context: RuleContext
 ) -> tuple[list[Finding], list[LoadFailure], list[str], dict[str, float]]:
-    """Call each rule with the context it names; collect findings, failures, skip notes and timings (s)."""
+    """Call each rule with the context it names; collect findings, failures, skip notes and timings (s).
+
+    Rules marked :func:`~sre_agent.rules_api.run_late` run after the others, in their given order.
+    """
     findings: list[Finding] = []
     failures: list[LoadFailure] = []
     notes: list[str] = []
     timings: dict[str, float] = {}
-    for name, rule in rules:
+    for name, rule in sorted(rules, key=lambda item: bool(getattr(item[1], "runs_late", False))):
         started = time.perf_counter()
         try:
             params = inspect.signature(rule).parameters

@@ -49,9 +49,9 @@ Minimal example (``rules/stages.py`` is a complete one)::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     pass
@@ -68,6 +68,7 @@ __all__ = [
     "RuleResult",
     "RuleSkipped",
     "SidePair",
+    "run_late",
 ]
 
 #: The closed cause vocabulary of CONTRACTS section 3 (order = display order).
@@ -252,6 +253,21 @@ class Finding:
 
 
 RuleResult = Finding | Iterable[Finding] | None
+
+
+_R = TypeVar("_R", bound=Callable[..., Any])
+
+
+def run_late(rule: _R) -> _R:
+    """Mark ``rule`` to run after the unmarked rules; the ranking does not depend on the order.
+
+    For rules that wait on work the diagnosis starts in the background (the
+    engine rules wait on :attr:`~sre_agent.compare.Comparison.busy_intervals`):
+    the other rules' Python work then overlaps that work instead of waiting
+    behind it.
+    """
+    setattr(rule, "runs_late", True)  # noqa: B010 - a function attribute the runner reads with getattr
+    return rule
 
 
 class Rule(Protocol):

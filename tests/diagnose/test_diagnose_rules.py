@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -94,3 +95,34 @@ def test_top_finding_over_all_installed_rules(
     for key, value in scope.items():
         assert top.scope.get(key) == value, report.render("text")
     assert not report.errors
+
+
+def test_rules_marked_run_late_run_after_the_others_and_ranking_ignores_the_order() -> None:
+    from sre_agent.diagnosis import RuleContext, run_rules
+    from sre_agent.rules_api import Finding, Rule, run_late
+
+    calls: list[str] = []
+
+    def make(name: str, score: float) -> Callable[[], Finding]:
+        def rule() -> Finding:
+            calls.append(name)
+            return Finding("load", name, explained=score, confidence=1.0)
+
+        rule.__name__ = name
+        return rule
+
+    early, late = make("early", 0.2), run_late(make("late", 0.9))
+    rules = cast("list[tuple[str, Rule]]", [("late", late), ("early", early)])
+    findings, failures, _, _ = run_rules(rules, RuleContext({}))
+    assert calls == ["early", "late"]
+    assert not failures
+    assert [f.rule for f in sorted(findings, key=lambda f: -f.score)] == ["late", "early"]
+    installed = dict(_installed_rules())
+    assert all(getattr(installed[n], "runs_late", False) for n in ("decode_slowdown", "prefill_slowdown"))
+
+
+def _installed_rules() -> list[tuple[str, object]]:
+    from sre_agent.rules_registry import load_rules
+
+    loaded, _ = load_rules(None)
+    return list(loaded)
