@@ -9,6 +9,7 @@ with resets handled), never a raw value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -113,6 +114,13 @@ class MetricView:
             parts.append(f"service_name = {_q(self._selection.service)}")
         return " AND ".join(parts)
 
+    def _memo(self, key: tuple[Any, ...], compute: Callable[[], SidePair]) -> SidePair:
+        # The store is read as of one diagnosis: several rules ask for the same counters.
+        if key not in self._cache:
+            self._cache[key] = compute()
+        result: SidePair = self._cache[key]
+        return result
+
     def name_for(self, signal: str) -> str | None:
         """The canonical metric name carrying ``signal`` in these windows, or ``None``."""
         key = ("name", signal)
@@ -150,6 +158,10 @@ class MetricView:
         ``sum_mean`` sums the series at each timestamp (e.g. requests
         running across all replicas) and averages those totals.
         """
+        return self._memo(("gauge", signal, stat), lambda: self._gauge(signal, stat))
+
+    def _gauge(self, signal: str, stat: str = "mean") -> SidePair:
+        """Uncached :meth:`gauge`."""
         name = self.name_for(signal)
         if name is None:
             return SidePair(None, None)
@@ -167,6 +179,10 @@ class MetricView:
 
     def series_count(self, signal: str) -> SidePair:
         """Distinct series (usually replicas) reporting the signal on each side."""
+        return self._memo(("series", signal), lambda: self._series_count(signal))
+
+    def _series_count(self, signal: str) -> SidePair:
+        """Uncached :meth:`series_count`."""
         name = self.name_for(signal)
         if name is None:
             return SidePair(None, None)
@@ -183,6 +199,10 @@ class MetricView:
 
     def counter_delta(self, signal: str) -> SidePair:
         """Increase of a counter within each window, summed over series (resets handled)."""
+        return self._memo(("delta", signal), lambda: self._counter_delta(signal))
+
+    def _counter_delta(self, signal: str) -> SidePair:
+        """Uncached :meth:`counter_delta`."""
         name = self.name_for(signal)
         if name is None:
             return SidePair(None, None)
