@@ -91,6 +91,8 @@ def _sorted_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _sorted(a), later.result()
 
 
+#: Rows packed per step (see :func:`fetch_busy_intervals`).
+_PACK_ROWS: Final[int] = 1 << 20
 #: Rows whose latencies need no cleaning: e2e and queue (when present) in [0, 1 day). Most rows,
 #: so the scan computes their offsets with plain arithmetic; ``>= 0`` and ``<`` also reject NaN.
 _PLAIN_SQL: Final[str] = "e2e_s >= 0 AND e2e_s < 86400 AND (queue_s IS NULL OR (queue_s >= 0 AND queue_s < 86400))"
@@ -141,9 +143,12 @@ def fetch_busy_intervals(comparison: Comparison, con: duckdb.DuckDBPyConnection)
         for name in ("code", "s", "f")
     )
     if out.packed:
-        keys = codes.astype(np.int64) << out.shift
-        starts += keys
-        ends += keys
+        # Packed a million rows at a time: one 10M-long int64 temporary cost more in page
+        # faults than the arithmetic (0.17 s on this VM); a small one is reused from the heap.
+        for lo in range(0, len(codes), _PACK_ROWS):
+            keys = codes[lo : lo + _PACK_ROWS].astype(np.int64) << out.shift
+            starts[lo : lo + _PACK_ROWS] += keys
+            ends[lo : lo + _PACK_ROWS] += keys
         out.starts, out.ends = _sorted_pair(starts, ends)
     else:
         out.per_replica = {
