@@ -93,9 +93,13 @@ def _sorted_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 #: Rows packed per step (see :func:`fetch_busy_intervals`).
 _PACK_ROWS: Final[int] = 1 << 20
-#: Rows whose latencies need no cleaning: e2e and queue (when present) in [0, 1 day). Most rows,
-#: so the scan computes their offsets with plain arithmetic; ``>= 0`` and ``<`` also reject NaN.
-_PLAIN_SQL: Final[str] = "e2e_s >= 0 AND e2e_s < 86400 AND (queue_s IS NULL OR (queue_s >= 0 AND queue_s < 86400))"
+_HORIZON_S: Final[int] = HORIZON_NS // _NS
+#: Rows whose latencies need no cleaning: e2e and queue (when present) in [0, HORIZON). Most rows,
+#: so the scan computes their offsets with plain arithmetic: below the horizon no end is cut, and
+#: ``>= 0`` with ``<`` also rejects NaN.
+_PLAIN_SQL: Final[str] = (
+    f"e2e_s >= 0 AND e2e_s < {_HORIZON_S} AND (queue_s IS NULL OR (queue_s >= 0 AND queue_s < {_HORIZON_S}))"
+)
 
 
 def fetch_busy_intervals(comparison: Comparison, con: duckdb.DuckDBPyConnection) -> BusyIntervals:
