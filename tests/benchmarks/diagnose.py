@@ -13,7 +13,10 @@ and a bare DuckDB exact p99 of e2e grouped by window.
 The spans table is created from ``schema.SPANS_DDL`` without its primary key:
 building that index over 10 M rows takes minutes and no query here uses it.
 
-    python tests/benchmarks/diagnose.py [--spans 10000000] [--db PATH] [--repeat 2]
+    python tests/benchmarks/diagnose.py [--spans 10000000] [--db PATH] [--repeat 2] [--phases]
+
+``--phases`` also prints, after the timed runs, the process CPU of each step
+of one diagnosis run serially (no background read), so the parts can be attributed.
 
 Last line: ``diagnose: spans=N seconds=S bare_p99_seconds=B ratio=S/B``.
 """
@@ -118,11 +121,52 @@ def bare_p99(con: duckdb.DuckDBPyConnection) -> float:
     return time.perf_counter() - started
 
 
+def phases(con: duckdb.DuckDBPyConnection, selection: Selection) -> None:
+    """Print process CPU (user and system, s) of each step of one serial diagnosis."""
+    import resource
+
+    from sre_agent import diagnosis
+    from sre_agent.compare import Comparison
+    from sre_agent.rules_registry import load_rules
+
+    def cpu() -> tuple[float, float]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime, usage.ru_stime
+
+    spent: dict[str, tuple[float, float]] = {}
+    last = cpu()
+
+    def step(name: str) -> None:
+        nonlocal last
+        now = cpu()
+        spent[name] = (now[0] - last[0], now[1] - last[1])
+        last = now
+
+    comparison = Comparison.open(con, selection)
+    step("open (first scan)")
+    _ = comparison.requests
+    step("sample")
+    estimates = diagnosis.estimate_metrics(comparison)
+    regression = diagnosis.headline(comparison, estimates)
+    step("estimates and headline")
+    _ = comparison.busy_intervals
+    step("busy-interval read")
+    loaded, _failures = load_rules(None)
+    diagnosis.run_rules(loaded, diagnosis._context(comparison, regression, estimates))
+    step("rules")
+    print(
+        "process CPU per step, one serial run (user + system = total; system is mostly page faults):", file=sys.stderr
+    )
+    for name, (user, system) in spent.items():
+        print(f"  {name:26s} {user:5.2f} + {system:4.2f} = {user + system:5.2f} s", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=10_000_000)
     parser.add_argument("--db", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=2, help="timed runs of each; the best is reported")
+    parser.add_argument("--phases", action="store_true", help="also print the CPU of each step (see above)")
     args = parser.parse_args()
     path = args.db or Path(tempfile.gettempdir()) / f"sre-agent-diagnose-bench-{args.spans}.duckdb"
     if not path.exists():
@@ -143,6 +187,8 @@ def main() -> int:
         report = diagnose(con, selection)
         seconds.append(time.perf_counter() - started)
         bare.append(bare_p99(con))
+    if args.phases:
+        phases(con, selection)
     con.close()
     assert report is not None
     top = report.findings[0]
