@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import numpy as np
 import polars as pl
 
+from sre_agent.busy import moments
 from sre_agent.compare import SIDES
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
@@ -59,36 +60,10 @@ RUNNING_BUCKET: Final[float] = 1.25
 BATCH_SHAPE_FACTOR: Final[float] = 1.5
 #: Quantile of tokens per step whose bucket stands for the step budget.
 CAP_QUANTILE: Final[float] = 0.999
-_NS: Final[int] = 1_000_000_000
 
 
 # ------------------------------------------------------------- running batch
 _RUNNING_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, pl.DataFrame]] = weakref.WeakKeyDictionary()
-
-
-def _query_times(comparison: Comparison, at: Literal["prefill", "decode"]) -> tuple[pl.DataFrame, tuple[float, ...]]:
-    """The sampled requests with the moments their running batch is counted at.
-
-    Columns ``span_id``, ``replica``, ``start_ns``, ``_from`` and
-    ``_span`` (ns): a request is looked at ``_from + _span * f`` for each
-    returned fraction ``f`` (see :func:`running_batch`).
-    """
-    sample = comparison.requests.filter(pl.col("e2e_s").is_not_null()).select(
-        "span_id",
-        pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica"),
-        "start_ns",
-        pl.col("queue_s").fill_null(0.0),
-        "ttft_s",
-        "e2e_s",
-    )
-    # Rounded like DuckDB's CAST in _busy_intervals: truncating put a request's scheduling
-    # a nanosecond before its own busy interval, so it missed itself in the count.
-    sched = pl.col("start_ns") + (pl.col("queue_s") * _NS).round().cast(pl.Int64)
-    end = pl.col("start_ns") + (pl.col("e2e_s") * _NS).round().cast(pl.Int64)
-    first = pl.col("start_ns") + (pl.col("ttft_s").fill_null(pl.col("queue_s")) * _NS).round().cast(pl.Int64)
-    origin = sched if at == "prefill" else first
-    fractions = (0.0,) if at == "prefill" else (0.25, 0.5, 0.75)
-    return sample.with_columns(origin.alias("_from"), (end - origin).alias("_span")), fractions
 
 
 def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> pl.DataFrame:
@@ -105,7 +80,7 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     if at in cached:
         return cached[at]
     intervals = comparison.busy_intervals
-    sample, fractions = _query_times(comparison, at)
+    sample, fractions = moments(comparison.requests, at)
     parts: list[pl.DataFrame] = []
     for (replica,), group in sample.group_by("replica"):
         counts = []

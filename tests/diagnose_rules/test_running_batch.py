@@ -61,6 +61,51 @@ def test_running_at_scheduling_matches_a_brute_force_overlap_count(store: Path) 
     assert np.mean(running["running"].to_numpy()) > 1.0
 
 
+def test_running_during_decode_matches_a_brute_force_overlap_count(store: Path) -> None:
+    # Decode moments spread over each request's life: the intervals kept around them must
+    # still give the exact count at every one of them, over the selected spans (both windows).
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        comparison = Comparison.open(con, Selection(mode="since_last_deploy"))
+        rows = con.sql(
+            comparison.scan_sql(
+                "coalesce(service_instance, host_name, service_name, '') AS replica, "
+                "start_ns + CAST(coalesce(queue_s, 0) * 1e9 AS BIGINT) AS sched, "
+                "start_ns + CAST(e2e_s * 1e9 AS BIGINT) AS fin",
+                "e2e_s IS NOT NULL",
+            )
+        ).pl()
+        sample, fractions = busy.moments(comparison.requests, "decode")
+        running = _engine_cost.running_batch(comparison, "decode")
+    finally:
+        con.close()
+    checked = sample.join(running, on="span_id").sort("span_id").sample(150, seed=2)
+    for r in checked.iter_rows(named=True):
+        same = rows.filter(pl.col("replica") == r["replica"])
+        counts = []
+        for f in fractions:
+            t = r["_from"] + int(r["_span"] * f)
+            counts.append(int(((same["sched"] <= t) & (same["fin"] > t)).sum()))
+        assert r["running"] == pytest.approx(max(float(np.mean(counts)), 1.0)), r
+
+
+def test_running_at_refuses_a_time_away_from_every_moment(store: Path) -> None:
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        comparison = Comparison.open(con, Selection(mode="since_last_deploy"))
+        intervals = comparison.busy_intervals
+        sample, _ = busy.moments(comparison.requests, "prefill")
+    finally:
+        con.close()
+    replica = sample["replica"][0]
+    at_moment = sample["_from"].to_numpy()[:5]
+    assert intervals.running_at(replica, at_moment).min() >= 1
+    # A full day after the windows: no sampled request lives there, so its intervals were dropped.
+    later = np.array([comparison.bounds[1] + 86_400 * 10**9 // 2], dtype=np.int64)
+    with pytest.raises(ValueError, match="moments"):
+        intervals.running_at(replica, later)
+
+
 def test_the_background_read_matches_the_direct_read(store: Path) -> None:
     con = duckdb.connect(str(store), read_only=True)
     try:
