@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import numpy as np
 import polars as pl
 
-from sre_agent.busy import moments
+from sre_agent.busy import moment_at, moments
 from sre_agent.compare import SIDES
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
@@ -83,10 +83,7 @@ def running_batch(comparison: Comparison, at: Literal["prefill", "decode"]) -> p
     sample, fractions = moments(comparison.requests, at)
     parts: list[pl.DataFrame] = []
     for (replica,), group in sample.group_by("replica"):
-        counts = []
-        for f in fractions:
-            t = group["_from"].to_numpy() + (group["_span"].to_numpy() * f).astype(np.int64)
-            counts.append(intervals.running_at(str(replica), t))
+        counts = [intervals.running_at(str(replica), moment_at(group, f)) for f in fractions]
         running = np.maximum(np.mean(counts, axis=0), 1.0)
         parts.append(pl.DataFrame({"span_id": group["span_id"], "running": running.astype(np.float64)}))
     out = pl.concat(parts) if parts else pl.DataFrame(schema={"span_id": pl.String, "running": pl.Float64})

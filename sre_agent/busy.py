@@ -36,6 +36,7 @@ __all__ = [
     "Prefetch",
     "Stage",
     "fetch_busy_intervals",
+    "moment_at",
     "moment_bins",
     "moments",
 ]
@@ -60,8 +61,8 @@ def moments(requests: pl.DataFrame, at: Stage) -> tuple[pl.DataFrame, tuple[floa
 
     ``requests`` is :attr:`Comparison.requests`. Columns ``span_id``,
     ``replica``, ``start_ns``, ``_from`` and ``_span`` (ns): a request is
-    looked at ``_from + int(_span * f)`` for each returned fraction ``f``
-    (:data:`MOMENT_FRACTIONS`). Requests without an e2e latency are left out.
+    looked at ``_from + int(_span * f)`` (:func:`moment_at`) for each returned
+    fraction ``f`` (:data:`MOMENT_FRACTIONS`). Requests without an e2e latency are left out.
     """
     import polars as pl
 
@@ -82,13 +83,19 @@ def moments(requests: pl.DataFrame, at: Stage) -> tuple[pl.DataFrame, tuple[floa
     return sample.with_columns(since.alias("_from"), (end - since).alias("_span")), MOMENT_FRACTIONS[at]
 
 
+def moment_at(sample: pl.DataFrame, fraction: float) -> np.ndarray:
+    """The moments ``_from + int(_span * fraction)`` of a :func:`moments` frame, epoch ns."""
+    since: np.ndarray = sample["_from"].to_numpy() + (sample["_span"].to_numpy() * fraction).astype(np.int64)
+    return since
+
+
 def _moment_times(requests: pl.DataFrame) -> np.ndarray:
     """Every moment :func:`moments` yields for either stage, epoch ns."""
+    stages: tuple[Stage, ...] = ("prefill", "decode")
     times: list[np.ndarray] = []
-    for at in ("prefill", "decode"):
-        sample, fractions = moments(requests, at)  # type: ignore[arg-type]
-        since, span = sample["_from"].to_numpy(), sample["_span"].to_numpy()
-        times.extend(since + (span * f).astype(np.int64) for f in fractions)
+    for at in stages:
+        sample, fractions = moments(requests, at)
+        times.extend(moment_at(sample, f) for f in fractions)
     return np.concatenate(times) if times else np.zeros(0, dtype=np.int64)
 
 
