@@ -232,7 +232,10 @@ def fetch_busy_intervals(
     """
     from sre_agent.compare import E2E_SQL, QUEUE_SQL
 
-    names = [str(r[0]) for r in con.sql(comparison.scan_sql(f"DISTINCT {REPLICA_SQL}")).fetchall()]
+    # Sorted: DISTINCT alone yields the names in a different order from run to run, and the
+    # codes (hence the packed keys) must not depend on the run.
+    distinct = comparison.scan_sql(f"DISTINCT {REPLICA_SQL} AS replica")
+    names = [str(r[0]) for r in con.sql(f"SELECT replica FROM ({distinct}) ORDER BY replica").fetchall()]
     origin, limit = _extent(comparison)
     bins = bins if bins is not None else moment_bins(comparison)
     out = BusyIntervals({name: i + 1 for i, name in enumerate(names)}, origin, limit, bins)

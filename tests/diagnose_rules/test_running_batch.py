@@ -116,6 +116,8 @@ def test_the_background_read_matches_the_direct_read(store: Path) -> None:
     finally:
         con.close()
     assert len(background.starts) > 100
+    assert len(background.codes) > 1
+    assert background.codes == direct.codes
     assert np.array_equal(background.starts, direct.starts)
     assert np.array_equal(background.ends, direct.ends)
 
