@@ -8,7 +8,12 @@ which flushes) and checks the row count in the file. It also prints the server's
 CPU per span and commit statistics (steadier than throughput on a shared
 machine). In the same run it measures
 how fast opentelemetry-proto alone parses the same payloads
-(``ExportTraceServiceRequest.FromString``). The last line is::
+(``ExportTraceServiceRequest.FromString``), and the storage floor: process CPU
+of DuckDB appending the same spans' canonical columns alone (no attribute
+maps, no duplicate check, no decoding timed) in commits of ``--floor-commit``
+spans. From the two it prints the ceiling that floor sets: the throughput, and
+the ratio, that the machine's cores would reach if HTTP, decoding and the
+attributes cost nothing. The last line is::
 
     ingest: spans_per_s=N parse_only_spans_per_s=M ratio=R
 
@@ -21,6 +26,7 @@ import argparse
 import contextlib
 import http.client
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -151,13 +157,45 @@ def parse_only_spans_per_s(batch: int, requests: int) -> float:
     return best
 
 
+def store_floor_us_per_span(batch: int, requests: int, commit: int) -> float:
+    """Process CPU (us/span) of DuckDB appending the payloads' canonical columns alone, from Arrow.
+
+    The most favourable append there is: a fresh file, no MAP columns, no
+    duplicate check, big commits; decoding happens before the clock starts.
+    """
+
+    import duckdb
+    import pyarrow as pa
+
+    from sre_agent.normalise import Normaliser
+    from sre_agent.otlp import decode_traces
+    from sre_agent.schema import SPANS_DDL
+
+    factory = PayloadFactory(batch)
+    normaliser = Normaliser(hash_key=b"floor")
+    payloads = [factory.payload(r) for r in range(requests)]
+    decoded = [decode_traces(p, "application/x-protobuf", normaliser=normaliser).table for p in payloads]
+    rows = pa.concat_tables(decoded).drop_columns(["attributes", "resource_attributes"])
+    with tempfile.TemporaryDirectory(prefix="sre-agent-floor-") as folder:
+        con = duckdb.connect(os.path.join(folder, "floor.duckdb"))
+        con.execute(SPANS_DDL)
+        started = time.process_time()
+        for lo in range(0, rows.num_rows, commit):
+            con.register("_floor", rows.slice(lo, commit))
+            con.execute("INSERT INTO spans BY NAME SELECT * FROM _floor")
+            con.unregister("_floor")
+        con.execute("CHECKPOINT")
+        cpu = time.process_time() - started
+        con.close()
+    return cpu / rows.num_rows * 1e6
+
+
 def _server_usage(pid: int, url: str, spans: int, elapsed: float) -> str:
     """The server's CPU per span (Linux /proc, all threads) and its commit statistics.
 
     CPU per span is steadier than throughput on a shared machine: it is what
     the server costs, whatever else competes for the cores.
     """
-    import os
     import urllib.request
 
     per_thread: list[float] = []
@@ -190,6 +228,7 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=8, help="keep-alive connections per sender process")
     parser.add_argument("--decode-workers", type=int, default=0, help="passed to `sre-agent serve --decode-workers`")
     parser.add_argument("--db", type=Path, help="store file (default: a temporary directory)")
+    parser.add_argument("--floor-commit", type=int, default=32768, help="spans per commit of the storage floor")
     args = parser.parse_args()
 
     requests = args.spans // args.batch
@@ -232,6 +271,14 @@ def main() -> int:
     print(server_line)
     parse_only = parse_only_spans_per_s(args.batch, min(requests, 200))
     ratio = spans_per_s / parse_only
+    floor_us = store_floor_us_per_span(args.batch, min(requests, 200), args.floor_commit)
+    cores = len(os.sched_getaffinity(0))
+    # Everything but the parse and the bare append taken as free and spread perfectly over the cores.
+    ceiling = cores / (floor_us + 1e6 / parse_only) * 1e6
+    print(
+        f"floor: duckdb_append_canonical_columns_us_per_span={floor_us:.2f} parse_us_per_span={1e6 / parse_only:.2f} "
+        f"cores={cores} ceiling_spans_per_s={ceiling:.0f} ceiling_ratio={ceiling / parse_only:.3f}"
+    )
     print(f"ingest: spans_per_s={spans_per_s:.0f} parse_only_spans_per_s={parse_only:.0f} ratio={ratio:.3f}")
     tmp.cleanup()
     return 0
