@@ -295,7 +295,7 @@ def gather(
 
     Returns ``(baseline, candidate, notes)``.
     """
-    baseline_w, candidate_w, notes = resolve_windows(con, selection)
+    baseline_w, candidate_w, notes, _ = resolve_windows(con, selection)
     comparison = Comparison(con, selection, baseline_w, candidate_w, notes=notes)
     sources = _Sources(comparison, (baseline_w, candidate_w))
     expected = sources.predicted_counts()

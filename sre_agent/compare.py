@@ -25,7 +25,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 
 import numpy as np
 
@@ -43,7 +43,18 @@ if TYPE_CHECKING:
     import duckdb
     import polars as pl
 
-__all__ = ["E2E_SQL", "LATENCIES", "QUEUE_SQL", "SIDES", "Comparison", "Side", "SideWindow"]
+__all__ = [
+    "E2E_SQL",
+    "LATENCIES",
+    "QUEUE_SQL",
+    "SIDES",
+    "Comparison",
+    "DeployPoint",
+    "Side",
+    "SideWindow",
+    "Windows",
+    "resolve_windows",
+]
 
 Side = Literal["baseline", "candidate"]
 SIDES: Final[tuple[Side, Side]] = ("baseline", "candidate")
@@ -151,13 +162,41 @@ class SideWindow:
         }
 
 
-def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> tuple[SideWindow, SideWindow, list[str]]:
+@dataclass(frozen=True)
+class DeployPoint:
+    """The deploy a before/after comparison is about.
+
+    Attributes:
+        time_ns: when it happened, Unix epoch ns.
+        version / previous: the ``service.version`` deployed and the one before, when known.
+    """
+
+    time_ns: int
+    version: str | None = None
+    previous: str | None = None
+
+
+class Windows(NamedTuple):
+    """A resolved selection: the two windows (request counts not yet filled), how they were chosen, the deploy."""
+
+    baseline: SideWindow
+    candidate: SideWindow
+    notes: list[str]
+    deploy: DeployPoint | None
+
+
+def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Windows:
     """Turn a Selection into two windows; raises SelectionError with a useful message.
 
-    Returns the two windows (request counts not yet filled) and notes about
-    how they were chosen.
+    The one resolution behind the diagnosis, the canary and the console, so
+    they compare the same populations. ``deploy`` is set for the
+    ``deploy_at`` and ``since_last_deploy`` modes.
     """
-    where = f"is_engine AND {filter_sql(selection)}"
+    # Windows and deploys are properties of the service, not of a slice: --where narrows the
+    # populations inside the windows (Comparison's scans), it does not move them. Otherwise
+    # narrowing to a slice that started late would shift both windows, and the console's
+    # drill-down would no longer compare the same time ranges as the overview.
+    where = "is_engine" + (f" AND service_name = {_q(selection.service)}" if selection.service else "")
     notes: list[str] = []
 
     def extent(extra: str = "TRUE") -> tuple[int | None, int | None, int]:
@@ -171,7 +210,9 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> tup
         b, c = selection.baseline, selection.candidate
         assert b is not None
         assert c is not None
-        return SideWindow("baseline", b.start_ns, b.end_ns), SideWindow("candidate", c.start_ns, c.end_ns), notes
+        return Windows(
+            SideWindow("baseline", b.start_ns, b.end_ns), SideWindow("candidate", c.start_ns, c.end_ns), notes, None
+        )
     if selection.mode == "versions":
         out: list[SideWindow] = []
         for side, version in (("baseline", selection.baseline_version), ("candidate", selection.candidate_version)):
@@ -190,12 +231,14 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> tup
                     f"versions present: {', '.join(known) or 'none'}"
                 )
             out.append(SideWindow(side, lo, hi + 1, version))  # type: ignore[arg-type]
-        return out[0], out[1], notes
-    deploy_ns = selection.deploy_at_ns
+        return Windows(out[0], out[1], notes, None)
     if selection.mode == "since_last_deploy":
-        deploy_ns, how = _last_deploy(con, selection, where)
+        deploy, how = _last_deploy(con, selection, where)
         notes.append(how)
-    assert deploy_ns is not None
+    else:
+        assert selection.deploy_at_ns is not None
+        deploy = DeployPoint(selection.deploy_at_ns)
+    deploy_ns = deploy.time_ns
     window_ns = selection.window_ns
     if window_ns is None:
         lo, hi, n = extent()
@@ -215,21 +258,25 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> tup
                 f"(data spans {format_time(lo)}..{format_time(hi)}); pick another time or use --baseline/--candidate"
             )
         notes.append(f"windows of {window_ns / _NS:.0f} s each side of the deploy (equal lengths, capped by the data)")
-    return (
+    return Windows(
         SideWindow("baseline", deploy_ns - window_ns, deploy_ns),
         SideWindow("candidate", deploy_ns, deploy_ns + window_ns),
         notes,
+        deploy,
     )
 
 
-def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: str) -> tuple[int, str]:
-    """Time of the latest deploy marker, else of the latest ``service.version`` change."""
+def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: str) -> tuple[DeployPoint, str]:
+    """The latest deploy marker, else the latest ``service.version`` change; and a note saying which."""
     svc = f"WHERE service_name = {_q(selection.service)}" if selection.service else ""
     row = fetch_one(
-        con.execute(f"SELECT time_ns, service_name, version FROM deploys {svc} ORDER BY time_ns DESC LIMIT 1")
+        con.execute(
+            f"SELECT time_ns, service_name, version, previous_version FROM deploys {svc} ORDER BY time_ns DESC LIMIT 1"
+        )
     )
     if row is not None:
-        return int(row[0]), f"deploy marker: {row[1]} {row[2]} at {format_time(int(row[0]))}"
+        at = int(row[0])
+        return DeployPoint(at, row[2], row[3]), f"deploy marker: {row[1]} {row[2]} at {format_time(at)}"
     rows = con.execute(
         f"SELECT service_version, min(start_ns) AS first FROM spans WHERE {where} AND service_version IS NOT NULL "
         "GROUP BY 1 ORDER BY first"
@@ -240,7 +287,8 @@ def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: st
             "use --deploy-at TIME, --baseline-version/--candidate-version or --baseline/--candidate"
         )
     version, first = rows[-1]
-    return int(first), f"service.version change to {version} first seen at {format_time(int(first))}"
+    note = f"service.version change to {version} first seen at {format_time(int(first))}"
+    return DeployPoint(int(first), version, rows[-2][0]), note
 
 
 class Comparison(TraceAggregates):
@@ -294,7 +342,7 @@ class Comparison(TraceAggregates):
         """
         # DuckDB draws a progress bar on stderr for long queries; it would corrupt terminal output.
         con.execute("SET enable_progress_bar = false")
-        baseline, candidate, notes = resolve_windows(con, selection)
+        baseline, candidate, notes, _ = resolve_windows(con, selection)
         comparison = cls(
             con, selection, baseline, candidate, notes=notes, slices=slices, sample_per_side=sample_per_side, seed=seed
         )

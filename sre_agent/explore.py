@@ -123,25 +123,6 @@ class Scope:
         return dataclasses.replace(self, where=())
 
 
-def _latest_deploy(cur: Cursor, service: str | None) -> tuple[int, str | None, str | None] | None:
-    sql = "SELECT time_ns, version, previous_version FROM deploys"
-    params: list[Any] = []
-    if service is not None:
-        sql += " WHERE service_name = ?"
-        params.append(service)
-    rows = cur.execute(sql + " ORDER BY time_ns DESC LIMIT 1", params).fetchall()
-    if rows:
-        return int(rows[0][0]), rows[0][1], rows[0][2]
-    # No marker: the latest first appearance of a service.version is the deploy.
-    sql = "SELECT service_version, min(start_ns) AS first FROM spans WHERE is_engine AND service_version IS NOT NULL"
-    if service is not None:
-        sql += " AND service_name = ?"
-    rows = cur.execute(sql + " GROUP BY 1 ORDER BY first DESC LIMIT 2", params).fetchall()
-    if len(rows) < 2:
-        return None
-    return int(rows[0][1]), rows[0][0], rows[1][0]
-
-
 def resolve_scope(cur: Cursor, selection: Selection) -> Scope:
     """Turn what the user asked for into two concrete populations.
 
@@ -159,51 +140,25 @@ def resolve_scope(cur: Cursor, selection: Selection) -> Scope:
 
 
 def _resolve_scope(cur: Cursor, selection: Selection) -> Scope:
+    # The diagnosis's own resolution, so the console and `diagnose` compare the same windows.
+    from sre_agent.compare import resolve_windows
+
+    b, c, _, deploy = resolve_windows(cur, selection)  # type: ignore[arg-type]
     common: dict[str, Any] = {"service": selection.service, "where": selection.where}
-    if selection.mode == "windows":
-        assert selection.baseline is not None
-        assert selection.candidate is not None
-        b, c = selection.baseline, selection.candidate
+    baseline, candidate = (
+        Side("baseline", b.start_ns, b.end_ns, b.version),
+        Side("candidate", c.start_ns, c.end_ns, c.version),
+    )
+    if deploy is None and selection.mode == "windows":
         label = f"windows {_hhmm(b.start_ns)}-{_hhmm(b.end_ns)} vs {_hhmm(c.start_ns)}-{_hhmm(c.end_ns)}"
-        return Scope(Side("baseline", b.start_ns, b.end_ns), Side("candidate", c.start_ns, c.end_ns), label, **common)
-    lo, hi = _data_bounds(cur, selection.service)
-    if selection.mode == "versions":
-        b_win = selection.baseline or None
-        c_win = selection.candidate or None
-        baseline = Side(
-            "baseline", b_win.start_ns if b_win else lo, b_win.end_ns if b_win else hi, selection.baseline_version
-        )
-        candidate = Side(
-            "candidate", c_win.start_ns if c_win else lo, c_win.end_ns if c_win else hi, selection.candidate_version
-        )
-        label = f"versions {selection.baseline_version} vs {selection.candidate_version}"
         return Scope(baseline, candidate, label, **common)
-    if selection.mode == "deploy_at":
-        assert selection.deploy_at_ns is not None
-        at, version, previous = selection.deploy_at_ns, None, None
-    else:
-        found = _latest_deploy(cur, selection.service)
-        if found is None:
-            raise SelectionError("no deploy marker or service.version change in the store; use --deploy-at TIME")
-        at, version, previous = found
-    width = selection.window_ns if selection.window_ns is not None else min(at - lo, hi - at)
-    if width <= 0:
-        raise SelectionError(f"no data on both sides of the deploy at {format_time(at)}")
-    what = f"deploy {version}" if version else "deploy"
-    label = f"{what} at {format_time(at)}" + (f" (after {previous})" if previous else "")
-    return Scope(Side("baseline", at - width, at), Side("candidate", at, at + width), label, deploy_ns=at, **common)
-
-
-def _data_bounds(cur: Cursor, service: str | None) -> tuple[int, int]:
-    sql = "SELECT min(start_ns), max(start_ns) + 1 FROM spans WHERE is_engine"
-    params: list[Any] = []
-    if service is not None:
-        sql += " AND service_name = ?"
-        params.append(service)
-    lo, hi = cur.execute(sql, params).fetchall()[0]
-    if lo is None:
-        raise SelectionError("the store holds no engine request spans yet")
-    return int(lo), int(hi)
+    if deploy is None:
+        return Scope(
+            baseline, candidate, f"versions {selection.baseline_version} vs {selection.candidate_version}", **common
+        )
+    what = f"deploy {deploy.version}" if deploy.version else "deploy"
+    label = f"{what} at {format_time(deploy.time_ns)}" + (f" (after {deploy.previous})" if deploy.previous else "")
+    return Scope(baseline, candidate, label, deploy_ns=deploy.time_ns, **common)
 
 
 def _hhmm(ns: int) -> str:

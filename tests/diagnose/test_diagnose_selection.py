@@ -8,7 +8,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from sre_agent.compare import Comparison, resolve_windows
+from sre_agent import explore
+from sre_agent.compare import Comparison, DeployPoint, resolve_windows
 from sre_agent.errors import InsufficientDataError, SelectionError
 from sre_agent.selection import Selection, Window
 
@@ -74,18 +75,21 @@ def test_explicit_windows(store: tuple[Path, int]) -> None:
 def test_since_last_deploy_uses_the_marker_then_the_version_change(store: tuple[Path, int], tmp_path: Path) -> None:
     path, deploy = store
     with _open(path) as con:
-        _b, c, notes = resolve_windows(con, Selection(mode="since_last_deploy"))
+        _b, c, notes, deploy_point = resolve_windows(con, Selection(mode="since_last_deploy"))
     assert c.start_ns == deploy
     assert "deploy marker" in notes[0]
+    assert deploy_point is not None
+    assert deploy_point.time_ns == deploy
     # Without a marker, the first span of the newest service.version is the deploy.
     copy = tmp_path / "nomarker.duckdb"
     copy.write_bytes(path.read_bytes())
     with duckdb.connect(str(copy)) as con:
         con.execute("DELETE FROM deploys")
         first_v2 = con.execute("SELECT min(start_ns) FROM spans WHERE service_version = 'v2'").fetchall()[0][0]
-        _, c2, notes2 = resolve_windows(con, Selection(mode="since_last_deploy"))
+        _, c2, notes2, found = resolve_windows(con, Selection(mode="since_last_deploy"))
         assert c2.start_ns == first_v2
         assert "service.version change" in notes2[0]
+        assert found == DeployPoint(first_v2, "v2", "v1")
         con.execute("UPDATE spans SET service_version = 'v1'")
         with pytest.raises(SelectionError, match=r"no deploy marker and no service\.version change"):
             resolve_windows(con, Selection(mode="since_last_deploy"))
@@ -116,3 +120,25 @@ def test_selection_without_data_says_why(store: tuple[Path, int]) -> None:
         far = Selection(mode="windows", baseline=Window(1, 2 * NS), candidate=Window(3 * NS, 4 * NS))
         with pytest.raises(InsufficientDataError, match="no engine requests and no latency metrics"):
             Comparison.open(con, far)
+
+
+def test_a_where_filter_narrows_the_populations_not_the_windows(store: tuple[Path, int]) -> None:
+    path, _ = store
+    with _open(path) as con:
+        # The host whose first request came last: sizing windows by its own extent would shift them.
+        host, first = con.execute(
+            "SELECT host_name, min(start_ns) FROM spans WHERE is_engine GROUP BY 1 ORDER BY 2 DESC LIMIT 1"
+        ).fetchall()[0]
+        overall_first = con.execute("SELECT min(start_ns) FROM spans WHERE is_engine").fetchall()[0][0]
+        assert first > overall_first
+        everything = Selection(mode="since_last_deploy")
+        narrowed = Selection(mode="since_last_deploy", where=(("host_name", host),))
+        plain, sliced = resolve_windows(con, everything), resolve_windows(con, narrowed)
+        assert (sliced.baseline, sliced.candidate, sliced.deploy) == (plain.baseline, plain.candidate, plain.deploy)
+        scope = explore.resolve_scope(con, narrowed)
+        assert (scope.baseline.start_ns, scope.baseline.end_ns) == (plain.baseline.start_ns, plain.baseline.end_ns)
+        assert (scope.candidate.start_ns, scope.candidate.end_ns) == (plain.candidate.start_ns, plain.candidate.end_ns)
+        assert plain.deploy is not None
+        assert scope.deploy_ns == plain.deploy.time_ns
+        whole, part = Comparison.open(con, everything), Comparison.open(con, narrowed)
+        assert 0 < part.window("candidate").requests < whole.window("candidate").requests
