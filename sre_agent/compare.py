@@ -53,6 +53,8 @@ __all__ = [
     "Side",
     "SideWindow",
     "Windows",
+    "filter_sql",
+    "key_sql",
     "resolve_windows",
 ]
 
@@ -95,19 +97,32 @@ def _valid(expr: str) -> str:
     return f"CASE WHEN {expr} >= 0 AND isfinite({expr}) THEN {expr} END"
 
 
+def key_sql(key: str, maps: tuple[str, ...] = ("attributes", "resource_attributes")) -> str:
+    """SQL for the value of ``key`` on a span, as VARCHAR: a canonical column or an attribute key.
+
+    The one spelling behind ``--where`` filters, the diagnosis's slice
+    dimensions and the console's, so a slice shown anywhere can be filtered
+    on. Keys ingest resolved into a canonical column (``host.name``,
+    ``gen_ai.request.model``, ...) read the column, which is far cheaper than
+    two map lookups per row; other keys are looked up in ``maps`` in order,
+    then in the canonical column they feed, if any.
+    """
+    if key in _CANONICAL:
+        return f'CAST("{key}" AS VARCHAR)'
+    if key in _DIMENSION_COLUMNS:
+        return f'CAST("{_DIMENSION_COLUMNS[key]}" AS VARCHAR)'
+    sources = [f"{m}[{_q(key)}]" for m in maps]
+    if key in _ATTRIBUTE_COLUMN:
+        sources.append(f'CAST("{_ATTRIBUTE_COLUMN[key]}" AS VARCHAR)')
+    return sources[0] if len(sources) == 1 else f"coalesce({', '.join(sources)})"
+
+
 def filter_sql(selection: Selection) -> str:
     """The WHERE fragment for ``--service`` and ``--where`` (always a valid boolean expression)."""
     parts = ["TRUE"]
     if selection.service is not None:
         parts.append(f"service_name = {_q(selection.service)}")
-    for key, value in selection.where:
-        if key in _CANONICAL:
-            parts.append(f'CAST("{key}" AS VARCHAR) = {_q(value)}')
-            continue
-        sources = [f"attributes[{_q(key)}]", f"resource_attributes[{_q(key)}]"]
-        if key in _ATTRIBUTE_COLUMN:
-            sources.append(f'CAST("{_ATTRIBUTE_COLUMN[key]}" AS VARCHAR)')
-        parts.append(f"coalesce({', '.join(sources)}) = {_q(value)}")
+    parts.extend(f"{key_sql(key)} = {_q(value)}" for key, value in selection.where)
     return " AND ".join(parts)
 
 
@@ -685,13 +700,8 @@ class Comparison(TraceAggregates):
         return frame.drop([d for d in keys if d not in self._dimensions])
 
     def _dimension_expr(self, key: str) -> str:
-        # Ingest already resolved these keys into canonical columns: reading a column is far
-        # cheaper than looking a key up in two maps for every row.
-        if key in _DIMENSION_COLUMNS:
-            return f'CAST("{_DIMENSION_COLUMNS[key]}" AS VARCHAR)'
-        where = self._dimension_maps.get(key, ("attributes", "resource_attributes"))
-        sources = [f"{m}[{_q(key)}]" for m in where]
-        return sources[0] if len(sources) == 1 else f"coalesce({', '.join(sources)})"
+        # Only the maps the key was seen in: one lookup per row instead of two.
+        return key_sql(key, self._dimension_maps.get(key, ("attributes", "resource_attributes")))
 
     def _discover_dimensions(self, head_rows: int = 5000) -> list[str]:
         """Attribute keys with 2..64 distinct values in the first ``head_rows`` requests of each side."""

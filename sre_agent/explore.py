@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from sre_agent.compare import key_sql, resolve_windows
 from sre_agent.errors import SelectionError, StoreError
 from sre_agent.selection import Selection, format_time
 
@@ -61,13 +62,8 @@ LATENCY_METRICS: dict[str, tuple[str, str]] = {
 # DistServe definition). Overridable per call; the CLI takes --slo NAME=S.
 DEFAULT_SLOS: dict[str, float] = {"ttft": 2.0, "tpot": 0.1, "e2e": 30.0, "queue": 1.0}
 
-# Slice dimensions: canonical columns, plus attribute keys looked up in the
-# span's then the resource's attribute map.
+# Slice dimensions: canonical columns or attribute keys, read as compare.key_sql spells them.
 DEFAULT_DIMENSIONS: tuple[str, ...] = ("host_name", "model", "tenant_id", "http.route", "service_version")
-
-_CANONICAL_FILTER_COLUMNS = frozenset(
-    {"service_name", "service_version", "service_instance", "host_name", "tenant_id", "model", "finish_reason"}
-)
 
 
 class Cursor(Protocol):
@@ -141,8 +137,6 @@ def resolve_scope(cur: Cursor, selection: Selection) -> Scope:
 
 def _resolve_scope(cur: Cursor, selection: Selection) -> Scope:
     # The diagnosis's own resolution, so the console and `diagnose` compare the same windows.
-    from sre_agent.compare import resolve_windows
-
     b, c, _, deploy = resolve_windows(cur, selection)  # type: ignore[arg-type]
     common: dict[str, Any] = {"service": selection.service, "where": selection.where}
     baseline, candidate = (
@@ -168,14 +162,6 @@ def _hhmm(ns: int) -> str:
 # ----------------------------------------------------------------- SQL helpers
 
 
-def _attr_expr(key: str) -> str:
-    """SQL for one filter/slice dimension: a canonical column or an attribute key."""
-    if key in _CANONICAL_FILTER_COLUMNS:
-        return key
-    quoted = key.replace("'", "''")
-    return f"coalesce(attributes['{quoted}'], resource_attributes['{quoted}'])"
-
-
 def _side_condition(side: Side, params: dict[str, Any]) -> str:
     prefix = side.name[0]
     params[f"{prefix}_start"] = side.start_ns
@@ -194,7 +180,7 @@ def _filters(scope: Scope, params: dict[str, Any]) -> list[str]:
         clauses.append("service_name = $service")
     for i, (key, value) in enumerate(scope.where):
         params[f"w{i}"] = value
-        clauses.append(f"{_attr_expr(key)} = $w{i}")
+        clauses.append(f"{key_sql(key)} = $w{i}")
     return clauses
 
 
@@ -525,7 +511,7 @@ def slices(
         return []
     params: dict[str, Any] = {"t": threshold}
     side_expr, where = _scoped(scope, params)
-    cols = ", ".join(f"{_attr_expr(d)} AS d{i}" for i, d in enumerate(dims))
+    cols = ", ".join(f"{key_sql(d)} AS d{i}" for i, d in enumerate(dims))
     sets = ", ".join(f"(d{i})" for i in range(len(dims)))
     sql = f"""
         WITH scoped AS (SELECT {side_expr} AS side, {col} AS v, {cols} FROM spans WHERE {where})
