@@ -11,6 +11,7 @@ import pytest
 from tui_synth import DEPLOY_NS, HOUR_NS, T0_NS, build_store
 
 from sre_agent import explore, explore_api
+from sre_agent.compare import Comparison
 from sre_agent.errors import SelectionError
 from sre_agent.selection import Selection, Window
 
@@ -126,6 +127,11 @@ def test_filters_narrow_every_query(con: duckdb.DuckDBPyConnection) -> None:
     assert 0.2 < total.requests_candidate / 10_000 < 0.3
     assert on_gpu3.narrowed("host_name", "gpu-1").where == (("host_name", "gpu-1"),)
     assert on_gpu3.widened().where == ()
+    # The attribute spelling of a resolved column filters alike, and so does the diagnosis's filter.
+    by_key = explore.overview(con, scope.narrowed("host.name", "gpu-3"))
+    assert by_key.requests_candidate == 2_500
+    with_where = Comparison.open(con, Selection(mode="since_last_deploy", where=(("host.name", "gpu-3"),)))
+    assert with_where.window("candidate").requests == 2_500
 
 
 def test_stage_breakdown_blames_prefill(con: duckdb.DuckDBPyConnection) -> None:
