@@ -57,6 +57,8 @@ class Step:
         retry_after_s: Retry-After value for ``rate_limit`` (None: no header).
         status: HTTP status for ``server_error``.
         stall_s: seconds to wait before answering (any kind; for streams, between chunks).
+        trickle_s: seconds between the pieces of a non-streamed answer, sent in eight pieces (a
+            server that trickles its body, each piece well inside a read timeout).
         tool_name / tool_arguments / malformed: the tool call for ``tool_call``.
     """
 
@@ -66,6 +68,7 @@ class Step:
     retry_after_s: float | None = 1.0
     status: int = 503
     stall_s: float = 0.0
+    trickle_s: float = 0.0
     tool_name: str = "create_ticket"
     tool_arguments: Mapping[str, Any] = field(default_factory=lambda: {"title": "disk full"})
     malformed: bool = False
@@ -260,6 +263,14 @@ async def _stream_responses(step: Step, body: Mapping[str, Any]) -> AsyncIterato
     yield f"event: {final}\ndata: {json.dumps({'type': final, 'response': full})}\n\n".encode()
 
 
+async def _trickle(body: bytes, pause_s: float, pieces: int = 8) -> AsyncIterator[bytes]:
+    size = max(1, -(-len(body) // pieces))
+    for i in range(0, len(body), size):
+        if i:
+            await asyncio.sleep(pause_s)
+        yield body[i : i + size]
+
+
 _STREAMERS = {"chat/completions": _stream_chat, "responses": _stream_responses}
 
 _BUILDERS = {"chat/completions": _openai_chat, "responses": _openai_responses, "messages": _anthropic}
@@ -285,8 +296,12 @@ def create_app(scripts: Mapping[str, Sequence[Step]] | None = None) -> Starlette
             return StreamingResponse(streamer(step, body), media_type="text/event-stream")
         if step.stall_s:
             await asyncio.sleep(step.stall_s)
-        error = _error(step)
-        return error if error is not None else JSONResponse(builder(step, body))
+        answer = _error(step) or JSONResponse(builder(step, body))
+        if step.trickle_s:
+            return StreamingResponse(
+                _trickle(bytes(answer.body), step.trickle_s), status_code=answer.status_code, headers=answer.headers
+            )
+        return answer
 
     async def log(request: Request) -> Response:
         return JSONResponse(state.log)

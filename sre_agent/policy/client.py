@@ -427,24 +427,29 @@ class PolicyEngine:
         response: tuple[int, Mapping[str, str], Any] | None = None
         error: BaseException | None = None
         timeout = prepared.reservation.timeout_s
+
+        def check_time(request: httpx.Request) -> None:
+            # httpx bounds each read, not the whole attempt: a server trickling its answer, streamed
+            # or not, must not outlive the attempt's share of the deadline (by more than one read).
+            if timeout is not None and self.clock() - started > timeout:
+                raise httpx.ReadTimeout("attempt exceeded its time budget", request=request)
+
         try:
             call = prepared.call
-            if prepared.stream:
-                with client.stream("POST", call.url, json=call.body, headers=call.headers, timeout=timeout) as resp:
-                    if resp.status_code >= 400:
-                        response = (resp.status_code, resp.headers, _json_body(resp.read()))
-                    else:
-                        sse = stream_accumulator(prepared.target.provider_format)
-                        for line in resp.iter_lines():
-                            sse.feed_line(line)
-                            # httpx bounds each read, not the total: a trickling stream must not
-                            # outlive the attempt's share of the deadline.
-                            if timeout is not None and self.clock() - started > timeout:
-                                raise httpx.ReadTimeout("attempt exceeded its time budget", request=resp.request)
-                        response = (resp.status_code, resp.headers, sse.body())
-            else:
-                resp = client.post(call.url, json=call.body, headers=call.headers, timeout=timeout)
-                response = (resp.status_code, resp.headers, _json_body(resp.content))
+            with client.stream("POST", call.url, json=call.body, headers=call.headers, timeout=timeout) as resp:
+                check_time(resp.request)
+                if prepared.stream and resp.status_code < 400:
+                    sse = stream_accumulator(prepared.target.provider_format)
+                    for line in resp.iter_lines():
+                        sse.feed_line(line)
+                        check_time(resp.request)
+                    response = (resp.status_code, resp.headers, sse.body())
+                else:
+                    pieces = []
+                    for piece in resp.iter_bytes():
+                        pieces.append(piece)
+                        check_time(resp.request)
+                    response = (resp.status_code, resp.headers, _json_body(b"".join(pieces)))
         except httpx.HTTPError as exc:
             error = exc
         return self._complete(

@@ -24,6 +24,7 @@ SCRIPTS = {
     "fallback": [Step("ok", text="from the fallback")],
     "tools": [Step("tool_call"), Step("tool_call"), Step("ok", text="ticket filed")],
     "stall": [Step("stall", stall_s=1.0), Step("ok")],
+    "trickle": [Step("ok", trickle_s=0.25), Step("ok", text="whole")],
     "cut": [Step("cut", text="a long answer that is cut"), Step("ok")],
     "anthropic": [Step("truncate"), Step("ok", text="done")],
     "responses": [Step("refusal"), Step("ok")],
@@ -190,6 +191,22 @@ def test_streaming_stall_times_out_and_retries(base_url: str) -> None:
         result = engine.run(client, ChatRequest(MESSAGES, stream=True))
     assert [a.outcome.cls.value for a in result.attempts] == ["timeout", "success"]
     assert result.elapsed_s < 5
+
+
+def test_a_trickled_answer_is_cut_at_the_attempt_timeout(base_url: str) -> None:
+    # Eight pieces 0.25 s apart: each read is well inside the timeout, the whole answer is not.
+    engine = PolicyEngine(
+        [_target(base_url, "trickle")],
+        BudgetLimits(max_attempts=3, deadline_s=20),
+        attempt_timeout_s=0.6,
+        sleep=lambda s: None,
+    )
+    with httpx.Client() as client:
+        result = engine.run(client, ChatRequest(MESSAGES))
+    assert [a.outcome.cls.value for a in result.attempts] == ["timeout", "success"]
+    assert result.outcome.text == "whole"
+    # Cut within one read of the timeout, not after the 1.75 s the trickle takes.
+    assert result.attempts[0].latency_s < 0.6 + 0.25 + 0.2
 
 
 def test_a_cut_stream_is_never_a_success(base_url: str) -> None:
