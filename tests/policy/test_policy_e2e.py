@@ -180,29 +180,26 @@ def test_tool_calls_run_once_through_the_ledger(base_url: str) -> None:
     assert all('"T-1"' in m["content"] for m in tool_messages)
 
 
-def test_streaming_stall_times_out_and_retries(base_url: str) -> None:
-    engine = PolicyEngine(
-        [_target(base_url, "stall")],
+def _timed_engine(base_url: str, scenario: str, attempt_timeout_s: float) -> PolicyEngine:
+    return PolicyEngine(
+        [_target(base_url, scenario)],
         BudgetLimits(max_attempts=3, deadline_s=20),
-        attempt_timeout_s=0.3,
+        attempt_timeout_s=attempt_timeout_s,
         sleep=lambda s: None,
     )
+
+
+def test_streaming_stall_times_out_and_retries(base_url: str) -> None:
     with httpx.Client() as client:
-        result = engine.run(client, ChatRequest(MESSAGES, stream=True))
+        result = _timed_engine(base_url, "stall", 0.3).run(client, ChatRequest(MESSAGES, stream=True))
     assert [a.outcome.cls.value for a in result.attempts] == ["timeout", "success"]
     assert result.elapsed_s < 5
 
 
 def test_a_trickled_answer_is_cut_at_the_attempt_timeout(base_url: str) -> None:
     # Eight pieces 0.25 s apart: each read is well inside the timeout, the whole answer is not.
-    engine = PolicyEngine(
-        [_target(base_url, "trickle")],
-        BudgetLimits(max_attempts=3, deadline_s=20),
-        attempt_timeout_s=0.6,
-        sleep=lambda s: None,
-    )
     with httpx.Client() as client:
-        result = engine.run(client, ChatRequest(MESSAGES))
+        result = _timed_engine(base_url, "trickle", 0.6).run(client, ChatRequest(MESSAGES))
     assert [a.outcome.cls.value for a in result.attempts] == ["timeout", "success"]
     assert result.outcome.text == "whole"
     # Cut within one read of the timeout, not after the 1.75 s the trickle takes.
