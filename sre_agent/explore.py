@@ -143,10 +143,10 @@ def _resolve_scope(cur: Cursor, selection: Selection) -> Scope:
         Side("baseline", b.start_ns, b.end_ns, b.version),
         Side("candidate", c.start_ns, c.end_ns, c.version),
     )
-    if deploy is None and selection.mode == "windows":
+    if selection.mode == "windows":
         label = f"windows {_hhmm(b.start_ns)}-{_hhmm(b.end_ns)} vs {_hhmm(c.start_ns)}-{_hhmm(c.end_ns)}"
         return Scope(baseline, candidate, label, **common)
-    if deploy is None:
+    if deploy is None:  # versions
         return Scope(
             baseline, candidate, f"versions {selection.baseline_version} vs {selection.candidate_version}", **common
         )
