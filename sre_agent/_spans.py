@@ -53,6 +53,9 @@ _ENGINE_NAMES = pa.array(sorted(ENGINE_SPAN_NAMES), pa.string())
 _ONE = pa.scalar(1, pa.int64())
 _NS_PER_S = pa.scalar(1e9, pa.float64())
 _NULL_FLOAT = pa.scalar(None, pa.float64())
+_ZERO_S = pa.scalar(0.0, pa.float64())
+#: Rounding of float seconds can make ttft - prefill a hair negative for a request never queued.
+_QUEUE_TOLERANCE_S = pa.scalar(-1e-6, pa.float64())
 
 
 class _Batch:
@@ -165,6 +168,14 @@ def _table(batch: _Batch, norm: Normaliser) -> pa.Table:
         pc.or_(pc.is_in(names, _ENGINE_NAMES), pc.match_substring(names, " Req ")),
         pc.or_(pc.starts_with(names, "Req "), pc.or_(pc.is_valid(columns["ttft_s"]), pc.is_valid(columns["e2e_s"]))),
     )
+    # SGLang reports TTFT (from arrival) and prefill (from scheduling) but no queue time: the
+    # difference is the time before the model worked on the request. A clearly negative
+    # difference is malformed data, not a queue.
+    before_model = pc.subtract(columns["ttft_s"], columns["prefill_s"])
+    derived_queue = pc.if_else(
+        pc.greater_equal(before_model, _QUEUE_TOLERANCE_S), pc.max_element_wise(before_model, _ZERO_S), _NULL_FLOAT
+    )
+    columns["queue_s"] = pc.coalesce(columns["queue_s"], derived_queue)
     tokens = columns["output_tokens"]
     per_token = pc.divide(columns["decode_s"], pc.cast(pc.subtract(tokens, _ONE), pa.float64()))
     columns["tpot_s"] = pc.if_else(pc.greater(tokens, _ONE), per_token, _NULL_FLOAT)

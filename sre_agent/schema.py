@@ -26,6 +26,9 @@ attributes before resource attributes. Newer names come before older ones
 (``gen_ai.usage.input_tokens`` before ``gen_ai.usage.prompt_tokens``),
 and engine-reported latencies before anything derived. ``tpot_s`` is
 always derived: ``decode_s / (output_tokens - 1)`` when ``output_tokens > 1``.
+``queue_s``, when no source reports it (SGLang), is ``ttft_s - prefill_s``
+(arrival to scheduling) when both are present and the difference is not
+negative.
 """
 
 from __future__ import annotations

@@ -131,3 +131,19 @@ def test_empty_request_gives_empty_table(norm: Normaliser) -> None:
 def test_unsupported_content_type_is_bad_payload(norm: Normaliser) -> None:
     with pytest.raises(BadPayloadError, match="content type"):
         decode_traces(b"", "text/plain", normaliser=norm)
+
+
+def test_queue_is_derived_only_when_no_source_reports_it(norm: Normaliser) -> None:
+    def queue(attributes: dict[str, Any]) -> Any:
+        span = {"name": " Req 00000001", "kind": 1, "attributes": attributes}
+        request = trace_request([span], resource={"service.name": "sglang"}, scope="sglang server")
+        (row,) = decode_traces(request.SerializeToString(), PROTOBUF, normaliser=norm).table.to_pylist()
+        return row["queue_s"]
+
+    ttft, prefill = "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_model_prefill"
+    assert queue({ttft: 0.5, prefill: 0.2}) == pytest.approx(0.3)
+    assert queue({ttft: 0.2, prefill: 0.2}) == 0.0
+    assert queue({ttft: 0.1, prefill: 0.2}) is None  # prefill longer than TTFT: malformed, not a queue
+    assert queue({ttft: 0.5}) is None
+    # A reported queue time wins, even when it disagrees with the difference.
+    assert queue({ttft: 0.5, prefill: 0.2, "gen_ai.latency.time_in_queue": 0.1}) == pytest.approx(0.1)
