@@ -22,6 +22,7 @@ from sre_agent.errors import ScenarioError
 from sre_agent.replays.costmodel import PROFILES
 from sre_agent.replays.engine import EngineConfig
 from sre_agent.replays.gateway import LatencyDist, RetryPolicy
+from sre_agent.replays.telemetry import ATTRIBUTE_SETS
 from sre_agent.replays.workload import Route, Tenant
 from sre_agent.rules_api import CAUSES as RULE_CAUSES
 
@@ -297,8 +298,8 @@ def load_scenario(path: str | Path) -> Scenario:
     description = top.take("description", str, "")
     seed = top.take("seed", int, 1)
     attribute_set = top.take("attribute_set", str, "v1")
-    if attribute_set not in ("v0", "v1"):
-        raise ScenarioError(f"{file}: attribute_set must be 'v0' or 'v1'")
+    if attribute_set not in ATTRIBUTE_SETS:
+        raise ScenarioError(f"{file}: attribute_set must be one of {', '.join(map(repr, ATTRIBUTE_SETS))}")
     start_time = top.take("start_time", str, "2026-01-15T09:00:00Z")
 
     wl = top.sub("workload")

@@ -20,9 +20,17 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from sre_agent.cli import main
+from sre_agent.normalise import Normaliser
+from sre_agent.otlp import spans_from_proto
 from sre_agent.replays.engine import Seq
 from sre_agent.replays.gateway import Attempt, RequestRecord
-from sre_agent.replays.outputs import MemoryOutput, OtlpEndpointOutput, metrics_to_otlp_json, spans_to_otlp_json
+from sre_agent.replays.outputs import (
+    MemoryOutput,
+    OtlpEndpointOutput,
+    StoreOutput,
+    metrics_to_otlp_json,
+    spans_to_otlp_json,
+)
 from sre_agent.replays.replay import replay
 from sre_agent.replays.scenario import load_scenario
 from sre_agent.replays.telemetry import SpanBuilder
@@ -124,6 +132,48 @@ def test_v1_sets_sampling_params_only_when_truthy_and_v0_always() -> None:
         "gen_ai.latency.time_to_first_token",
         "gen_ai.latency.e2e",
     } & set(v0)
+
+
+def test_sglang_set_is_the_root_request_span_and_normalises_with_a_derived_queue() -> None:
+    span = SpanBuilder(0, seed=1, attribute_set="sglang").build(_record(temperature=0.0))[-1]
+    attrs = span.attributes or {}
+    assert span.name.startswith(" Req ")  # unified mode: the role is empty
+    assert span.kind is SpanKind.INTERNAL
+    assert span.instrumentation_scope is not None
+    assert span.instrumentation_scope.name == "sglang server"
+    assert span.resource.attributes["service.name"] == "sglang"
+    assert attrs["rid"] == attrs["gen_ai.request.id"]
+    assert attrs["gen_ai.response.finish_reasons"] == '["stop"]'
+    assert "gen_ai.latency.time_in_queue" not in attrs
+    assert "gen_ai.request.temperature" not in attrs  # only when truthy
+    request = ExportTraceServiceRequest.FromString(encode_spans([span]).SerializeToString())
+    (row,) = spans_from_proto(request, normaliser=Normaliser(hash_key=b"k")).table.to_pylist()
+    assert row["is_engine"]
+    assert row["finish_reason"] == "stop"
+    assert row["queue_s"] == pytest.approx(1.02 - 1.01)  # arrival to scheduling, from ttft - prefill
+    assert row["ttft_s"] == pytest.approx(1.05 - 1.01)
+
+
+def test_sglang_metrics_carry_sglang_names_and_a_recent_hit_rate(tmp_path: Path) -> None:
+    scenario = dataclasses.replace(load_scenario("prefix_cache_disabled").scaled(0.1), attribute_set="sglang")
+    out = MemoryOutput()
+    replay(scenario, out)
+    names = {m.name for batch in out.metrics for rm in batch.resource_metrics for sm in rm.scope_metrics
+             for m in sm.metrics}  # fmt: skip
+    expected = {"sglang:num_running_reqs", "sglang:token_usage", "sglang:cached_tokens_total", "sglang:cache_hit_rate"}
+    assert expected <= names
+    assert not {n for n in names if n.startswith("vllm:")}
+    db = tmp_path / "sglang.duckdb"
+    replay(scenario, StoreOutput.open(db))
+    with Store.open(db, read_only=True) as store:
+        rates = store.connection.execute(
+            "SELECT time_ns >= (SELECT min(time_ns) FROM deploys) AS after, avg(value) FROM metric_points "
+            "WHERE name = 'sglang:cache_hit_rate' GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    # Caching is switched off at the deploy: the gauge drops to zero instead of keeping a lifetime mean.
+    assert [after for after, _ in rates] == [False, True]
+    assert rates[0][1] > 0.1
+    assert rates[1][1] == 0.0
 
 
 def _hex_to_b64(obj: Any) -> Any:
