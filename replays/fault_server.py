@@ -39,7 +39,18 @@ from starlette.routing import Route
 
 __all__ = ["Step", "create_app", "serve_in_thread"]
 
-KINDS = ("ok", "rate_limit", "server_error", "stall", "truncate", "refusal", "tool_call", "context_overflow", "cut")
+KINDS = (
+    "ok",
+    "rate_limit",
+    "server_error",
+    "stall",
+    "truncate",
+    "refusal",
+    "tool_call",
+    "context_overflow",
+    "cut",
+    "overloaded",
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,8 @@ class Step:
             (``status``, default 503), ``stall`` (sleep ``stall_s`` then answer ``ok``), ``truncate`` (output
             cap hit with every token spent on reasoning), ``refusal``, ``tool_call`` (``tool_name`` with
             ``tool_arguments``; ``malformed`` sends broken JSON), ``context_overflow`` (400), ``cut``
-            (a stream cut before any finish reason).
+            (a stream cut before any finish reason), ``overloaded`` (Anthropic's overloaded_error: a
+            529, or mid-stream an ``error`` event after some text, still HTTP 200).
         text: the answer text for ``ok``/``stall``.
         reasoning_tokens: reasoning tokens reported on an ``ok`` answer.
         retry_after_s: Retry-After value for ``rate_limit`` (None: no header).
@@ -110,6 +122,9 @@ def _cap(body: Mapping[str, Any]) -> int:
     return 4096
 
 
+_OVERLOADED = {"type": "overloaded_error", "message": "Overloaded"}
+
+
 def _error(step: Step) -> Response | None:
     if step.kind == "rate_limit":
         headers = {} if step.retry_after_s is None else {"retry-after": f"{step.retry_after_s:g}"}
@@ -120,6 +135,8 @@ def _error(step: Step) -> Response | None:
         )
     if step.kind == "server_error":
         return JSONResponse({"error": {"type": "server_error", "message": "upstream failed"}}, status_code=step.status)
+    if step.kind == "overloaded":
+        return JSONResponse({"type": "error", "error": _OVERLOADED}, status_code=529)
     if step.kind == "context_overflow":
         return JSONResponse(
             {"error": {"code": "context_length_exceeded", "message": "maximum context length exceeded"}},
@@ -271,7 +288,53 @@ async def _trickle(body: bytes, pause_s: float, pieces: int = 8) -> AsyncIterato
         yield body[i : i + size]
 
 
-_STREAMERS = {"chat/completions": _stream_chat, "responses": _stream_responses}
+#: What a content block holds in its content_block_start event, before its deltas.
+_EMPTY_BLOCKS: dict[str, dict[str, Any]] = {
+    "text": {"text": ""},
+    "thinking": {"thinking": ""},
+    "tool_use": {"input": {}},
+}
+
+
+def _sse(event: str, data: Mapping[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode()
+
+
+async def _stream_anthropic(step: Step, body: Mapping[str, Any]) -> AsyncIterator[bytes]:
+    """Anthropic Messages events: message_start, each block's start/deltas/stop, message_delta, message_stop."""
+    full = _anthropic(step, body)
+    usage = full["usage"]
+    start = {
+        **full,
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 1},
+    }
+    yield _sse("message_start", {"message": start})
+    for index, block in enumerate(full["content"]):
+        kind = block["type"]
+        empty = _EMPTY_BLOCKS[kind]
+        yield _sse("content_block_start", {"index": index, "content_block": {**block, **empty}})
+        if kind == "tool_use":
+            text = "{bad json" if step.malformed else json.dumps(block["input"])
+            field, delta_type = "partial_json", "input_json_delta"
+        else:
+            text, field, delta_type = block[kind], kind, f"{kind}_delta"
+        for i in range(0, max(len(text), 1), 8):
+            yield _sse("content_block_delta", {"index": index, "delta": {"type": delta_type, field: text[i : i + 8]}})
+            if step.stall_s:
+                await asyncio.sleep(step.stall_s)
+            if step.kind == "overloaded":
+                yield _sse("error", {"error": _OVERLOADED})
+                return
+        yield _sse("content_block_stop", {"index": index})
+    if step.kind == "cut":
+        return  # no message_delta: no stop_reason
+    yield _sse("message_delta", {"delta": {"stop_reason": full["stop_reason"], "stop_sequence": None}, "usage": usage})
+    yield _sse("message_stop", {})
+
+
+_STREAMERS = {"chat/completions": _stream_chat, "responses": _stream_responses, "messages": _stream_anthropic}
 
 _BUILDERS = {"chat/completions": _openai_chat, "responses": _openai_responses, "messages": _anthropic}
 

@@ -49,7 +49,7 @@ __all__ = ["AttemptRecord", "PolicyEngine", "PolicyResult", "arun_request", "run
 
 Tool = Callable[[dict[str, Any]], Any]
 
-_STREAM_FORMATS = frozenset({"openai-chat", "openai-responses"})
+_STREAM_FORMATS = frozenset({"openai-chat", "openai-responses", "anthropic"})
 # Read off the Enum class once: a member lookup there costs about four global lookups per attempt.
 _SUCCESS = OutcomeClass.SUCCESS
 _TOOL_ERROR = OutcomeClass.TOOL_ERROR

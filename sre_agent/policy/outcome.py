@@ -480,6 +480,22 @@ def _error_text(body: Any) -> str:
     return " ".join(p for p in parts if isinstance(p, str)).lower()
 
 
+#: The HTTP status an error object inside a 200 body (a mid-stream error) stands for, by the
+#: words of its code/type/message, first match: Anthropic streams send ``overloaded_error`` (a 529
+#: outside a stream), ``api_error`` (500) and ``rate_limit_error`` (429) this way.
+_IN_BODY_STATUSES: tuple[tuple[str, int], ...] = (
+    ("rate_limit", 429),
+    ("overloaded", 529),
+    ("server", 500),
+    ("api_error", 500),
+    ("timeout", 408),
+)
+
+
+def _in_body_status(text: str) -> int:
+    return next((status for marker, status in _IN_BODY_STATUSES if marker in text), 400)
+
+
 def _classify_status(status: int, body: Any) -> tuple[OutcomeClass, str]:
     if status == 429:
         return OutcomeClass.RATE_LIMITED, "HTTP 429"
@@ -541,7 +557,7 @@ def classify(
     if not isinstance(body, dict):
         return Outcome(OutcomeClass.INVALID_OUTPUT, usage, cost, status_code, detail="body is not a JSON object")
     if isinstance(body.get("error"), dict) and not body.get("choices") and not body.get("output"):
-        cls, detail = _classify_status(500 if "server" in _error_text(body) else 400, body)
+        cls, detail = _classify_status(_in_body_status(_error_text(body)), body)
         return Outcome(cls, usage, cost, status_code, detail=f"error object in 200 body ({detail})")
     finish, text, refusal, tool_calls = spec.parse(body)
     cls = spec.finish_classes.get(finish or "", _INV)

@@ -16,10 +16,12 @@ from typing import Any
 from sre_agent.policy.recovery import ChatRequest, Target
 
 __all__ = [
+    "AnthropicStreamAccumulator",
     "CallTemplate",
     "HttpCall",
     "ResponsesStreamAccumulator",
     "SseAccumulator",
+    "StreamAccumulator",
     "build_call",
     "call_template",
     "input_tokens_bound",
@@ -127,6 +129,8 @@ def call_template(target: Target, request: ChatRequest) -> CallTemplate:
             body["system"] = system
         if request.reasoning_effort is not None:
             body["output_config"] = {"effort": request.reasoning_effort}
+        if request.stream:
+            body["stream"] = True
         headers.setdefault("anthropic-version", "2023-06-01")
         url = f"{base}/messages"
     else:
@@ -203,6 +207,17 @@ class SseAccumulator:
         return body
 
 
+def _data_event(line: str) -> dict[str, Any] | None:
+    """The JSON object of an SSE ``data:`` line; None for other lines and for non-objects."""
+    if not line.startswith("data:"):
+        return None
+    try:
+        event = json.loads(line[5:].strip())
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
 class ResponsesStreamAccumulator:
     """Keeps the final response object of an OpenAI Responses event stream.
 
@@ -218,13 +233,8 @@ class ResponsesStreamAccumulator:
 
     def feed_line(self, line: str) -> None:
         """Consume one SSE line (``event:`` lines are redundant with the data's ``type``)."""
-        if not line.startswith("data:"):
-            return
-        try:
-            event = json.loads(line[5:].strip())
-        except ValueError:
-            return
-        if isinstance(event, dict) and event.get("type") in self._FINAL and isinstance(event.get("response"), dict):
+        event = _data_event(line)
+        if event is not None and event.get("type") in self._FINAL and isinstance(event.get("response"), dict):
             self.final = event["response"]
 
     def body(self) -> dict[str, Any]:
@@ -232,6 +242,79 @@ class ResponsesStreamAccumulator:
         return self.final if self.final is not None else {"status": None, "output": []}
 
 
-def stream_accumulator(provider_format: str) -> SseAccumulator | ResponsesStreamAccumulator:
-    """The accumulator for a streamed response of ``provider_format`` (OpenAI chat or Responses)."""
-    return ResponsesStreamAccumulator() if provider_format == "openai-responses" else SseAccumulator()
+class AnthropicStreamAccumulator:
+    """Folds an Anthropic Messages event stream into the equivalent non-streaming message.
+
+    ``message_start`` carries the message with empty content; each content block is a
+    ``content_block_start``, its deltas (``text_delta``, ``thinking_delta``,
+    ``input_json_delta``) and a ``content_block_stop``; ``message_delta`` sets
+    ``stop_reason`` and the cumulative usage. A stream cut before ``message_delta``
+    leaves ``stop_reason`` None (``invalid_output``), and an ``error`` event (e.g.
+    ``overloaded_error``, a 529 outside a stream) becomes the error body it stands for.
+    """
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] = {"type": "message", "role": "assistant", "content": [], "stop_reason": None}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.tool_json: dict[int, list[str]] = {}
+        self.error: dict[str, Any] | None = None
+
+    def feed_line(self, line: str) -> None:
+        """Consume one SSE line (``event:`` lines are redundant with the data's ``type``)."""
+        event = _data_event(line)
+        if event is None:
+            return
+        kind = event.get("type")
+        if kind == "message_start" and isinstance(event.get("message"), dict):
+            self.message = {**event["message"], "content": []}
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+            self.blocks[int(event.get("index", len(self.blocks)))] = dict(event["content_block"])
+        elif kind == "content_block_delta" and isinstance(event.get("delta"), dict):
+            self._delta(int(event.get("index", 0)), event["delta"])
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict):
+                self.message.update({k: v for k, v in delta.items() if k in ("stop_reason", "stop_sequence")})
+            if isinstance(event.get("usage"), dict):  # cumulative: it replaces, field by field
+                self.message["usage"] = {**(self.message.get("usage") or {}), **event["usage"]}
+        elif kind == "error" and isinstance(event.get("error"), dict):
+            self.error = event["error"]
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> None:
+        block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+        kind = delta.get("type")
+        if kind == "text_delta" and isinstance(delta.get("text"), str):
+            block["text"] = block.get("text", "") + delta["text"]
+        elif kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
+            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+        elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+            self.tool_json.setdefault(index, []).append(delta["partial_json"])
+
+    def body(self) -> dict[str, Any]:
+        """The equivalent non-streaming body (an error body when the stream reported one)."""
+        if self.error is not None:
+            return {"type": "error", "error": self.error}
+        content = []
+        for index in sorted(self.blocks):
+            block = dict(self.blocks[index])
+            if index in self.tool_json:
+                # Unparseable tool input stays a string: the classifier reports the malformed call.
+                text = "".join(self.tool_json[index])
+                try:
+                    block["input"] = json.loads(text) if text else {}
+                except ValueError:
+                    block["input"] = text
+            content.append(block)
+        return {**self.message, "content": content}
+
+
+StreamAccumulator = SseAccumulator | ResponsesStreamAccumulator | AnthropicStreamAccumulator
+
+
+def stream_accumulator(provider_format: str) -> StreamAccumulator:
+    """The accumulator for a streamed response of ``provider_format`` (OpenAI chat or Responses, Anthropic)."""
+    if provider_format == "openai-responses":
+        return ResponsesStreamAccumulator()
+    if provider_format == "anthropic":
+        return AnthropicStreamAccumulator()
+    return SseAccumulator()

@@ -31,6 +31,13 @@ SCRIPTS = {
     "hedge": [Step("stall", stall_s=2.0), Step("ok", text="hedged")],
     "overflow": [Step("context_overflow"), Step("ok")],
     "responses-stream": [Step("cut", text="cut short"), Step("truncate"), Step("ok", text="streamed 24")],
+    "anthropic-stream": [
+        Step("cut", text="cut short"),
+        Step("overloaded", text="overloaded mid-way"),
+        Step("truncate"),
+        Step("ok", text="streamed 24", reasoning_tokens=40),
+    ],
+    "anthropic-tools-stream": [Step("tool_call"), Step("tool_call", malformed=True)],
 }
 MESSAGES = ({"role": "user", "content": "Use 4 6 8 4 to make 24."},)
 PRICING = Pricing(input_per_mtok=1.0, output_per_mtok=4.0)
@@ -180,10 +187,19 @@ def test_tool_calls_run_once_through_the_ledger(base_url: str) -> None:
     assert all('"T-1"' in m["content"] for m in tool_messages)
 
 
-def _timed_engine(base_url: str, scenario: str, attempt_timeout_s: float) -> PolicyEngine:
+def _engine(
+    base_url: str,
+    scenario: str,
+    model: str = "o-mini",
+    fmt: str = "openai-chat",
+    *,
+    attempts: int = 3,
+    attempt_timeout_s: float | None = None,
+) -> PolicyEngine:
+    """One target on the fault server's ``scenario``; never sleeps between attempts."""
     return PolicyEngine(
-        [_target(base_url, scenario)],
-        BudgetLimits(max_attempts=3, deadline_s=20),
+        [_target(base_url, scenario, model, fmt)],
+        BudgetLimits(max_attempts=attempts, deadline_s=20),
         attempt_timeout_s=attempt_timeout_s,
         sleep=lambda s: None,
     )
@@ -191,7 +207,7 @@ def _timed_engine(base_url: str, scenario: str, attempt_timeout_s: float) -> Pol
 
 def test_streaming_stall_times_out_and_retries(base_url: str) -> None:
     with httpx.Client() as client:
-        result = _timed_engine(base_url, "stall", 0.3).run(client, ChatRequest(MESSAGES, stream=True))
+        result = _engine(base_url, "stall", attempt_timeout_s=0.3).run(client, ChatRequest(MESSAGES, stream=True))
     assert [a.outcome.cls.value for a in result.attempts] == ["timeout", "success"]
     assert result.elapsed_s < 5
 
@@ -199,7 +215,7 @@ def test_streaming_stall_times_out_and_retries(base_url: str) -> None:
 def test_a_trickled_answer_is_cut_at_the_attempt_timeout(base_url: str) -> None:
     # Eight pieces 0.25 s apart: each read is well inside the timeout, the whole answer is not.
     with httpx.Client() as client:
-        result = _timed_engine(base_url, "trickle", 0.6).run(client, ChatRequest(MESSAGES))
+        result = _engine(base_url, "trickle", attempt_timeout_s=0.6).run(client, ChatRequest(MESSAGES))
     assert [a.outcome.cls.value for a in result.attempts] == ["timeout", "success"]
     assert result.outcome.text == "whole"
     # Cut within one read of the timeout, not after the 1.75 s the trickle takes.
@@ -256,14 +272,36 @@ async def test_async_hedge_after_a_stall_is_charged_to_the_budgets(
 
 
 def test_responses_streaming_cut_and_truncation(base_url: str) -> None:
-    engine = PolicyEngine(
-        [_target(base_url, "responses-stream", "o", "openai-responses")],
-        BudgetLimits(max_attempts=4),
-        sleep=lambda s: None,
-    )
+    engine = _engine(base_url, "responses-stream", "o", "openai-responses", attempts=4)
     with httpx.Client() as client:
         result = engine.run(client, ChatRequest(MESSAGES, stream=True, max_output_tokens=300))
     assert [a.outcome.cls.value for a in result.attempts] == ["invalid_output", "exhausted", "success"]
     assert result.outcome is not None
     assert result.outcome.text == "streamed 24"
     assert [e["body"]["max_output_tokens"] for e in _log(base_url, "responses-stream")] == [300, 300, 600]
+
+
+def test_anthropic_streams_fold_into_the_message_they_stand_for(base_url: str) -> None:
+    engine = _engine(base_url, "anthropic-stream", "claude", "anthropic", attempts=5)
+    with httpx.Client() as client:
+        result = engine.run(client, ChatRequest(MESSAGES, stream=True, max_output_tokens=300))
+    # Cut before message_delta; an overloaded_error event in a 200 stream; max_tokens; the answer.
+    classes = [a.outcome.cls.value for a in result.attempts]
+    assert classes == ["invalid_output", "server_error", "exhausted", "success"]
+    assert result.outcome is not None
+    assert result.outcome.text == "streamed 24"
+    assert result.outcome.usage.reasoning_tokens == 40  # from the cumulative usage of message_delta
+    assert result.outcome.usage.input_tokens > 0  # from message_start
+    log = _log(base_url, "anthropic-stream")
+    assert all(entry["body"]["stream"] is True for entry in log)
+    assert [entry["body"]["max_tokens"] for entry in log] == [300, 300, 300, 600]
+
+
+def test_anthropic_streamed_tool_input_is_parsed_and_a_broken_one_is_caught(base_url: str) -> None:
+    engine = _engine(base_url, "anthropic-tools-stream", "claude", "anthropic", attempts=1)
+    with httpx.Client() as client:
+        good = engine.run(client, ChatRequest(MESSAGES, stream=True))
+        broken = engine.run(client, ChatRequest(MESSAGES, stream=True))
+    assert good.outcome is not None
+    assert [(c.name, c.arguments) for c in good.outcome.tool_calls] == [("create_ticket", {"title": "disk full"})]
+    assert broken.attempts[0].outcome.cls.value == "tool_error"
