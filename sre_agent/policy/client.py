@@ -50,6 +50,9 @@ __all__ = ["AttemptRecord", "PolicyEngine", "PolicyResult", "arun_request", "run
 Tool = Callable[[dict[str, Any]], Any]
 
 _STREAM_FORMATS = frozenset({"openai-chat", "openai-responses", "anthropic"})
+#: Formats whose tool calls the engine runs and answers; the conversation stays OpenAI-shaped
+#: and the wire translates it (wire.anthropic_messages).
+_TOOL_FORMATS = frozenset({"openai-chat", "anthropic"})
 # Read off the Enum class once: a member lookup there costs about four global lookups per attempt.
 _SUCCESS = OutcomeClass.SUCCESS
 _TOOL_ERROR = OutcomeClass.TOOL_ERROR
@@ -310,7 +313,7 @@ class PolicyEngine:
             return outcome
         if cls is not _SUCCESS:
             return outcome
-        runs_tools = self.tools and self.targets[plan.target_index].provider_format == "openai-chat"
+        runs_tools = self.tools and self.targets[plan.target_index].provider_format in _TOOL_FORMATS
         if outcome.tool_calls and runs_tools:
             messages: list[dict[str, Any]] = [
                 {

@@ -9,7 +9,7 @@ a non-streaming body so one classification table serves both.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ __all__ = [
     "AnthropicStreamAccumulator",
     "CallTemplate",
     "HttpCall",
+    "anthropic_messages",
     "ResponsesStreamAccumulator",
     "SseAccumulator",
     "StreamAccumulator",
@@ -124,9 +125,11 @@ def call_template(target: Target, request: ChatRequest) -> CallTemplate:
     elif fmt == "anthropic":
         cap_key = "max_tokens"
         system = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "system")
-        body = {"model": target.model, "messages": [m for m in messages if m.get("role") != "system"], cap_key: 0}
+        body = {"model": target.model, "messages": anthropic_messages(messages), cap_key: 0}
         if system:
             body["system"] = system
+        if request.tools:
+            body["tools"] = [_anthropic_tool(tool) for tool in request.tools]
         if request.reasoning_effort is not None:
             body["output_config"] = {"effort": request.reasoning_effort}
         if request.stream:
@@ -136,6 +139,56 @@ def call_template(target: Target, request: ChatRequest) -> CallTemplate:
     else:
         raise ValueError(f"cannot send provider format {fmt!r}")
     return CallTemplate(url, headers, body, cap_key, _PROVIDER_NAMES[fmt])
+
+
+def anthropic_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """An OpenAI-shaped conversation as Anthropic Messages (system messages go to ``system``).
+
+    The engine keeps one conversation whatever the target, so a fallback to another format
+    resends the same turns: assistant ``tool_calls`` become ``tool_use`` blocks, and
+    consecutive ``tool`` messages one user message of ``tool_result`` blocks.
+    """
+    out: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] | None = None  # the tool_result blocks of the last message, if it is one
+    for message in messages:
+        role = message.get("role")
+        if role == "system":
+            continue
+        if role == "tool":
+            block = {"type": "tool_result", "tool_use_id": str(message.get("tool_call_id", "")),
+                     "content": str(message.get("content", ""))}  # fmt: skip
+            if results is None:
+                results = []
+                out.append({"role": "user", "content": results})
+            results.append(block)
+            continue
+        results = None
+        if role == "assistant" and message.get("tool_calls"):
+            text = message.get("content")
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+            for call in message["tool_calls"]:
+                function = call.get("function") or {}
+                try:
+                    arguments = json.loads(function.get("arguments") or "{}")
+                except ValueError:
+                    arguments = {}
+                blocks.append({"type": "tool_use", "id": call.get("id", ""), "name": function.get("name", ""),
+                               "input": arguments})  # fmt: skip
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append(dict(message))
+    return out
+
+
+def _anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI function tool as an Anthropic tool; a tool already in Anthropic's shape passes through."""
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, Mapping):
+        return dict(tool)
+    out = {"name": function.get("name", ""), "input_schema": function.get("parameters") or {"type": "object"}}
+    if function.get("description"):
+        out["description"] = function["description"]
+    return out
 
 
 def build_call(target: Target, request: ChatRequest, max_output_tokens: int) -> HttpCall:

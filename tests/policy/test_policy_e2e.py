@@ -23,6 +23,7 @@ SCRIPTS = {
     "refuse": [Step("refusal"), Step("ok")],
     "fallback": [Step("ok", text="from the fallback")],
     "tools": [Step("tool_call"), Step("tool_call"), Step("ok", text="ticket filed")],
+    "anthropic-tools": [Step("tool_call"), Step("tool_call"), Step("ok", text="ticket filed")],
     "stall": [Step("stall", stall_s=1.0), Step("ok")],
     "trickle": [Step("ok", trickle_s=0.25), Step("ok", text="whole")],
     "cut": [Step("cut", text="a long answer that is cut"), Step("ok")],
@@ -185,6 +186,37 @@ def test_tool_calls_run_once_through_the_ledger(base_url: str) -> None:
     tool_messages = [m for m in result.messages if m["role"] == "tool"]
     assert len(tool_messages) == 2
     assert all('"T-1"' in m["content"] for m in tool_messages)
+
+
+def test_anthropic_tool_turns_run_once_and_go_back_as_tool_result_blocks(base_url: str) -> None:
+    filed: list[dict[str, Any]] = []
+
+    def create_ticket(args: dict[str, Any]) -> dict[str, str]:
+        filed.append(args)
+        return {"id": "T-1"}
+
+    tool = {"type": "function", "function": {"name": "create_ticket", "parameters": {"type": "object"}}}
+    engine = PolicyEngine(
+        [_target(base_url, "anthropic-tools", "claude", "anthropic")],
+        BudgetLimits(max_attempts=5),
+        tools={"create_ticket": create_ticket},
+        sleep=lambda s: None,
+    )
+    with httpx.Client() as client:
+        result = engine.run(client, ChatRequest(MESSAGES, tools=(tool,), request_id="incident-8"))
+    assert result.outcome is not None
+    assert result.outcome.text == "ticket filed"
+    assert filed == [{"title": "disk full"}]
+    sent = [entry["body"] for entry in _log(base_url, "anthropic-tools")]
+    assert sent[0]["tools"] == [{"name": "create_ticket", "input_schema": {"type": "object"}}]
+    # The second request carries the model's tool_use turn and our tool_result, in Anthropic's shape.
+    assistant, results = sent[1]["messages"][-2:]
+    assert assistant["role"] == "assistant"
+    assert assistant["content"][-1] == {"type": "tool_use", "id": "toolu_1", "name": "create_ticket",
+                                        "input": {"title": "disk full"}}  # fmt: skip
+    assert results["role"] == "user"
+    assert [(b["type"], b["tool_use_id"]) for b in results["content"]] == [("tool_result", "toolu_1")]
+    assert '"T-1"' in results["content"][0]["content"]
 
 
 def _engine(
