@@ -18,9 +18,11 @@ Gateway use::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -97,6 +99,10 @@ class PolicyResult:
         return self.outcome is not None and self.outcome.usable
 
 
+#: What one attempt's HTTP exchange yields: (status, headers, body), or the transport error.
+_Sent = tuple[tuple[int, Mapping[str, str], Any] | None, BaseException | None]
+
+
 @dataclass(slots=True)
 class _Prepared:
     number: int
@@ -162,8 +168,9 @@ class PolicyEngine:
         recovery: per-class recovery knobs.
         wait: backoff between same-target retries (default full jitter 0.5 s..8 s); Retry-After wins.
         attempt_timeout_s: per-attempt timeout in seconds (None: only the deadline bounds it).
-        hedge_after_s: async only; start a hedge when an attempt is still pending after this many
-            seconds (None: latency p95 of the target once 20 attempts were seen; 0 disables).
+        hedge_after_s: start a hedge when an attempt is still pending after this many seconds
+            (None: latency p95 of the target once 20 attempts were seen; 0, the default, disables).
+            Sync runs then send on worker threads; without hedging they send on the calling thread.
         clock / sleep / async_sleep: injectable time sources; tests pass fakes and never sleep.
         tracer: OTel tracer (default: the global one named ``sre_agent.policy``).
     """
@@ -427,37 +434,99 @@ class PolicyEngine:
             return self._refused_by_budget(state)
         span = self._start_span(prepared)
         started = self.clock()
-        response: tuple[int, Mapping[str, str], Any] | None = None
-        error: BaseException | None = None
+        delay = self._hedge_delay(prepared.target.model)
+        if delay is None:  # no hedging: the request runs on the calling thread
+            response, error = self._send_sync(client, prepared, started)
+        else:
+            cancel = threading.Event()
+            first = _in_thread(self._send_sync, client, prepared, started, cancel)
+            done, _ = concurrent.futures.wait([first], timeout=delay)
+            if not done:
+                return self._race_hedge_sync(state, client, (prepared, span, started, first, cancel))
+            response, error = first.result()
+        return self._complete(
+            state, prepared=prepared, span=span, response=response, error=error, latency_s=self.clock() - started
+        )
+
+    def _send_sync(
+        self, client: httpx.Client, prepared: _Prepared, started: float, cancel: threading.Event | None = None
+    ) -> _Sent:
+        """The attempt's HTTP exchange, nothing else (it may run on a hedge thread)."""
         timeout = prepared.reservation.timeout_s
 
-        def check_time(request: httpx.Request) -> None:
+        def check(request: httpx.Request) -> None:
             # httpx bounds each read, not the whole attempt: a server trickling its answer, streamed
             # or not, must not outlive the attempt's share of the deadline (by more than one read).
             if timeout is not None and self.clock() - started > timeout:
                 raise httpx.ReadTimeout("attempt exceeded its time budget", request=request)
+            if cancel is not None and cancel.is_set():
+                raise httpx.ReadError("hedge lost", request=request)
 
         try:
             call = prepared.call
             with client.stream("POST", call.url, json=call.body, headers=call.headers, timeout=timeout) as resp:
-                check_time(resp.request)
+                check(resp.request)
                 if prepared.stream and resp.status_code < 400:
                     sse = stream_accumulator(prepared.target.provider_format)
                     for line in resp.iter_lines():
                         sse.feed_line(line)
-                        check_time(resp.request)
-                    response = (resp.status_code, resp.headers, sse.body())
-                else:
-                    pieces = []
-                    for piece in resp.iter_bytes():
-                        pieces.append(piece)
-                        check_time(resp.request)
-                    response = (resp.status_code, resp.headers, _json_body(b"".join(pieces)))
+                        check(resp.request)
+                    return (resp.status_code, resp.headers, sse.body()), None
+                pieces = []
+                for piece in resp.iter_bytes():
+                    pieces.append(piece)
+                    check(resp.request)
+                return (resp.status_code, resp.headers, _json_body(b"".join(pieces))), None
         except httpx.HTTPError as exc:
-            error = exc
-        return self._complete(
-            state, prepared=prepared, span=span, response=response, error=error, latency_s=self.clock() - started
-        )
+            return None, exc
+
+    def _race_hedge_sync(
+        self,
+        state: AttemptState,
+        client: httpx.Client,
+        first: tuple[_Prepared, trace.Span, float, concurrent.futures.Future[_Sent], threading.Event],
+    ) -> Outcome:
+        """:meth:`_race_hedge` on threads: the calling thread classifies, the hedge threads only send."""
+        prepared, span, started, future, _ = first
+        hedge = self._hedge(state)
+        if hedge is None:
+            response, error = future.result()
+            return self._complete(
+                state, prepared=prepared, span=span, response=response, error=error, latency_s=self.clock() - started
+            )
+        hedge_span, hedge_started, cancel = self._start_span(hedge), self.clock(), threading.Event()
+        second = _in_thread(self._send_sync, client, hedge, hedge_started, cancel)
+        pending = {future: first, second: (hedge, hedge_span, hedge_started, second, cancel)}
+        outcome: Outcome | None = None
+        while pending and (outcome is None or not outcome.usable):
+            done, _ = concurrent.futures.wait(list(pending), return_when=concurrent.futures.FIRST_COMPLETED)
+            for finished in done:
+                item, item_span, item_started, _, _ = pending.pop(finished)
+                response, error = finished.result()
+                latency_s = self.clock() - item_started
+                outcome = self._complete(
+                    state, prepared=item, span=item_span, response=response, error=error, latency_s=latency_s
+                )
+                if outcome.usable:
+                    break
+        for item, item_span, _, _, item_cancel in pending.values():
+            item_cancel.set()  # it stops at its next read; the thread is a daemon and holds no state
+            self._abandon(state, item, item_span)
+        assert outcome is not None
+        return outcome
+
+    def _hedge(self, state: AttemptState) -> _Prepared | None:
+        """The hedge attempt, if the fleet budget and the request's budget pay for one."""
+        fleet_ok = self.fleet is None or self.fleet.try_withdraw()
+        hedge = self._prepare(state, hedge=True) if fleet_ok else None
+        if hedge is None:
+            state.extra["plan"].budget_refused = False  # a refused hedge must not end the request
+        return hedge
+
+    def _abandon(self, state: AttemptState, prepared: _Prepared, span: trace.Span) -> None:
+        """Settle a hedge race's loser: its tokens may be billed, so it is charged its reservation."""
+        state.budget.charge(prepared.reservation, None, None)
+        self._end_span(span, Outcome(OutcomeClass.TIMEOUT, detail="hedge lost"), cancelled=True)
 
     # -- async --------------------------------------------------------------------------------
 
@@ -479,9 +548,7 @@ class PolicyEngine:
             await retrying(self._attempt_async, state, client)
         return self._result(state)
 
-    async def _send_async(
-        self, client: httpx.AsyncClient, prepared: _Prepared
-    ) -> tuple[tuple[int, Mapping[str, str], Any] | None, BaseException | None]:
+    async def _send_async(self, client: httpx.AsyncClient, prepared: _Prepared) -> _Sent:
         call = prepared.call
         timeout = prepared.reservation.timeout_s
         try:
@@ -533,13 +600,11 @@ class PolicyEngine:
         prepared: _Prepared,
         span: trace.Span,
         started: float,
-        first: asyncio.Task[tuple[tuple[int, Mapping[str, str], Any] | None, BaseException | None]],
+        first: asyncio.Task[_Sent],
     ) -> Outcome:
         """Start a hedge (charged to the fleet budget and to spend) and keep the first usable answer."""
-        fleet_ok = self.fleet is None or self.fleet.try_withdraw()
-        hedge = self._prepare(state, hedge=True) if fleet_ok else None
+        hedge = self._hedge(state)
         if hedge is None:
-            state.extra["plan"].budget_refused = False  # a refused hedge must not end the request
             response, error = await first
             return self._complete(
                 state, prepared=prepared, span=span, response=response, error=error, latency_s=self.clock() - started
@@ -567,12 +632,25 @@ class PolicyEngine:
             if outcome is not None and outcome.usable:
                 break
         for task, (item, item_span, _) in pending.items():
-            # The loser was cancelled mid-flight: its tokens may be billed, so charge its reservation.
             task.cancel()
-            state.budget.charge(item.reservation, None, None)
-            self._end_span(item_span, Outcome(OutcomeClass.TIMEOUT, detail="hedge lost"), cancelled=True)
+            self._abandon(state, item, item_span)
         assert outcome is not None
         return outcome
+
+
+def _in_thread(fn: Callable[..., _Sent], *args: Any) -> concurrent.futures.Future[_Sent]:
+    """Run ``fn(*args)`` on a new daemon thread. A hedge lost mid-read may block its thread until
+    its own timeout; a pool would let such threads hold up the next request's attempts."""
+    future: concurrent.futures.Future[_Sent] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # boundary: the caller re-raises it from result()
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="sre-agent-policy-attempt", daemon=True).start()
+    return future
 
 
 def _append(request: ChatRequest, *messages: dict[str, Any]) -> ChatRequest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +12,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sre_agent.policy import BudgetLimits, ChatRequest, PolicyEngine, Pricing, RetryBudget, Target
+from sre_agent.policy import BudgetLimits, ChatRequest, PolicyEngine, PolicyResult, Pricing, RetryBudget, Target
 from sre_agent.replays.fault_server import Step, create_app, serve_in_thread
 
 SCRIPTS = {
@@ -29,7 +30,8 @@ SCRIPTS = {
     "cut": [Step("cut", text="a long answer that is cut"), Step("ok")],
     "anthropic": [Step("truncate"), Step("ok", text="done")],
     "responses": [Step("refusal"), Step("ok")],
-    "hedge": [Step("stall", stall_s=2.0), Step("ok", text="hedged")],
+    "hedge-async": [Step("stall", stall_s=2.0), Step("ok", text="hedged")],
+    "hedge-sync": [Step("stall", stall_s=2.0), Step("ok", text="hedged")],
     "overflow": [Step("context_overflow"), Step("ok")],
     "responses-stream": [Step("cut", text="cut short"), Step("truncate"), Step("ok", text="streamed 24")],
     "anthropic-stream": [
@@ -276,20 +278,29 @@ def test_anthropic_and_responses_formats(base_url: str) -> None:
     assert [a.outcome.cls.value for a in responses.attempts] == ["refused", "success"]
 
 
-async def test_async_hedge_after_a_stall_is_charged_to_the_budgets(
-    base_url: str, spans: tuple[InMemorySpanExporter, TracerProvider]
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_hedge_after_a_stall_wins_and_the_loser_is_charged(
+    mode: str, base_url: str, spans: tuple[InMemorySpanExporter, TracerProvider]
 ) -> None:
     exporter, provider = spans
     fleet = RetryBudget(ratio=0.2, min_retries_per_s=1.0)
     engine = PolicyEngine(
-        [_target(base_url, "hedge")],
+        [_target(base_url, f"hedge-{mode}")],
         BudgetLimits(max_attempts=3, deadline_s=20),
         fleet=fleet,
         hedge_after_s=0.2,
         tracer=provider.get_tracer("test"),
     )
-    async with httpx.AsyncClient() as client:
-        result = await engine.arun(client, ChatRequest(MESSAGES))
+    if mode == "sync":  # the attempts run on worker threads, the calling thread classifies
+        with httpx.Client() as client:
+            result = engine.run(client, ChatRequest(MESSAGES))
+    else:
+
+        async def run() -> PolicyResult:
+            async with httpx.AsyncClient() as client:
+                return await engine.arun(client, ChatRequest(MESSAGES))
+
+        result = asyncio.run(run())
     assert result.usable
     assert result.outcome is not None
     assert result.outcome.text == "hedged"
