@@ -217,34 +217,34 @@ class SseAccumulator:
             self.feed_line(line)
 
     def feed_line(self, line: str) -> None:
-        """Consume one SSE line."""
-        if not line.startswith("data:"):
-            return
-        data = line[5:].strip()
-        if data == "[DONE]":
+        """Consume one SSE line; fields of the wrong type are skipped, never raised on."""
+        if line.startswith("data:") and line[5:].strip() == "[DONE]":
             self.done = True
             return
-        try:
-            event = json.loads(data)
-        except ValueError:
+        event = _data_event(line)
+        if event is None:
             return
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
-        for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
+        for choice in _dicts(event.get("choices")):
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
             if isinstance(delta.get("content"), str):
                 self.content.append(delta["content"])
             if isinstance(delta.get("refusal"), str):
                 self.refusal.append(delta["refusal"])
-            for call in delta.get("tool_calls") or []:
+            for call in _dicts(delta.get("tool_calls")):
                 slot = self.tool_calls.setdefault(
-                    int(call.get("index", 0)), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                    _index(call.get("index")), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
                 )
-                slot["id"] = call.get("id") or slot["id"]
-                function = call.get("function") or {}
-                slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
-            if choice.get("finish_reason"):
+                if isinstance(call.get("id"), str) and call["id"]:
+                    slot["id"] = call["id"]
+                function = call.get("function")
+                if isinstance(function, dict):
+                    for key in ("name", "arguments"):
+                        if isinstance(function.get(key), str):
+                            slot["function"][key] += function[key]
+            if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
                 self.finish_reason = choice["finish_reason"]
 
     def body(self) -> dict[str, Any]:
@@ -258,6 +258,16 @@ class SseAccumulator:
         if self.usage is not None:
             body["usage"] = self.usage
         return body
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The objects of a JSON array (nothing when ``value`` is not one)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _index(value: Any, default: int = 0) -> int:
+    """A stream event's ``index``; ``default`` when it is not an integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _data_event(line: str) -> dict[str, Any] | None:
@@ -321,26 +331,27 @@ class AnthropicStreamAccumulator:
         if kind == "message_start" and isinstance(event.get("message"), dict):
             self.message = {**event["message"], "content": []}
         elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
-            self.blocks[int(event.get("index", len(self.blocks)))] = dict(event["content_block"])
+            self.blocks[_index(event.get("index"), len(self.blocks))] = dict(event["content_block"])
         elif kind == "content_block_delta" and isinstance(event.get("delta"), dict):
-            self._delta(int(event.get("index", 0)), event["delta"])
+            self._delta(_index(event.get("index")), event["delta"])
         elif kind == "message_delta":
             delta = event.get("delta")
             if isinstance(delta, dict):
                 self.message.update({k: v for k, v in delta.items() if k in ("stop_reason", "stop_sequence")})
             if isinstance(event.get("usage"), dict):  # cumulative: it replaces, field by field
-                self.message["usage"] = {**(self.message.get("usage") or {}), **event["usage"]}
+                usage = self.message.get("usage")
+                self.message["usage"] = {**(usage if isinstance(usage, dict) else {}), **event["usage"]}
         elif kind == "error" and isinstance(event.get("error"), dict):
             self.error = event["error"]
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
         block = self.blocks.setdefault(index, {"type": "text", "text": ""})
         kind = delta.get("type")
-        if kind == "text_delta" and isinstance(delta.get("text"), str):
-            block["text"] = block.get("text", "") + delta["text"]
-        elif kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
-            block["thinking"] = block.get("thinking", "") + delta["thinking"]
-        elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+        for delta_type, field in (("text_delta", "text"), ("thinking_delta", "thinking")):
+            if kind == delta_type and isinstance(delta.get(field), str):
+                before = block.get(field)
+                block[field] = (before if isinstance(before, str) else "") + delta[field]
+        if kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
             self.tool_json.setdefault(index, []).append(delta["partial_json"])
 
     def body(self) -> dict[str, Any]:
