@@ -117,11 +117,14 @@ def key_sql(key: str, maps: tuple[str, ...] = ("attributes", "resource_attribute
     return sources[0] if len(sources) == 1 else f"coalesce({', '.join(sources)})"
 
 
+def _service_sql(selection: Selection) -> str:
+    """The WHERE fragment for ``--service`` alone (``TRUE`` without it)."""
+    return "TRUE" if selection.service is None else f"service_name = {_q(selection.service)}"
+
+
 def filter_sql(selection: Selection) -> str:
     """The WHERE fragment for ``--service`` and ``--where`` (always a valid boolean expression)."""
-    parts = ["TRUE"]
-    if selection.service is not None:
-        parts.append(f"service_name = {_q(selection.service)}")
+    parts = [_service_sql(selection)]
     parts.extend(f"{key_sql(key)} = {_q(value)}" for key, value in selection.where)
     return " AND ".join(parts)
 
@@ -211,7 +214,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     # populations inside the windows (Comparison's scans), it does not move them. Otherwise
     # narrowing to a slice that started late would shift both windows, and the console's
     # drill-down would no longer compare the same time ranges as the overview.
-    where = "is_engine" + (f" AND service_name = {_q(selection.service)}" if selection.service else "")
+    where = f"is_engine AND {_service_sql(selection)}"
     notes: list[str] = []
 
     def extent(extra: str = "TRUE") -> tuple[int | None, int | None, int]:
@@ -259,8 +262,8 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
         lo, hi, n = extent()
         if lo is None or hi is None or n == 0:
             # No spans at all (metrics-only telemetry): size the windows by the metric stream instead.
-            svc = f"WHERE service_name = {_q(selection.service)}" if selection.service else ""
-            row = fetch_one(con.execute(f"SELECT min(time_ns), max(time_ns), count(*) FROM metric_points {svc}"))
+            query = f"SELECT min(time_ns), max(time_ns), count(*) FROM metric_points WHERE {_service_sql(selection)}"
+            row = fetch_one(con.execute(query))
             lo, hi, n = (row[0], row[1], int(row[2])) if row else (None, None, 0)
             if lo is None or hi is None or n == 0:
                 raise SelectionError("the store holds no engine request spans or metrics matching the filters")
@@ -283,10 +286,10 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
 
 def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: str) -> tuple[DeployPoint, str]:
     """The latest deploy marker, else the latest ``service.version`` change; and a note saying which."""
-    svc = f"WHERE service_name = {_q(selection.service)}" if selection.service else ""
     row = fetch_one(
         con.execute(
-            f"SELECT time_ns, service_name, version, previous_version FROM deploys {svc} ORDER BY time_ns DESC LIMIT 1"
+            "SELECT time_ns, service_name, version, previous_version FROM deploys "
+            f"WHERE {_service_sql(selection)} ORDER BY time_ns DESC LIMIT 1"
         )
     )
     if row is not None:
