@@ -200,7 +200,7 @@ def store_floors_us_per_span(batch: int, requests: int, commit: int) -> dict[str
     (the store's layout); with the attributes no canonical column is read
     from as JSON text (the smallest queryable layout the schema allows). The
     most favourable appends there are: a fresh file, no duplicate check, one
-    contiguous table (DuckDB scans it ~30 % cheaper than 512-row chunks), big
+    contiguous table (DuckDB scans it cheaper than 512-row chunks), big
     commits; decoding and JSON building happen before the clock starts.
     """
     import duckdb
