@@ -224,6 +224,9 @@ def routes(ctx: ApiContext, *, evaluations: EvaluationStore | None = None) -> li
     """The canary routes bound to ``ctx`` (``read_cursor``, ``tenant_for``)."""
     executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sre-agent-canary")
     store = evaluations if evaluations is not None else EvaluationStore(executor)
+    # At shutdown, evaluations not started are dropped and running ones finish (like requests in
+    # progress) before the store's read connection closes under them.
+    ctx.on_close(lambda: executor.shutdown(wait=True, cancel_futures=True))
 
     def run(tenant: str | None, selection: Selection, spec: CanarySpec) -> Verdict:
         with ctx.read_cursor(tenant) as cursor:

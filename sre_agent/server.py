@@ -123,13 +123,28 @@ class ApiContext:
     # connection belongs to the writer thread.
     _reader_root: duckdb.DuckDBPyConnection | None = field(default=None, repr=False)
     _reader_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _on_close: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self._reader_root is None:
             self._reader_root = self.store.cursor()
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the context closes, before the read connection does.
+
+        Route modules that read off the request path (background jobs) register the wait
+        for their work here: DuckDB refuses to close a connection a cursor is still using.
+        """
+        self._on_close.append(callback)
+
     def close(self) -> None:
-        """Close the connection read cursors derive from (safe to call twice)."""
+        """Finish background readers, then close the connection read cursors derive from (safe to call twice)."""
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # boundary: one failing closer must not keep the store open
+                log.exception("a close callback failed")
         with self._reader_lock:
             if self._reader_root is not None:
                 self._reader_root.close()

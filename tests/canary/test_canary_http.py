@@ -9,8 +9,10 @@ else halts.
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -226,3 +228,20 @@ def test_tokens_and_tenant_scoping(tmp_path_factory: pytest.TempPathFactory) -> 
             assert "no engine requests" in acme.json()["reasons"][0]
     finally:
         assert srv.stop() == 0, "".join(srv.stderr)
+
+
+def test_sigterm_during_an_async_evaluation_finishes_it_and_exits_0(regression_store: Path, tmp_path: Path) -> None:
+    db = tmp_path / "stopping.duckdb"
+    shutil.copy(regression_store, db)
+    srv = start_serve(db, grpc=False)
+    try:
+        for _ in range(3):  # two workers: the third waits in the queue and is dropped at shutdown
+            started = httpx.post(f"{srv.url}/api/v1/canary/evaluations", json={**VERSIONS, "slo": "ttft_p99=3s"})
+            assert started.status_code == 202
+    finally:
+        code = srv.stop()
+    # The read connection used to be closed under the running evaluations: DuckDB refused
+    # ("connection is busy") and the shutdown was no longer clean.
+    assert code == 0, srv.stderr
+    assert "Traceback" not in srv.stderr
+    assert "busy" not in srv.stderr
