@@ -13,27 +13,20 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
-from sre_agent.canary import CanarySpec, QuantileEstimate, QuantileNeed, SideStats, judge
+from sre_agent.canary import CanarySpec, QuantileEstimate, QuantileNeed, SideStats, ladder_ranks
 from sre_agent.compare import SIDES, Comparison, SideWindow, filter_sql, resolve_windows
-from sre_agent.sequential import (
-    DESIGN_EFFECT_SLICES,
-    DESIGN_EFFECT_STEPS,
-    design_effect,
-    design_effect_step,
-    histogram_quantile_cs,
-    point_rank,
-    quantile_cs_ranks,
-)
+from sre_agent.exceedance import DENSITY_WINDOW, TIME_BLOCKS, ShareCounts
+from sre_agent.sequential import histogram_quantile_cs, point_rank
 
 if TYPE_CHECKING:
     import duckdb
 
     from sre_agent.selection import Selection
 
-__all__ = ["gather", "top_findings"]
+__all__ = ["gather", "top_findings", "unknown_names"]
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +72,8 @@ _FILLABLE = (
 class _Sources:
     """The two ways to read the selected engine spans: columns ``side``, ``slice`` and the latencies.
 
-    ``slice`` (0..19) is the request's time slice within its side's window,
-    over which the design effect is estimated.
+    ``slice`` (0..19) is the request's time block within its side's window,
+    over which a share's variance is estimated (:mod:`sre_agent.exceedance`).
     """
 
     def __init__(self, comparison: Comparison, windows: tuple[SideWindow, SideWindow]) -> None:
@@ -88,7 +81,7 @@ class _Sources:
         self.comparison = comparison
         self.side = f"CASE WHEN {b.predicate()} THEN 'baseline' WHEN {c.predicate()} THEN 'candidate' END"
         self.where = f"is_engine AND ({b.predicate()} OR {c.predicate()}) AND {filter_sql(comparison.selection)}"
-        k = DESIGN_EFFECT_SLICES
+        k = TIME_BLOCKS
         self.slice = (
             f"least({k - 1}, CAST(floor(CASE side WHEN 'baseline' THEN (start_ns - {b.start_ns}) * {k}.0 / "
             f"{max(1, b.end_ns - b.start_ns)} ELSE (start_ns - {c.start_ns}) * {k}.0 / "
@@ -125,44 +118,30 @@ class _Sources:
         return f"(SELECT *, {self.slice} AS slice FROM {inner})"
 
 
-@dataclass(frozen=True)
-class _Found:
-    """One need's order statistics for every design-effect step."""
-
-    column: str
-    n: int
-    estimate: float
-    bounds: dict[float, tuple[float, float]]
-
-    def at(self, step: float) -> QuantileEstimate:
-        lo, hi = self.bounds[step]
-        return QuantileEstimate(self.n, self.estimate, lo, hi, design_effect=step)
-
-
 class _Plan:
     """The order statistics a set of needs asks for, given each side's (expected) value counts.
 
-    For each need: the point estimate and the confidence-sequence bounds at
-    every design-effect step, so that the step chosen after the slice scan
-    needs no further scan. Both sides share one ``quantile_disc`` fraction
-    list per column (the union of theirs), so a single ``GROUP BY side``
-    answers them all; each side then reads only its own fractions.
+    For each need: the point estimate and the ladder's order statistics (see
+    :func:`sre_agent.canary.ladder_ranks`). Both sides share one
+    ``quantile_disc`` fraction list per column (the union of theirs), so a
+    single ``GROUP BY side`` answers them all; each side then reads only its
+    own fractions.
     """
 
     def __init__(self, needs: list[QuantileNeed], counts: dict[str, dict[str, int]]) -> None:
         self.counts = counts
         ranks: dict[str, set[tuple[str, int]]] = {}  # column -> {(side, rank)}
-        self.spots: dict[tuple[str, str], tuple[str, int, int, dict[float, tuple[int | None, int | None]]]] = {}
+        self.spots: dict[tuple[str, str], tuple[str, int, int, list[tuple[float, int | None, int | None]]]] = {}
         for need in needs:
             column = SPAN_COLUMN[need.metric]
             n = counts[need.side][f"n_{column}"]
             if n == 0:
                 continue
             point = point_rank(n, need.quantile)
-            steps = {d: quantile_cs_ranks(n, need.quantile, need.alpha, design_effect=d) for d in DESIGN_EFFECT_STEPS}
-            wanted = {point} | {r for pair in steps.values() for r in pair if r is not None}
+            ladder = ladder_ranks(n, need.quantile)
+            wanted = {point} | {r for _, lo, hi in ladder for r in (lo, hi) if r is not None}
             ranks.setdefault(column, set()).update((need.side, r) for r in wanted)
-            self.spots[(need.side, need.key)] = (column, n, point, steps)
+            self.spots[(need.side, need.key)] = (column, n, point, ladder)
         self.order = [(column, sorted(r)) for column, r in sorted(ranks.items())]
 
     def aggregates(self) -> list[str]:
@@ -175,27 +154,28 @@ class _Plan:
 
     def found(
         self, results: dict[str, tuple[Any, ...]], exact: dict[str, dict[str, int]]
-    ) -> dict[tuple[str, str], _Found | None]:
-        """(side, need key) -> order statistics, or ``None`` where the expected count was wrong."""
+    ) -> dict[tuple[str, str], QuantileEstimate | None]:
+        """(side, need key) -> estimate, or ``None`` where the expected count was wrong."""
         values: dict[tuple[str, str, int], float] = {}
         for side, row in results.items():
             for (column, wanted), result in zip(self.order, row, strict=True):
                 for (want_side, k), v in zip(wanted, result or [], strict=False):
                     if want_side == side:
                         values[(side, column, k)] = float(v)
-        out: dict[tuple[str, str], _Found | None] = {}
-        for (side, key), (column, n, point, steps) in self.spots.items():
+        out: dict[tuple[str, str], QuantileEstimate | None] = {}
+        for (side, key), (column, n, point, ladder) in self.spots.items():
             if exact[side][f"n_{column}"] != n:
                 out[(side, key)] = None
                 continue
-            bounds = {
-                d: (
-                    values[(side, column, lower)] if lower is not None else 0.0,
-                    values[(side, column, upper)] if upper is not None else math.inf,
+            rungs = tuple(
+                (
+                    offset,
+                    values[(side, column, lo)] if lo is not None else 0.0,
+                    values[(side, column, hi)] if hi is not None else math.inf,
                 )
-                for d, (lower, upper) in steps.items()
-            }
-            out[(side, key)] = _Found(column, n, values[(side, column, point)], bounds)
+                for offset, lo, hi in ladder
+            )
+            out[(side, key)] = QuantileEstimate(n, values[(side, column, point)], ladder=rungs)
         return out
 
 
@@ -209,7 +189,7 @@ def _good_sql(spec: CanarySpec) -> str:
 
 def _scan(
     con: duckdb.DuckDBPyConnection, spec: CanarySpec, plan: _Plan, source: str
-) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], _Found | None], bool]:
+) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], QuantileEstimate | None], bool]:
     """One ``GROUP BY side`` scan: per-side counts, the plan's order statistics, and whether any row was fillable."""
     columns = sorted(set(SPAN_COLUMN.values()))
     names = ["requests", "errors", "good", *(f"n_{c}" for c in columns)]
@@ -233,31 +213,77 @@ def _scan(
     return counts, plan.found(results, counts), fillable
 
 
-def _design_effects(
-    con: duckdb.DuckDBPyConnection, spec: CanarySpec, source: str, found: dict[tuple[str, str], _Found]
-) -> dict[tuple[str, str], float]:
-    """Design effect per (side, need key) and per (side, ``#errors``/``#good``), from one per-slice scan."""
-    keys = sorted({key for _, key in found})
-    selects = ["count(*)", f"count(*) FILTER (WHERE {_ERROR})", f"count(*) FILTER (WHERE {_good_sql(spec)})"]
-    for key in keys:
-        column = next(f.column for (_, k), f in found.items() if k == key)
-        # the side's own point estimate; NULL (no hit) for a side without this need
-        estimate = " ".join(
-            f"WHEN '{side}' THEN {found[(side, key)].estimate!r}" for side in SIDES if (side, key) in found
-        )
-        selects += [f"count({column})", f"count(*) FILTER (WHERE {column} > CASE side {estimate} END)"]
-    rows = con.execute(f"SELECT side, {', '.join(selects)} FROM {source} GROUP BY side, slice").fetchall()
-    out: dict[tuple[str, str], float] = {}
-    for side in SIDES:
-        mine = [row for row in rows if row[0] == side]
-        sizes = [row[1] for row in mine]
-        out[(side, "#errors")] = design_effect_step(design_effect(sizes, [row[2] for row in mine]))
-        out[(side, "#good")] = design_effect_step(design_effect(sizes, [row[3] for row in mine]))
-        for i, key in enumerate(keys):
-            if (side, key) in found:
-                hits = [row[5 + 2 * i] for row in mine]
-                out[(side, key)] = design_effect_step(design_effect([row[4 + 2 * i] for row in mine], hits))
+def _thresholds(
+    spec: CanarySpec, found: dict[tuple[str, str], QuantileEstimate], span_keys: set[str]
+) -> dict[tuple[str, str], tuple[str, float]]:
+    """(side, check key) -> (column, threshold) of every share a span-read check counts per time block."""
+    out: dict[tuple[str, str], tuple[str, float]] = {}
+    for s in spec.latency_slos:
+        key = f"slo:{s.name}"
+        if key in span_keys:
+            assert s.metric is not None
+            out[("candidate", key)] = out[("baseline", key)] = (SPAN_COLUMN[s.metric], s.threshold)
+    for r in spec.regressions:
+        key = f"reg:{r.name}"
+        for side in SIDES:
+            own = found.get((side, key))
+            if key in span_keys and own is not None and own.estimate is not None:
+                out[(side, key)] = (SPAN_COLUMN[r.metric], own.estimate)
     return out
+
+
+def _block_counts(
+    con: duckdb.DuckDBPyConnection,
+    spec: CanarySpec,
+    source: str,
+    thresholds: dict[tuple[str, str], tuple[str, float]],
+) -> dict[tuple[str, str], ShareCounts]:
+    """Bad requests per time block, per (side, check key), from one ``GROUP BY side, slice`` scan.
+
+    Mirrors :func:`sre_agent.canary.summarise` exactly (values above the
+    threshold; within :data:`DENSITY_WINDOW` below it, inclusive, and above it).
+    """
+    keys = sorted({key for _, key in thresholds})
+    selects = ["count(*)", f"count(*) FILTER (WHERE {_ERROR})", f"count(*) FILTER (WHERE NOT ({_good_sql(spec)}))"]
+    for key in keys:
+        column = next(col for (_, k), (col, _) in thresholds.items() if k == key)
+
+        def per_side(value: Callable[[float], str], key: str = key) -> str:
+            arms = " ".join(f"WHEN '{side}' THEN {value(thresholds[(side, key)][1])}"
+                            for side in SIDES if (side, key) in thresholds)  # fmt: skip
+            return f"CASE side {arms} END"
+
+        threshold = per_side(repr)
+        lo = per_side(lambda t: repr(t / (1.0 + DENSITY_WINDOW)))
+        hi = per_side(lambda t: repr(t * (1.0 + DENSITY_WINDOW)))
+        selects += [
+            f"count({column})",
+            f"count(*) FILTER (WHERE {column} > {threshold})",
+            f"count(*) FILTER (WHERE {column} BETWEEN {lo} AND {threshold})",
+            f"count(*) FILTER (WHERE {column} > {threshold} AND {column} <= {hi})",
+        ]
+    rows = con.execute(f"SELECT side, slice, {', '.join(selects)} FROM {source} GROUP BY side, slice").fetchall()
+    out: dict[tuple[str, str], ShareCounts] = {}
+    for side in SIDES:
+        blocks: dict[int, tuple[Any, ...]] = {int(row[1]): row[2:] for row in rows if row[0] == side}
+        for s in spec.slos:
+            if s.kind != "quantile":
+                out[(side, f"slo:{s.name}")] = _counts(blocks, 0, 1 if s.kind == "error_rate" else 2)
+        for i, key in enumerate(keys):
+            if (side, key) in thresholds:
+                out[(side, key)] = _counts(blocks, 3 + 4 * i, 4 + 4 * i, 5 + 4 * i)
+    return out
+
+
+def _counts(blocks: dict[int, tuple[Any, ...]], size: int, hit: int, near: int | None = None) -> ShareCounts:
+    """Columns ``size``/``hit`` (and ``near``, ``near + 1``) of per-block rows as :class:`ShareCounts`."""
+    sizes = tuple(int(blocks[k][size]) if k in blocks else 0 for k in range(TIME_BLOCKS))
+    hits = tuple(int(blocks[k][hit]) if k in blocks else 0 for k in range(TIME_BLOCKS))
+    if near is None:
+        return ShareCounts(sizes, hits)
+    below = sum(int(b[near]) for b in blocks.values())
+    above = sum(int(b[near + 1]) for b in blocks.values())
+    return ShareCounts(sizes, hits, below, above)
 
 
 def _source(metric: str, counts: dict[str, dict[str, int]], comparison: Comparison) -> str:
@@ -280,12 +306,38 @@ def _histogram_quantile(comparison: Comparison, need: QuantileNeed, signal: str)
     delta = comparison.metrics.histogram(signal)[need.side]
     name = comparison.metrics.name_for(signal) or signal
     if delta is None:
-        return QuantileEstimate(0, None, 0.0, math.inf, name)
+        return QuantileEstimate(0, None, source=name)
     cs = histogram_quantile_cs(delta.bounds, delta.counts, need.quantile, need.alpha)
     if cs is None:
-        return QuantileEstimate(0, None, 0.0, math.inf, name)
+        return QuantileEstimate(0, None, source=name)
     lo, hi, estimate = cs
     return QuantileEstimate(delta.count, estimate, lo, hi, name)
+
+
+def unknown_names(con: duckdb.DuckDBPyConnection, selection: Selection) -> str | None:
+    """Why the selection names something the store has never seen (a service or version), or ``None``."""
+    if selection.service is not None:
+        row = con.execute("SELECT count(*) FROM spans WHERE service_name = ?", [selection.service]).fetchone()
+        metrics = con.execute(
+            "SELECT count(*) FROM metric_points WHERE service_name = ?", [selection.service]
+        ).fetchone()
+        if not (row and row[0]) and not (metrics and metrics[0]):
+            known = [r[0] for r in con.execute(
+                "SELECT DISTINCT service_name FROM spans WHERE service_name IS NOT NULL ORDER BY 1 LIMIT 20"
+            ).fetchall()]  # fmt: skip
+            return f"no spans or metrics for service {selection.service!r} (services: {', '.join(known) or 'none'})"
+    if selection.mode == "versions":
+        for version in (selection.baseline_version, selection.candidate_version):
+            row = con.execute("SELECT count(*) FROM spans WHERE service_version = ?", [version]).fetchone()
+            if not (row and row[0]):
+                known = [r[0] for r in con.execute(
+                    "SELECT DISTINCT service_version FROM spans WHERE service_version IS NOT NULL ORDER BY 1 LIMIT 20"
+                ).fetchall()]  # fmt: skip
+                return (
+                    f"no spans with service.version={version!r} in the store "
+                    f"(versions present: {', '.join(known) or 'none'})"
+                )
+    return None
 
 
 def gather(
@@ -320,35 +372,24 @@ def gather(
     for metric, origin in metric_source.items():
         if origin != "spans":
             notes.append(f"{metric} read from the {origin} histogram (bucket edges widen its CI)")
-
-    def sides(effect: Callable[[str, str], float]) -> tuple[SideStats, SideStats]:
-        out = []
-        for window in (baseline_w, candidate_w):
-            c = counts[window.side]
-            quantiles = {key: f.at(effect(side, key)) for (side, key), f in complete.items() if side == window.side}
-            quantiles.update({key: est for (side, key), est in histograms.items() if side == window.side})
-            out.append(
-                SideStats(
-                    requests=c["requests"],
-                    errors=c["errors"],
-                    good=c["good"] if spec.latency_slos else None,
-                    quantiles=quantiles,
-                    error_design_effect=effect(window.side, "#errors"),
-                    good_design_effect=effect(window.side, "#good"),
-                    window=replace(window, requests=c["requests"]).describe(selection),
-                )
+    span_keys = {n.key for n in span_needs}
+    shares = _block_counts(con, spec, source, _thresholds(spec, complete, span_keys))
+    out = []
+    for window in (baseline_w, candidate_w):
+        c = counts[window.side]
+        quantiles = {key: q for (side, key), q in complete.items() if side == window.side}
+        quantiles.update({key: q for (side, key), q in histograms.items() if side == window.side})
+        out.append(
+            SideStats(
+                requests=c["requests"],
+                errors=c["errors"],
+                good=c["good"] if spec.latency_slos else None,
+                quantiles=quantiles,
+                shares={key: v for (side, key), v in shares.items() if side == window.side},
+                window=replace(window, requests=c["requests"]).describe(selection),
             )
-        return out[0], out[1]
-
-    # A design effect only widens intervals, so if no check changes status between none and the
-    # largest step, the slice scan could not change the verdict: skip it.
-    plain, widest = sides(lambda *_: 1.0), sides(lambda *_: DESIGN_EFFECT_STEPS[-1])
-    undecided = replace(spec, dry_run=False)
-    if [c.status for c in judge(undecided, *plain).slos] == [c.status for c in judge(undecided, *widest).slos]:
-        return plain[0], plain[1], comparison.notes
-    effects = _design_effects(con, spec, source, complete)
-    chosen = sides(lambda side, key: effects[(side, key)])
-    return chosen[0], chosen[1], comparison.notes
+        )
+    return out[0], out[1], comparison.notes
 
 
 def top_findings(

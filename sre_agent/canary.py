@@ -1,4 +1,4 @@
-"""The canary gate: SLO specs, the verdict, its score and its renderings.
+"""The canary gate: SLO checks, the verdict, its score and its renderings.
 
 A gate run compares a candidate (canary) with a baseline, exactly as
 ``sre-agent diagnose`` does (:mod:`sre_agent.compare`), and checks:
@@ -11,34 +11,33 @@ A gate run compares a candidate (canary) with a baseline, exactly as
 * **relative checks** (``--max-regression ttft_p99=15%``): the candidate's
   quantile may exceed the baseline's by at most that much.
 
-Every check uses an any-time-valid confidence sequence
-(:mod:`sre_agent.sequential`), so a controller may poll as often as it likes.
-A check **fails** only when its whole interval lies beyond the threshold,
-**passes** only when it lies entirely within, and is otherwise
-**inconclusive**; it is **nodata** when the metric is absent. The family
-error ``alpha`` (default 0.05) is split evenly over the checks (Bonferroni),
-and a relative check splits its share over its two sides, so the chance
-that a polled gate *ever* fails a candidate that meets all its SLOs (or
-ever passes one that misses one) stays at most ``alpha`` for independent
-requests. Time-correlated requests (engine batches) are allowed for with an
-estimated design effect (see :mod:`sre_agent.sequential`), a heuristic.
+Each check is a test of a share of candidate requests (see
+:mod:`sre_agent.exceedance`): above the SLO, failed, not good, or above
+``(1 + margin)`` times the baseline's quantile (*tail exceedance*). The
+share's variance comes from time blocks (bursts of slow requests count as
+what they are), and the decision boundary is any-time valid, so a controller
+may poll as often as it likes. The family error ``alpha`` (default 0.05) is
+split evenly over the checks (Bonferroni).
 
-Per-check status: ``pass``, ``fail``, ``nodata`` (CONTRACTS section 4) and
-``inconclusive`` (an additive value: the interval straddles the threshold,
-or there are fewer than ``min_samples`` values).
+Per check:
 
-Overall verdict (checks with fewer than ``min_samples`` values are
-inconclusive, never pass):
+* **fail** when the share is significantly above its limit (and the side
+  has at least ``min_samples`` values);
+* **pass**, by default (Kayenta's semantics), when it did not fail and there
+  is enough data: ``min_samples`` values on each side it reads and at least
+  :data:`MIN_EXPECTED_BAD` bad requests expected at the limit (500 requests
+  for a p99 check); with ``require_equivalence`` only when the share is
+  significantly *below* its limit (the check is shown to hold);
+* **inconclusive** otherwise; **nodata** when the metric is absent.
 
-* ``fail`` if any check fails;
-* else ``inconclusive`` if no check had data, or half or more had none
-  (Kayenta's rule);
-* else ``pass`` if every check with data passed;
-* else ``inconclusive``.
+Checks read from an engine histogram (vLLM's ITL) use the histogram's
+quantile confidence sequence (:mod:`sre_agent.sequential`) instead.
 
-Score (0-100): 0 on ``fail`` and when half or more of the checks have no
-data; otherwise ``100 * (passes + 0.5 * inconclusives) / checks with data``.
-So ``pass`` scores 100 and ``inconclusive`` scores 50 to 99.
+Overall verdict: ``fail`` if any check fails; else ``inconclusive`` if no
+check had data or half or more had none (Kayenta's rule); else ``pass`` if
+every check with data passed; else ``inconclusive``. Score (0-100): 0 on
+``fail`` and when half or more of the checks have no data; otherwise
+``100 * (passes + 0.5 * inconclusives) / checks with data``.
 
 With ``dry_run`` the reported verdict is always ``pass`` (score 100) while
 ``real_verdict`` and the first reason carry the verdict the gate reached.
@@ -48,10 +47,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from sre_agent.canary_sides import LADDER, QuantileEstimate, SideStats, ladder_ranks, summarise
 from sre_agent.canary_spec import (
     DEFAULT_ALPHA,
     LATENCY_METRICS,
@@ -62,14 +62,7 @@ from sre_agent.canary_spec import (
     parse_max_regression,
     parse_slo,
 )
-from sre_agent.sequential import (
-    DESIGN_EFFECT_SLICES,
-    design_effect,
-    design_effect_step,
-    point_rank,
-    proportion_cs,
-    quantile_cs_ranks,
-)
+from sre_agent.exceedance import ShareCounts, ShareTest, one_sample, ratio_test
 
 if TYPE_CHECKING:
     import duckdb
@@ -77,7 +70,9 @@ if TYPE_CHECKING:
     from sre_agent.selection import Selection
 
 __all__ = [
+    "LADDER",
     "LATENCY_METRICS",
+    "MIN_EXPECTED_BAD",
     "SCHEMA",
     "CanarySpec",
     "CheckResult",
@@ -90,108 +85,32 @@ __all__ = [
     "apply_dry_run",
     "evaluate",
     "judge",
+    "ladder_ranks",
     "parse_max_regression",
     "parse_slo",
-    "quantile_estimate",
     "render",
-    "stream_quantile_estimate",
+    "summarise",
     "verdict_from_dict",
 ]
 
 log = logging.getLogger(__name__)
 
 SCHEMA: Final[str] = "sre-agent/canary/v1"
+#: Bad requests a check must expect at its limit before it may pass (n x limit).
+MIN_EXPECTED_BAD: Final[int] = 5
 
 Status = Literal["pass", "fail", "inconclusive", "nodata"]
-
-
-# ------------------------------------------------------------------ data
-@dataclass(frozen=True)
-class QuantileEstimate:
-    """A quantile of one side with its confidence sequence.
-
-    Attributes:
-        n: values it rests on (requests, or observations for histograms).
-        estimate: the empirical quantile (``None`` when ``n == 0``).
-        lo / hi: the confidence-sequence bounds; ``0`` and ``inf`` when
-            there are too few values to bound that side.
-        source: ``spans`` or the histogram metric it came from.
-        design_effect: the time-correlation allowance applied (1 = none).
-    """
-
-    n: int
-    estimate: float | None
-    lo: float
-    hi: float
-    source: str = "spans"
-    design_effect: float = 1.0
-
-
-def quantile_estimate(
-    sorted_values: Sequence[float], p: float, alpha: float, design_effect: float = 1.0
-) -> QuantileEstimate:
-    """The estimate and confidence sequence of the p-quantile from ascending values (pure)."""
-    n = len(sorted_values)
-    if n == 0:
-        return QuantileEstimate(0, None, 0.0, math.inf)
-    lower, upper = quantile_cs_ranks(n, p, alpha, design_effect=design_effect)
-    return QuantileEstimate(
-        n,
-        float(sorted_values[point_rank(n, p) - 1]),
-        float(sorted_values[lower - 1]) if lower is not None else 0.0,
-        float(sorted_values[upper - 1]) if upper is not None else math.inf,
-        design_effect=design_effect,
-    )
-
-
-def stream_quantile_estimate(values: Sequence[float], p: float, alpha: float) -> QuantileEstimate:
-    """As the store path computes it, from values in arrival order (pure; used by tests and simulations).
-
-    The design effect comes from :data:`DESIGN_EFFECT_SLICES` consecutive,
-    equal slices of the stream: how much the exceedances of the point
-    estimate cluster in time.
-    """
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        return QuantileEstimate(0, None, 0.0, math.inf)
-    estimate = ordered[point_rank(n, p) - 1]
-    k = min(DESIGN_EFFECT_SLICES, n)
-    bounds = [n * j // k for j in range(k + 1)]
-    sizes = [bounds[j + 1] - bounds[j] for j in range(k)]
-    hits = [sum(1 for v in values[bounds[j] : bounds[j + 1]] if v > estimate) for j in range(k)]
-    step = design_effect_step(design_effect(sizes, hits))
-    return quantile_estimate(ordered, p, alpha, step)
-
-
-@dataclass(frozen=True)
-class SideStats:
-    """What the judge needs from one side.
-
-    Attributes:
-        requests: engine requests in the population.
-        errors: requests that failed (span status error or an error type).
-        good: requests that did not fail and met every latency SLO (``None``
-            when no latency SLO was given).
-        quantiles: check key (see :meth:`CanarySpec.quantile_needs`) -> estimate.
-        window: the side's description for the report (start, end, filter).
-        error_design_effect / good_design_effect: time-correlation
-            allowances for the error and goodput shares (1 = none).
-    """
-
-    requests: int
-    errors: int = 0
-    good: int | None = None
-    quantiles: Mapping[str, QuantileEstimate] = field(default_factory=dict)
-    window: Mapping[str, Any] = field(default_factory=dict)
-    error_design_effect: float = 1.0
-    good_design_effect: float = 1.0
+PassRule = Literal["no-significant-regression", "equivalence"]
 
 
 # --------------------------------------------------------------- verdict
 @dataclass(frozen=True)
 class CheckResult:
-    """One row of the verdict's ``slos`` list (CONTRACTS section 4, plus ``kind``, ``reason`` and counts)."""
+    """One row of the verdict's ``slos`` list (CONTRACTS section 4, plus additive fields).
+
+    ``tail`` (additive) describes the share test behind the status: the
+    candidate's bad share, its any-time interval, the limit and ``z``.
+    """
 
     name: str
     kind: Literal["absolute", "relative"]
@@ -204,7 +123,7 @@ class CheckResult:
     n_baseline: int
     n_candidate: int
     unit: str
-    design_effect: float = 1.0
+    tail: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form; infinite bounds become ``null``."""
@@ -220,7 +139,7 @@ class CheckResult:
             "n_baseline": self.n_baseline,
             "n_candidate": self.n_candidate,
             "unit": self.unit,
-            "design_effect": self.design_effect,
+            "tail": None if self.tail is None else dict(self.tail),
         }
 
 
@@ -239,6 +158,7 @@ class Verdict:
     candidate: Mapping[str, Any] = field(default_factory=dict)
     alpha: float = DEFAULT_ALPHA
     notes: tuple[str, ...] = ()
+    pass_rule: PassRule = "no-significant-regression"
 
     def to_dict(self) -> dict[str, Any]:
         """The ``sre-agent/canary/v1`` JSON document."""
@@ -255,7 +175,9 @@ class Verdict:
             "candidate": dict(self.candidate),
             "method": {
                 "alpha": self.alpha,
-                "confidence": "any-time-valid beta-binomial mixture confidence sequences (sre_agent.sequential)",
+                "pass_rule": self.pass_rule,
+                "test": "tail-exceedance share tests, time-block variance, any-time-valid mixture boundary "
+                "(sre_agent.exceedance)",
             },
             "notes": list(self.notes),
         }
@@ -288,9 +210,10 @@ def verdict_from_dict(data: Mapping[str, Any]) -> Verdict:
                 n_baseline=int(c.get("n_baseline", 0)),
                 n_candidate=int(c.get("n_candidate", 0)),
                 unit=c.get("unit", "s"),
-                design_effect=float(c.get("design_effect", 1.0)),
+                tail=c.get("tail"),
             )
         )
+    method = data.get("method", {})
     return Verdict(
         verdict=data["verdict"],
         score=int(data["score"]),
@@ -301,8 +224,9 @@ def verdict_from_dict(data: Mapping[str, Any]) -> Verdict:
         findings=tuple(data.get("findings", [])),
         baseline=data.get("baseline", {}),
         candidate=data.get("candidate", {}),
-        alpha=float(data.get("method", {}).get("alpha", DEFAULT_ALPHA)),
+        alpha=float(method.get("alpha", DEFAULT_ALPHA)),
         notes=tuple(data.get("notes", [])),
+        pass_rule=method.get("pass_rule", "no-significant-regression"),
     )
 
 
@@ -311,6 +235,7 @@ def _finite(x: float | None) -> float | None:
 
 
 def _fmt(value: float | None, unit: str) -> str:
+    """A value in its unit: seconds as ``ms``/``s``, ratios as ``1.5x``, fractions as percentages."""
     if value is None:
         return "n/a"
     if math.isinf(value):
@@ -322,120 +247,148 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value * 100:.2f}%"
 
 
-def _decide(lo: float, hi: float, limit: float, upper_is_bad: bool) -> Status:
-    """pass/fail/inconclusive for an interval against a limit."""
-    if upper_is_bad:
-        return "fail" if lo > limit else "pass" if hi <= limit else "inconclusive"
-    return "fail" if hi < limit else "pass" if lo >= limit else "inconclusive"
+def _status(test: ShareTest, n: int, bad_share: float, spec: CanarySpec, tail_test: bool = False) -> Status:
+    """A test's status under the spec's pass rule; ``bad_share`` is the share the limit allows.
+
+    A ``tail_test`` (quantile ratio) also needs :data:`MIN_EXPECTED_BAD` tail
+    values to fail: its error rests on the local density there.
+    """
+    if n < spec.min_samples or (tail_test and n * bad_share < MIN_EXPECTED_BAD):
+        return "inconclusive"
+    if test.above:
+        return "fail"
+    if spec.require_equivalence:
+        return "pass" if test.below else "inconclusive"
+    return "pass" if n * bad_share >= MIN_EXPECTED_BAD else "inconclusive"
 
 
-def _deff_note(deff: float) -> str:
-    return f" (CI widened x{deff:g} for time-correlated requests)" if deff > 1 else ""
+def _tail(test: ShareTest, counts: ShareCounts) -> dict[str, Any]:
+    lo, hi = test.ci
+    return {"share": test.estimate, "ci": [max(0.0, lo), min(1.0, hi)], "limit": test.limit,
+            "z": round(test.z, 3), "bad": counts.total_hits, "n": counts.n}  # fmt: skip
 
 
-def _few(name: str, n: int, side: str, spec: CanarySpec) -> str:
-    return f"{name}: {side} has {n} values, fewer than the minimum {spec.min_samples}; no decision yet"
+def _why_undecided(n: int, bad_share: float, spec: CanarySpec) -> str:
+    if n < spec.min_samples:
+        return f"{n} values, fewer than the minimum {spec.min_samples}; no decision yet"
+    if not spec.require_equivalence and n * bad_share < MIN_EXPECTED_BAD:
+        need = math.ceil(MIN_EXPECTED_BAD / bad_share)
+        return f"{n} values, too few to judge a {_fmt(bad_share, '')} tail (needs {need}); no decision yet"
+    return "not yet shown to be within the limit (--require-equivalence)"
 
 
 def _absolute_quantile(s: SloSpec, base: SideStats, cand: SideStats, spec: CanarySpec) -> CheckResult:
     key = f"slo:{s.name}"
-    b = base.quantiles.get(key)
-    c = cand.quantiles.get(key)
-    row = {"name": s.name, "kind": "absolute", "threshold": s.threshold, "unit": "s"}
-    n_b = b.n if b else 0
-    b_est = b.estimate if b else None
+    b, c = base.quantiles.get(key), cand.quantiles.get(key)
+    counts = cand.shares.get(key)
+    row: dict[str, Any] = {"name": s.name, "kind": "absolute", "threshold": s.threshold, "unit": "s",
+                           "baseline": b.estimate if b else None, "n_baseline": b.n if b else 0}  # fmt: skip
     if c is None or c.n == 0:
-        reason = f"{s.name}: no {s.metric} data for the candidate"
-        return CheckResult(**row, baseline=b_est, candidate=None, ci=None, status="nodata",  # type: ignore[arg-type]
-                           reason=reason, n_baseline=n_b, n_candidate=0)  # fmt: skip
-    ci = (c.lo, c.hi)
-    if c.n < spec.min_samples:
-        status: Status = "inconclusive"
-        reason = _few(s.name, c.n, "candidate", spec)
-    else:
-        status = _decide(c.lo, c.hi, s.threshold, upper_is_bad=True)
-        where = {"fail": "above", "pass": "within", "inconclusive": "straddles"}[status]
-        reason = (
-            f"{s.name}: candidate {_fmt(c.estimate, 's')} (CI {_fmt(c.lo, 's')}–{_fmt(c.hi, 's')}, "
-            f"n={c.n}) is {where} the SLO {_fmt(s.threshold, 's')}"
-        )
-        if status == "inconclusive":
-            reason = f"{s.name}: CI {_fmt(c.lo, 's')}–{_fmt(c.hi, 's')} straddles the SLO {_fmt(s.threshold, 's')}"
-    if c.source != "spans":
-        reason += f" [from {c.source}]"
-    reason += _deff_note(c.design_effect)
-    return CheckResult(**row, baseline=b_est, candidate=c.estimate, ci=ci, status=status,  # type: ignore[arg-type]
-                       reason=reason, n_baseline=n_b, n_candidate=c.n, design_effect=c.design_effect)  # fmt: skip
+        return CheckResult(**row, candidate=None, ci=None, status="nodata",
+                           reason=f"{s.name}: no {s.metric} data for the candidate", n_candidate=0)  # fmt: skip
+    if counts is None:  # read from a histogram: its confidence sequence decides
+        status = _interval_status(c.lo, c.hi, s.threshold, c.n, spec)
+        reason = (f"{s.name}: candidate {_fmt(c.estimate, 's')} (CI {_fmt(c.lo, 's')}–{_fmt(c.hi, 's')}, n={c.n}) "
+                  f"against the SLO {_fmt(s.threshold, 's')}: {status} [from {c.source}]")  # fmt: skip
+        return CheckResult(**row, candidate=c.estimate, ci=(c.lo, c.hi), status=status, reason=reason,
+                           n_candidate=c.n)  # fmt: skip
+    assert s.quantile is not None
+    test = one_sample(counts, 1.0 - s.quantile, spec.check_alpha)
+    status = _status(test, counts.n, test.limit, spec)
+    ci = c.interval(test.radius)
+    told = (f"{_fmt(test.estimate, '')} of candidate requests ({counts.total_hits}/{counts.n}) exceed "
+            f"{_fmt(s.threshold, 's')}, against at most {_fmt(test.limit, '')}; candidate {s.name} "
+            f"{_fmt(c.estimate, 's')} (CI {_fmt(ci[0], 's')}–{_fmt(ci[1], 's')})")  # fmt: skip
+    reason = {
+        "fail": f"{s.name}: {told}: the SLO is missed",
+        "pass": f"{s.name}: {told}: within the SLO",
+        "inconclusive": f"{s.name}: {told}: {_why_undecided(counts.n, test.limit, spec)}",
+    }[status]
+    return CheckResult(**row, candidate=c.estimate, ci=ci, status=status, reason=reason, n_candidate=counts.n,
+                       tail=_tail(test, counts))  # fmt: skip
+
+
+def _interval_status(lo: float, hi: float, limit: float, n: int, spec: CanarySpec) -> Status:
+    """Status from a confidence sequence (histogram sources)."""
+    if n < spec.min_samples:
+        return "inconclusive"
+    if lo > limit:
+        return "fail"
+    if hi <= limit or not spec.require_equivalence:
+        return "pass"
+    return "inconclusive"
 
 
 def _rate(s: SloSpec, base: SideStats, cand: SideStats, spec: CanarySpec) -> CheckResult:
-
     is_error = s.kind == "error_rate"
-    row = {"name": s.name, "kind": "absolute", "threshold": s.threshold, "unit": "fraction"}
+    key = f"slo:{s.name}"
+    counts = cand.shares.get(key)
+    base_counts = base.shares.get(key)
 
-    def share(side: SideStats) -> tuple[int, int] | None:
-        if side.requests == 0:
+    def rate(c: ShareCounts | None) -> float | None:
+        if c is None or c.n == 0:
             return None
-        if is_error:
-            return side.errors, side.requests
-        return None if side.good is None else (side.good, side.requests)
+        return c.share if is_error else 1.0 - c.share
 
-    b, c = share(base), share(cand)
-    b_rate = b[0] / b[1] if b else None
-    if c is None:
+    row: dict[str, Any] = {"name": s.name, "kind": "absolute", "threshold": s.threshold, "unit": "fraction",
+                           "baseline": rate(base_counts), "n_baseline": base.requests}  # fmt: skip
+    if counts is None or counts.n == 0:
         why = "no candidate requests" if cand.requests == 0 else "goodput needs at least one latency SLO"
-        return CheckResult(**row, baseline=b_rate, candidate=None, ci=None, status="nodata",  # type: ignore[arg-type]
-                           reason=f"{s.name}: {why}", n_baseline=base.requests, n_candidate=cand.requests)  # fmt: skip
-    hits, n = c
-    deff = cand.error_design_effect if is_error else cand.good_design_effect
-    lo, hi = proportion_cs(hits / deff, n / deff, spec.check_alpha, prior_mean=s.threshold)
-    if n < spec.min_samples:
-        status: Status = "inconclusive"
-        reason = _few(s.name, n, "candidate", spec)
-    else:
-        status = _decide(lo, hi, s.threshold, upper_is_bad=is_error)
-        word = {"fail": "misses", "pass": "meets", "inconclusive": "cannot yet be told from"}[status]
-        bound = "at most" if is_error else "at least"
-        reason = (
-            f"{s.name}: candidate {_fmt(hits / n, '')} (CI {_fmt(lo, '')}–{_fmt(hi, '')}, {hits}/{n}) "
-            f"{word} the SLO {bound} {_fmt(s.threshold, '')}{_deff_note(deff)}"
-        )
-    return CheckResult(**row, baseline=b_rate, candidate=hits / n, ci=(lo, hi), status=status,  # type: ignore[arg-type]
-                       reason=reason, n_baseline=base.requests, n_candidate=n, design_effect=deff)  # fmt: skip
+        return CheckResult(**row, candidate=None, ci=None, status="nodata", reason=f"{s.name}: {why}",
+                           n_candidate=cand.requests)  # fmt: skip
+    limit = s.threshold if is_error else 1.0 - s.threshold
+    test = one_sample(counts, limit, spec.check_alpha)
+    status = _status(test, counts.n, limit, spec)
+    lo, hi = max(0.0, test.ci[0]), min(1.0, test.ci[1])
+    ci = (lo, hi) if is_error else (1.0 - hi, 1.0 - lo)
+    value = rate(counts)
+    bound = "at most" if is_error else "at least"
+    told = (f"candidate {_fmt(value, '')} (CI {_fmt(ci[0], '')}–{_fmt(ci[1], '')}, {counts.total_hits} of "
+            f"{counts.n} {'failed' if is_error else 'not good'}) against {bound} {_fmt(s.threshold, '')}")  # fmt: skip
+    reason = {
+        "fail": f"{s.name}: {told}: the SLO is missed",
+        "pass": f"{s.name}: {told}: meets the SLO",
+        "inconclusive": f"{s.name}: {told}: {_why_undecided(counts.n, limit, spec)}",
+    }[status]
+    return CheckResult(**row, candidate=value, ci=ci, status=status, reason=reason, n_candidate=counts.n,
+                       tail=_tail(test, counts))  # fmt: skip
 
 
 def _relative(r: RegressionSpec, base: SideStats, cand: SideStats, spec: CanarySpec) -> CheckResult:
     key = f"reg:{r.name}"
     b, c = base.quantiles.get(key), cand.quantiles.get(key)
-    limit = 1.0 + r.max_increase
-    row = {"name": f"{r.name} regression", "kind": "relative", "threshold": r.max_increase, "unit": "ratio"}
-    n_b, n_c = (b.n if b else 0), (c.n if c else 0)
-    b_est, c_est = (b.estimate if b else None), (c.estimate if c else None)
-    if b is None or c is None or n_b == 0 or n_c == 0:
-        side = "baseline" if not n_b else "candidate"
-        return CheckResult(**row, baseline=b_est, candidate=c_est, ci=None, status="nodata",  # type: ignore[arg-type]
-                           reason=f"{r.name}: no {r.metric} data for the {side}", n_baseline=n_b,
-                           n_candidate=n_c)  # fmt: skip
-    # Both sides' uncertainty: the ratio lies in [c.lo / b.hi, c.hi / b.lo] whenever both CSs cover.
-    ratio_lo = c.lo / b.hi if b.hi > 0 and not math.isinf(b.hi) else 0.0
-    ratio_hi = c.hi / b.lo if b.lo > 0 else math.inf
-    ci = (ratio_lo, ratio_hi)
-    if min(n_b, n_c) < spec.min_samples:
-        status: Status = "inconclusive"
-        reason = _few(r.name, min(n_b, n_c), "baseline" if n_b < n_c else "candidate", spec)
-    else:
-        status = _decide(ratio_lo, ratio_hi, limit, upper_is_bad=True)
-        ratio = (c_est / b_est) if c_est is not None and b_est else None
-        word = {"fail": "more than", "pass": "within", "inconclusive": "not yet distinguishable from"}[status]
-        reason = (
-            f"{r.name} regression: candidate/baseline {_fmt(ratio, 'ratio')} (CI {_fmt(ratio_lo, 'ratio')}–"
-            f"{_fmt(ratio_hi, 'ratio')}; {_fmt(c_est, 's')} vs {_fmt(b_est, 's')}) is {word} "
-            f"the allowed +{r.max_increase * 100:.0f}%"
-        )
-    deff = max(b.design_effect, c.design_effect)
-    return CheckResult(**row, baseline=b_est, candidate=c_est, ci=ci, status=status,  # type: ignore[arg-type]
-                       reason=reason + _deff_note(deff), n_baseline=n_b, n_candidate=n_c,
-                       design_effect=deff)  # fmt: skip
+    b_counts, c_counts = base.shares.get(key), cand.shares.get(key)
+    row: dict[str, Any] = {"name": f"{r.name} regression", "kind": "relative", "threshold": r.max_increase,
+                           "unit": "ratio", "baseline": b.estimate if b else None,
+                           "candidate": c.estimate if c else None,
+                           "n_baseline": b.n if b else 0, "n_candidate": c.n if c else 0}  # fmt: skip
+    if b is None or c is None or not b.n or not c.n or b.estimate is None or c.estimate is None:
+        side = "baseline" if not (b and b.n) else "candidate"
+        return CheckResult(**row, ci=None, status="nodata", reason=f"{r.name}: no {r.metric} data for the {side}")
+    if b_counts is None or c_counts is None:  # histogram sources: both confidence sequences decide
+        ci = (c.lo / b.hi if b.hi > 0 and not math.isinf(b.hi) else 0.0, c.hi / b.lo if b.lo > 0 else math.inf)
+        status = _interval_status(ci[0], ci[1], 1.0 + r.max_increase, min(b.n, c.n), spec)
+        reason = (f"{r.name} regression: candidate/baseline {_fmt(c.estimate / b.estimate, 'ratio')} "
+                  f"(CI {_fmt(ci[0], 'ratio')}–{_fmt(ci[1], 'ratio')}) against +{r.max_increase * 100:.0f}%: "
+                  f"{status} [from {c.source}]")  # fmt: skip
+        return CheckResult(**row, ci=ci, status=status, reason=reason)
+    tail = 1.0 - r.quantile
+    test = ratio_test(b_counts, c_counts, quantiles=(b.estimate, c.estimate), tail=tail, margin=r.max_increase,
+                      alpha=spec.check_alpha)  # fmt: skip
+    n = min(b_counts.n, c_counts.n)
+    status = _status(test, n, tail, spec, tail_test=True)
+    ratio = c.estimate / b.estimate if b.estimate > 0 else math.inf
+    ci = (math.exp(test.ci[0]), math.exp(test.ci[1])) if math.isfinite(test.radius) else (0.0, math.inf)
+    told = (f"candidate/baseline {_fmt(ratio, 'ratio')} (CI {_fmt(ci[0], 'ratio')}–{_fmt(ci[1], 'ratio')}; "
+            f"{_fmt(c.estimate, 's')} vs {_fmt(b.estimate, 's')}) "
+            f"against the allowed +{r.max_increase * 100:.0f}%")  # fmt: skip
+    reason = {
+        "fail": f"{r.name} regression: {told}: regressed beyond the allowed margin",
+        "pass": f"{r.name} regression: {told}: no significant regression beyond the margin",
+        "inconclusive": f"{r.name} regression: {told}: {_why_undecided(n, tail, spec)}",
+    }[status]
+    details = {"log_ratio": test.estimate, "se": test.se, "z": round(test.z, 3), "limit": test.limit}
+    return CheckResult(**row, ci=ci, status=status, reason=reason, tail=details)
 
 
 def judge(spec: CanarySpec, baseline: SideStats, candidate: SideStats) -> Verdict:
@@ -468,8 +421,13 @@ def judge(spec: CanarySpec, baseline: SideStats, candidate: SideStats) -> Verdic
         reasons.extend(c.reason for c in checks if c.status == "nodata")
     elif counts["pass"] == with_data:
         verdict = "pass"
-        reasons.append(f"all {with_data} checks with data pass")
-        reasons.extend(c.reason for c in checks if c.status == "nodata")
+        rule = (
+            "every check is shown to be within its limit (--require-equivalence)"
+            if spec.require_equivalence
+            else "enough data and no significant regression beyond any margin (Kayenta's rule)"
+        )
+        reasons.append(f"all {with_data} checks with data pass: {rule}")
+        reasons.extend(c.reason for c in checks if c.status in ("pass", "nodata"))
     else:
         verdict = "inconclusive"
         reasons.extend(c.reason for c in checks if c.status in ("inconclusive", "nodata"))
@@ -485,6 +443,7 @@ def judge(spec: CanarySpec, baseline: SideStats, candidate: SideStats) -> Verdic
         baseline=dict(baseline.window, requests=baseline.requests),
         candidate=dict(candidate.window, requests=candidate.requests),
         alpha=spec.alpha,
+        pass_rule="equivalence" if spec.require_equivalence else "no-significant-regression",
     )
     return apply_dry_run(result) if spec.dry_run else result
 
@@ -506,19 +465,25 @@ def apply_dry_run(result: Verdict) -> Verdict:
 def evaluate(con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanarySpec) -> Verdict:
     """Run the gate against a store connection (tables per :mod:`sre_agent.schema`).
 
-    A selection that cannot be resolved yet (no request of the candidate
-    version, no deploy marker) gives an ``inconclusive`` verdict with the
-    reason, because early in a rollout that is the normal state.
+    A selection that cannot be resolved *yet* (no deploy marker, no request
+    in a window) gives an ``inconclusive`` verdict with the reason, because
+    early in a rollout that is the normal state.
 
     Raises:
+        CannotEvaluateError: the selection names a ``service.version`` or a
+            ``service.name`` the store has never seen (a typo in a rollout
+            template must not poll forever as "inconclusive").
         StoreError: the store cannot be read.
     """
     import duckdb
 
-    from sre_agent._canary_store import gather, top_findings
-    from sre_agent.errors import SelectionError, StoreError
+    from sre_agent._canary_store import gather, top_findings, unknown_names
+    from sre_agent.errors import CannotEvaluateError, SelectionError, StoreError
 
     try:
+        unknown = unknown_names(con, selection)
+        if unknown:
+            raise CannotEvaluateError(unknown)
         baseline, candidate, notes = gather(con, selection, spec)
     except SelectionError as exc:
         # Early in a rollout the canary may have no traffic yet: that is "not yet", not an error.
@@ -527,7 +492,8 @@ def evaluate(con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanaryS
         result = replace(result, reasons=(f"cannot select the populations: {exc}", *result.reasons))
         return apply_dry_run(result) if spec.dry_run else result
     except duckdb.Error as exc:
-        raise StoreError(f"cannot read the store for the canary verdict: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreError(f"cannot read the store for the canary verdict: {first}") from exc
     result = judge(replace(spec, dry_run=False), baseline, candidate)
     findings: tuple[dict[str, Any], ...] = ()
     enough = min(candidate.requests, baseline.requests) >= spec.min_samples
@@ -539,6 +505,18 @@ def evaluate(con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanaryS
 
 
 # ------------------------------------------------------------- rendering
+def _cells(chk: CheckResult) -> list[str]:
+    """One table row: values and their CI in the same unit (a relative row adds the ratio)."""
+    if chk.kind == "relative":
+        ratio = chk.candidate / chk.baseline if chk.candidate is not None and chk.baseline else None
+        ci = "n/a" if chk.ci is None else f"{_fmt(chk.ci[0], 'ratio')}–{_fmt(chk.ci[1], 'ratio')}"
+        candidate = f"{_fmt(chk.candidate, 's')} ({_fmt(ratio, 'ratio')})"
+        return [chk.name, chk.status, f"+{chk.threshold * 100:.0f}%", _fmt(chk.baseline, "s"), candidate, ci]
+    ci = "n/a" if chk.ci is None else f"{_fmt(chk.ci[0], chk.unit)}–{_fmt(chk.ci[1], chk.unit)}"
+    cells = [_fmt(chk.threshold, chk.unit), _fmt(chk.baseline, chk.unit), _fmt(chk.candidate, chk.unit), ci]
+    return [chk.name, chk.status, *cells]
+
+
 def render(result: Verdict, fmt: str = "text") -> str:
     """The verdict as ``text``, ``markdown`` or ``json``."""
     if fmt == "json":
@@ -558,14 +536,13 @@ def render(result: Verdict, fmt: str = "text") -> str:
     lines.append("")
     if md:
         lines += ["| check | status | threshold | baseline | candidate | CI |", "|---|---|---|---|---|---|"]
+    else:
+        lines.append("  {:<24} {:<13} {:>10} {:>10} {:>18}  {}".format(
+            "check", "status", "threshold", "baseline", "candidate", "CI"))  # fmt: skip
     for chk in result.slos:
-        thr = f"+{chk.threshold * 100:.0f}%" if chk.kind == "relative" else _fmt(chk.threshold, chk.unit)
-        unit = "s" if chk.kind == "relative" else chk.unit
-        ci_unit = chk.unit
-        ci = "n/a" if chk.ci is None else f"{_fmt(chk.ci[0], ci_unit)}–{_fmt(chk.ci[1], ci_unit)}"
-        cells = [chk.name, chk.status, thr, _fmt(chk.baseline, unit), _fmt(chk.candidate, unit), ci]
+        cells = _cells(chk)
         lines.append(
-            "| " + " | ".join(cells) + " |" if md else "  {:<24} {:<13} {:>10} {:>10} {:>10}  CI {}".format(*cells)
+            "| " + " | ".join(cells) + " |" if md else "  {:<24} {:<13} {:>10} {:>10} {:>18}  {}".format(*cells)
         )
     lines += ["", "### reasons" if md else "reasons:"]
     lines += [f"- {r}" for r in result.reasons]

@@ -6,11 +6,14 @@ Three shapes, because rollout controllers disagree about where a verdict lives:
     Always 2xx with the verdict JSON when the evaluation ran, whatever the
     verdict: Argo reads ``result.verdict`` in its conditions and counts any
     non-2xx as an *Error* (``consecutiveErrorLimit``), not a failure. Only
-    genuine errors are non-2xx: a bad parameter (400), an unreadable store (503).
+    genuine errors are non-2xx: a bad parameter (400), "could not evaluate"
+    (422: a version or service the store has never seen; 503: the store is
+    unavailable).
 ``POST /api/v1/canary/webhook`` (Flagger webhook)
     The status code is the verdict: 200 on pass, 412 on fail or inconclusive
     (Flagger advances on 200-202 and halts on anything else), the verdict JSON
-    as the body, which Flagger copies into its events.
+    as the body, which Flagger copies into its events; 400, 422 and 503 as
+    above, with ``{"error": ...}`` as the body.
 ``POST /api/v1/canary/evaluations`` then ``GET /api/v1/canary/evaluations/{id}``
     Asynchronous (Datadog-gate style): 202 with an id, the evaluation runs in
     a worker thread, results are kept in memory (bounded count, TTL).
@@ -25,7 +28,8 @@ same names everywhere; values are strings unless the JSON body gives lists):
   ``selection`` object (``Selection.to_dict`` form);
 * ``slo`` (``NAME=VALUE``, comma-separated or repeated), ``max_regression``
   (``NAME=PCT``), ``min_samples``, ``alpha``, ``dry_run`` (true/false),
-  ``findings`` (how many diagnosis findings to attach; 0 = none).
+  ``require_equivalence`` (true/false), ``findings`` (how many diagnosis
+  findings to attach; 0 = none).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from starlette.routing import BaseRoute, Route
 
 from sre_agent.api import json_object
 from sre_agent.canary import CanarySpec, Verdict, evaluate
-from sre_agent.errors import ConfigError
+from sre_agent.errors import CannotEvaluateError, ConfigError
 from sre_agent.selection import Selection
 
 if TYPE_CHECKING:
@@ -61,7 +65,9 @@ log = logging.getLogger(__name__)
 _SELECTION_KEYS: Final[frozenset[str]] = frozenset(
     {"deploy_at", "window", "baseline_version", "candidate_version", "baseline", "candidate", "service", "where"}
 )
-_SPEC_KEYS: Final[frozenset[str]] = frozenset({"slo", "max_regression", "min_samples", "alpha", "dry_run", "findings"})
+_SPEC_KEYS: Final[frozenset[str]] = frozenset(
+    {"slo", "max_regression", "min_samples", "alpha", "dry_run", "findings", "require_equivalence"}
+)
 _TRUE: Final[frozenset[str]] = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final[frozenset[str]] = frozenset({"0", "false", "no", "off", ""})
 
@@ -137,11 +143,13 @@ def request_from_params(params: Mapping[str, Any]) -> tuple[Selection, CanarySpe
             options["alpha"] = float(_one(params["alpha"], "alpha"))
     except ValueError as exc:
         raise ConfigError(f"bad number: {exc}") from None
-    if "dry_run" in params:
-        options["dry_run"] = _flag(params["dry_run"], "dry_run")
-    spec = CanarySpec.from_strings(
-        _strings(params.get("slo"), "slo"), _strings(params.get("max_regression"), "max_regression"), **options
-    )
+    for flag in ("dry_run", "require_equivalence"):
+        if flag in params:
+            options[flag] = _flag(params[flag], flag)
+    slos, regressions = _strings(params.get("slo"), "slo"), _strings(params.get("max_regression"), "max_regression")
+    if not slos and not regressions:
+        raise ConfigError("give at least one 'slo' (NAME=VALUE) or 'max_regression' (NAME=PCT) parameter")
+    spec = CanarySpec.from_strings(slos, regressions, **options)
     return selection, spec
 
 
@@ -232,11 +240,18 @@ def routes(ctx: ApiContext, *, evaluations: EvaluationStore | None = None) -> li
         with ctx.read_cursor(tenant) as cursor:
             return evaluate(cursor, selection, spec)
 
+    async def evaluated(tenant: str | None, selection: Selection, spec: CanarySpec) -> Verdict:
+        try:
+            return await asyncio.wrap_future(executor.submit(run, tenant, selection, spec))
+        except CannotEvaluateError as exc:
+            # An error for Argo (consecutiveErrorLimit) and Flagger, not a failed analysis.
+            raise HTTPException(422, f"cannot evaluate: {exc}") from exc
+
     async def judged(request: Request, params: Mapping[str, Any]) -> Verdict:
         selection, spec = _parse(params)
         tenant = ctx.tenant_for(request)
         # DuckDB work happens off the event loop; StoreError propagates to the app's 503 handler.
-        result = await asyncio.wrap_future(executor.submit(run, tenant, selection, spec))
+        result = await evaluated(tenant, selection, spec)
         log.info(
             "canary %s: verdict %s score %d", request.url.path, result.real_verdict or result.verdict, result.score
         )
@@ -280,8 +295,9 @@ def routes(ctx: ApiContext, *, evaluations: EvaluationStore | None = None) -> li
         error = future.exception()
         if error is not None:
             log.error("canary evaluation %s failed: %s", key, error)
+            code = 422 if isinstance(error, CannotEvaluateError) else 503
             return JSONResponse(
-                {"id": key, "state": "failed", "verdict": "error", "error": str(error)}, status_code=503
+                {"id": key, "state": "failed", "verdict": "error", "error": str(error)}, status_code=code
             )
         return JSONResponse({"id": key, "state": "done", **future.result().to_dict()})
 

@@ -176,6 +176,9 @@ class CanarySpec:
         findings: how many diagnosis findings to attach (0 = do not diagnose).
         findings_budget_s: longest time the diagnosis may add, seconds; the
             default keeps an HTTP answer inside Argo's 10 s timeout.
+        require_equivalence: pass a check only when it is shown to hold (its
+            bad share significantly below the limit) instead of Kayenta's
+            "enough data and no significant regression".
     """
 
     slos: tuple[SloSpec, ...] = ()
@@ -185,10 +188,11 @@ class CanarySpec:
     dry_run: bool = False
     findings: int = 3
     findings_budget_s: float = 6.0
+    require_equivalence: bool = False
 
     def __post_init__(self) -> None:
         if not self.slos and not self.regressions:
-            raise UsageError("give at least one --slo NAME=VALUE or --max-regression NAME=PCT")
+            raise UsageError("give at least one SLO (NAME=VALUE) or maximum regression (NAME=PCT)")
         if self.min_samples < 1:
             raise UsageError("--min-samples must be at least 1")
         if not 0 < self.alpha < 1:
@@ -226,7 +230,7 @@ class CanarySpec:
         return tuple(s for s in self.slos if s.kind == "quantile")
 
     def quantile_needs(self) -> list[QuantileNeed]:
-        """Every confidence sequence the checks need, keyed by check."""
+        """Every quantile the checks read, per side, keyed by check (``slo:NAME``, ``reg:NAME``)."""
         a = self.check_alpha
         needs: list[QuantileNeed] = []
         for s in self.latency_slos:
@@ -235,6 +239,6 @@ class CanarySpec:
             needs.append(QuantileNeed(f"slo:{s.name}", "baseline", s.metric, s.quantile, a))
             needs.append(QuantileNeed(f"slo:{s.name}", "candidate", s.metric, s.quantile, a))
         for r in self.regressions:
-            for side in ("baseline", "candidate"):
-                needs.append(QuantileNeed(f"reg:{r.name}", side, r.metric, r.quantile, a / 2))  # type: ignore[arg-type]
+            needs.append(QuantileNeed(f"reg:{r.name}", "baseline", r.metric, r.quantile, a))
+            needs.append(QuantileNeed(f"reg:{r.name}", "candidate", r.metric, r.quantile, a))
         return needs

@@ -69,7 +69,7 @@ def _request(
     if response.status_code == 401:
         raise RemoteError(f"{method} {url}: the server needs a valid token (--token or SRE_AGENT_TOKEN)")
     if response.status_code >= 400:
-        raise RemoteError(f"{method} {url}: HTTP {response.status_code}: {_error_text(response)}")
+        raise RemoteError(f"{method} {url}: HTTP {response.status_code}: {_error_text(response)}", response.status_code)
     try:
         body = response.json()
     except ValueError as exc:

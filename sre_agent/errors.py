@@ -62,7 +62,15 @@ class InsufficientDataError(SelectionError):
 
 
 class RemoteError(SreAgentError):
-    """The sre-agent HTTP API could not be reached or answered an error."""
+    """The sre-agent HTTP API could not be reached or answered an error.
+
+    Attributes:
+        status: the HTTP status of an error answer; ``None`` when no answer came.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class PolicyError(SreAgentError):
@@ -71,3 +79,7 @@ class PolicyError(SreAgentError):
 
 class ScenarioError(SreAgentError):
     """A scenario file is invalid."""
+
+
+class CannotEvaluateError(SreAgentError):
+    """The canary gate cannot judge at all: an unknown version or service (canary exit code 4)."""

@@ -57,15 +57,9 @@ The gate fails only when an interval lies entirely beyond the threshold and
 passes only when it lies entirely within, so both false-fail and false-pass
 rates are bounded by ``alpha`` per check, for any polling schedule.
 Assumptions: requests are exchangeable within a side (independent draws
-from one distribution). Real serving breaks this mildly: requests in the
-same engine batches share their fate, so latencies are correlated in time.
-The gate therefore estimates a *design effect* ``d`` per check (Kish; the
-cluster-robust variance of the count over 20 time slices divided by the
-binomial variance, :func:`design_effect`) and runs the sequence on ``n / d``
-effective requests, with ``d`` rounded up to a few steps (1, 1.5, 2, 3, 5, 8).
-That correction is a heuristic (``d`` is itself estimated), not part of the
-formal guarantee; the README's error-rate table measures the result on
-replayed, time-correlated traffic.
+from one distribution). The canary gate uses these sequences for engine
+histograms (vLLM's ITL), where no per-request order exists; span-level checks
+use :mod:`sre_agent.exceedance`, whose variance comes from time blocks.
 """
 
 from __future__ import annotations
@@ -75,11 +69,6 @@ from collections.abc import Callable, Sequence
 
 __all__ = [
     "DEFAULT_PRIOR_STRENGTH",
-    "DESIGN_EFFECT_SLICES",
-    "DESIGN_EFFECT_STEPS",
-    "OVERDISPERSION_CUTOFF",
-    "design_effect",
-    "design_effect_step",
     "histogram_quantile_cs",
     "log_mixture_wealth",
     "point_rank",
@@ -89,12 +78,6 @@ __all__ = [
 ]
 
 DEFAULT_PRIOR_STRENGTH = 100.0
-#: Design effects a verdict may apply (see :func:`design_effect_step`).
-DESIGN_EFFECT_STEPS: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
-#: Time slices per side over which the design effect is estimated.
-DESIGN_EFFECT_SLICES = 20
-#: Largest design-effect estimate treated as independence (chi-square(19) / 19, 99th percentile).
-OVERDISPERSION_CUTOFF = 1.9
 _BISECT_STEPS = 60
 
 
@@ -155,65 +138,15 @@ def rank_bounds(n: int, p: float, alpha: float, prior_strength: float = DEFAULT_
 
 
 def quantile_cs_ranks(
-    n: int,
-    p: float,
-    alpha: float,
-    prior_strength: float = DEFAULT_PRIOR_STRENGTH,
-    design_effect: float = 1.0,
+    n: int, p: float, alpha: float, prior_strength: float = DEFAULT_PRIOR_STRENGTH
 ) -> tuple[int | None, int | None]:
     """1-based order-statistic ranks bounding the p-quantile: ``X_(lo) <= q_p <= X_(hi)``.
 
     ``None`` means unbounded on that side (too few samples for that bound):
     the lower bound is then 0 for latencies and the upper bound infinity.
-    With ``design_effect`` ``d > 1`` the sequence is computed for ``n / d``
-    independent requests and its count deviations scaled back by ``d``
-    (see :func:`design_effect`).
     """
-    if design_effect <= 1.0:
-        k_lo, k_hi = rank_bounds(n, p, alpha, prior_strength)
-        return (k_lo if k_lo >= 1 else None), (k_hi + 1 if k_hi + 1 <= n else None)
-    n_eff = int(n / design_effect)
-    if n_eff < 1:
-        return None, None
-    k_lo, k_hi = rank_bounds(n_eff, p, alpha, prior_strength)
-    lower = math.floor(design_effect * k_lo) if k_lo >= 1 else None
-    upper = math.ceil(design_effect * (k_hi + 1)) if k_hi + 1 <= n_eff else None
-    return lower, (upper if upper is not None and upper <= n else None)
-
-
-def design_effect(slice_sizes: Sequence[float], slice_hits: Sequence[float]) -> float:
-    """How much time-correlation inflates the variance of a count, from per-time-slice counts.
-
-    ``slice_hits[j]`` of ``slice_sizes[j]`` requests in slice ``j`` had the
-    property (above the quantile estimate, failed, ...). Requests served in
-    the same engine batches share their fate, so hits cluster in time; the
-    cluster-robust variance of the total, divided by the binomial variance,
-    is the design effect (Kish). Returns at least 1; 1 when it cannot be
-    estimated (fewer than 2 slices, no hits or all hits).
-    """
-    sizes = [float(s) for s in slice_sizes]
-    hits = [float(h) for h in slice_hits]
-    n, total, m = sum(sizes), sum(hits), len(sizes)
-    if m < 2 or n <= 0 or total <= 0 or total >= n:
-        return 1.0
-    rate = total / n
-    spread = sum((h - rate * s) ** 2 for s, h in zip(sizes, hits, strict=True)) * m / (m - 1)
-    return max(1.0, spread / (n * rate * (1.0 - rate)))
-
-
-def design_effect_step(estimate: float) -> float:
-    """The design effect actually applied: the next step of :data:`DESIGN_EFFECT_STEPS` at or above ``estimate``.
-
-    Steps keep the order statistics a verdict needs known in advance (one
-    scan asks for all steps' ranks); the last step caps a noisy estimate.
-    Estimates up to :data:`OVERDISPERSION_CUTOFF` are what independent
-    requests give by chance (the 99th percentile of chi-square(19) / 19 for
-    20 slices) and apply no correction, so independent traffic keeps the
-    plain sequence's power.
-    """
-    if estimate <= OVERDISPERSION_CUTOFF:
-        return 1.0
-    return next((step for step in DESIGN_EFFECT_STEPS if step >= estimate), DESIGN_EFFECT_STEPS[-1])
+    k_lo, k_hi = rank_bounds(n, p, alpha, prior_strength)
+    return (k_lo if k_lo >= 1 else None), (k_hi + 1 if k_hi + 1 <= n else None)
 
 
 def point_rank(n: int, p: float) -> int:

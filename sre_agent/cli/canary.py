@@ -1,4 +1,9 @@
-"""``sre-agent canary``: the deploy gate on the command line (exit 0 pass, 1 fail, 3 inconclusive)."""
+"""``sre-agent canary``: the deploy gate on the command line.
+
+Exit codes (CONTRACTS section 2): 0 pass, 1 fail, 3 inconclusive, 2 usage,
+4 could not evaluate (store or server unreachable or unreadable, unknown
+version or service).
+"""
 
 from __future__ import annotations
 
@@ -24,10 +29,17 @@ EPILOG = """SLOs (absolute):
   error_rate=1%   (failed share at most)      goodput=0.95   (share meeting every latency SLO, at least)
 relative: --max-regression ttft_p99=15%   candidate p99 at most 1.15 x baseline p99
 
-Each check uses an any-time-valid confidence sequence, so polling the gate every
-minute does not inflate false fails. Too little data gives inconclusive, never pass.
+Each check tests a share of candidate requests (above the SLO, failed, or above
+(1 + margin) x the baseline's quantile) with an any-time-valid boundary and a
+variance from time blocks, so polling every minute does not inflate false fails.
+A check passes when there is enough data (50 values a side and 5 bad requests
+expected at the limit, e.g. 500 for a p99) and no significant regression beyond
+its margin (Kayenta's rule); --require-equivalence passes only checks shown to hold.
+Too little data gives inconclusive, never pass.
 
-exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage error (--dry-run: always 0)
+exit codes: 0 pass, 1 fail, 3 inconclusive, 2 usage error,
+            4 could not evaluate (store or server unreachable, not a store,
+              unknown version or service)        (--dry-run: 0 unless 2 or 4)
 
 examples:
   sre-agent canary --baseline-version v1 --candidate-version v2 \\
@@ -72,6 +84,11 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="longest time the diagnosis may take, seconds (default 30; the HTTP API uses 6)",
     )
+    gate.add_argument(
+        "--require-equivalence",
+        action="store_true",
+        help="pass a check only when it is shown to be within its limit (stricter than the default rule)",
+    )
     gate.add_argument("--dry-run", action="store_true", help="report pass (exit 0) but record and log the real verdict")
     add_format_option(parser)
     parser.set_defaults(func=run)
@@ -79,13 +96,37 @@ def register(subparsers: Any) -> None:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"dry_run": bool(args.dry_run)}
+    if args.require_equivalence:
+        options["require_equivalence"] = True
     for key in ("min_samples", "alpha", "findings"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     return options
 
 
+#: Exit code when the gate could not evaluate at all.
+CANNOT_EVALUATE = 4
+
+
 def run(args: argparse.Namespace) -> int:
+    """Evaluate the gate and print the verdict; exit 4 with one line when it could not evaluate."""
+    from sre_agent.errors import CannotEvaluateError, RemoteError, StoreError, UsageError
+
+    if not args.slo and not args.max_regression:
+        raise UsageError("give at least one --slo NAME=VALUE or --max-regression NAME=PCT")
+    try:
+        return _run(args)
+    except RemoteError as exc:
+        if exc.status == 400:  # the server refused the request's parameters: a usage error
+            raise UsageError(str(exc)) from exc
+        print(f"error: could not evaluate: {exc}", file=sys.stderr)
+        return CANNOT_EVALUATE
+    except (StoreError, CannotEvaluateError) as exc:
+        print(f"error: could not evaluate: {exc}", file=sys.stderr)
+        return CANNOT_EVALUATE
+
+
+def _run(args: argparse.Namespace) -> int:
     """Evaluate the gate locally (``--db``) or through a server (``--url``) and print the verdict."""
     from sre_agent.canary import CanarySpec, Verdict, evaluate, render, verdict_from_dict
 

@@ -1,4 +1,4 @@
-"""`sre-agent canary` on a store file: exit codes 0 pass, 1 fail, 3 inconclusive, 2 usage."""
+"""`sre-agent canary` on a store file: exit codes 0 pass, 1 fail, 3 inconclusive, 2 usage, 4 could not evaluate."""
 
 from __future__ import annotations
 
@@ -66,3 +66,48 @@ def test_help_ends_with_an_example() -> None:
     )
     assert "exit codes: 0 pass, 1 fail, 3 inconclusive" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1].strip().startswith("sre-agent canary")
+
+
+def test_could_not_evaluate_exits_4_with_one_line(
+    regression_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unreachable server, missing or foreign store, unknown version or service: exit 4, not 1 (a verdict)."""
+    import socket
+
+    import duckdb
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    foreign = tmp_path / "foreign.duckdb"
+    duckdb.connect(str(foreign)).close()
+    cases = {
+        "unreachable": ["canary", "--url", f"http://127.0.0.1:{port}", "--since-last-deploy", "--slo", "ttft_p99=3s"],
+        "missing store": ["canary", "--db", str(tmp_path / "no.duckdb"), "--since-last-deploy", "--slo", "e2e_p99=3s"],
+        "not a store": ["canary", "--db", str(foreign), "--since-last-deploy", "--slo", "ttft_p99=3s"],
+        "unknown version": [
+            *_canary(regression_store, "--slo", "ttft_p99=3s")[:3],
+            "--baseline-version",
+            "v1",
+            "--candidate-version",
+            "v9",
+            "--slo",
+            "ttft_p99=3s",
+        ],
+        "unknown service": [*_canary(regression_store, "--slo", "ttft_p99=3s"), "--service", "nope"],
+    }
+    for name, argv in cases.items():
+        assert main(argv) == 4, name
+        err = capsys.readouterr().err
+        assert err.startswith("error: could not evaluate"), (name, err)
+        assert "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1, (name, err)
+
+
+def test_require_equivalence_is_stricter(regression_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_canary(regression_store, "--slo", "error_rate=2%", "--format", "json")) == 0
+    assert json.loads(capsys.readouterr().out)["method"]["pass_rule"] == "no-significant-regression"
+    code = main(_canary(regression_store, "--slo", "error_rate=2%", "--require-equivalence", "--format", "json"))
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["method"]["pass_rule"] == "equivalence"
+    assert code == {"pass": 0, "inconclusive": 3}[doc["verdict"]]

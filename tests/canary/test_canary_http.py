@@ -58,7 +58,7 @@ def test_argo_get_fail_pass_and_inconclusive_are_all_2xx(server: ServeProcess, c
     assert argo_measure(failed, "{$.verdict}") == "Failed"
     body = failed.json()
     assert body["schema"] == "sre-agent/canary/v1"
-    assert any(r.startswith("ttft_p99: candidate") for r in body["reasons"])
+    assert any(r.startswith("ttft_p99: ") and "the SLO is missed" in r for r in body["reasons"])
     # The findings explain the fail; on a heavily loaded machine the diagnosis may exceed its 6 s budget,
     # and then the verdict must still arrive in time, saying so.
     if body["findings"]:
@@ -71,9 +71,35 @@ def test_argo_get_fail_pass_and_inconclusive_are_all_2xx(server: ServeProcess, c
     assert argo_measure(passed) == "Successful", passed.json()["reasons"]
     assert passed.json()["score"] == 100
 
-    no_traffic = client.get(url, params={"baseline_version": "v1", "candidate_version": "v9", "slo": "ttft_p99=3s"})
-    assert no_traffic.status_code == 200
-    assert argo_measure(no_traffic) == "Inconclusive"
+    too_little = client.get(url, params={**VERSIONS, "slo": "ttft_p99=3s", "min_samples": "100000"})
+    assert too_little.status_code == 200
+    assert argo_measure(too_little) == "Inconclusive"
+
+
+def test_could_not_evaluate_is_an_error_for_argo_and_flagger(server: ServeProcess, client: httpx.Client) -> None:
+    """An unknown version or service is 422: an Argo Error (consecutiveErrorLimit), never a verdict to poll."""
+    unknown_version = {"baseline_version": "v1", "candidate_version": "v9", "slo": "ttft_p99=3s"}
+    argo = client.get(f"{server.url}/api/v1/canary", params=unknown_version)
+    assert argo.status_code == 422
+    assert argo_measure(argo) == "Error"
+    assert "cannot evaluate" in argo.json()["error"]
+    assert "versions present: v1, v2" in argo.json()["error"]
+    unknown_service = client.get(f"{server.url}/api/v1/canary", params={**VERSIONS, "service": "nope",
+                                                                         "slo": "ttft_p99=3s"})  # fmt: skip
+    assert unknown_service.status_code == 422
+    assert "service 'nope'" in unknown_service.json()["error"]
+    flagger = client.post(f"{server.url}/api/v1/canary/webhook", json=_flagger("Progressing", unknown_version))
+    assert flagger.status_code == 422
+    assert not flagger_advances(flagger)
+    started = client.post(f"{server.url}/api/v1/canary/evaluations", json=unknown_version)
+    assert started.status_code == 202
+    for _ in range(200):
+        status = client.get(f"{server.url}{started.json()['href']}")
+        if status.json()["state"] != "running":
+            break
+        time.sleep(0.05)
+    assert status.status_code == 422
+    assert status.json()["verdict"] == "error"
 
 
 def test_argo_post_json_body_and_dry_run(server: ServeProcess, client: httpx.Client) -> None:
@@ -113,8 +139,8 @@ def test_flagger_webhook_status_is_the_verdict(server: ServeProcess, client: htt
     assert passing.status_code == 200
     assert flagger_advances(passing)
 
-    waiting = client.post(url, json=_flagger("Progressing", {"baseline_version": "v1", "candidate_version": "v9",
-                                                             "slo": "ttft_p99=60s"}))  # fmt: skip
+    waiting = client.post(url, json=_flagger("Progressing", {**VERSIONS, "slo": "ttft_p99=60s",
+                                                             "min_samples": "100000"}))  # fmt: skip
     assert waiting.status_code == 412  # inconclusive halts this step; Flagger retries next interval
     assert waiting.json()["verdict"] == "inconclusive"
 
@@ -223,9 +249,9 @@ def test_tokens_and_tenant_scoping(tmp_path_factory: pytest.TempPathFactory) -> 
             assert admin.status_code == 200
             assert admin.json()["candidate"]["requests"] == 300
             acme = http.get(url, params=params, headers={"Authorization": "Bearer acme-token"})
-            assert acme.status_code == 200
-            assert acme.json()["verdict"] == "inconclusive"  # acme has no spans: nothing of another tenant leaks
-            assert "no engine requests" in acme.json()["reasons"][0]
+            # acme has no spans: its versions are unknown to it, and nothing of another tenant leaks
+            assert acme.status_code == 422
+            assert "versions present: none" in acme.json()["error"]
     finally:
         assert srv.stop() == 0, "".join(srv.stderr)
 

@@ -8,9 +8,6 @@ import numpy as np
 import pytest
 
 from sre_agent.sequential import (
-    DESIGN_EFFECT_STEPS,
-    design_effect,
-    design_effect_step,
     histogram_quantile_cs,
     point_rank,
     proportion_cs,
@@ -135,61 +132,3 @@ def _normal_ppf(p: float) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
-
-
-def test_design_effect_is_one_for_independent_hits_and_large_for_clustered_ones() -> None:
-    rng = np.random.default_rng(5)
-    sizes = [500] * 20
-    independent = rng.binomial(500, 0.01, 20).tolist()
-    assert design_effect(sizes, independent) < 2.0
-    clustered = [0] * 18 + [50, 50]  # every slow request in two time slices (one bad batch period)
-    assert design_effect(sizes, clustered) > 8.0
-    assert design_effect_step(design_effect(sizes, clustered)) == DESIGN_EFFECT_STEPS[-1]
-    assert design_effect_step(1.2) == 1.0  # within what independent requests give by chance
-    assert design_effect_step(2.5) == 3.0
-    assert design_effect([100], [3]) == 1.0  # one slice: cannot tell
-    assert design_effect(sizes, [0] * 20) == 1.0
-
-
-def test_design_effect_widens_the_sequence_and_keeps_it_nested() -> None:
-    plain = quantile_cs_ranks(5000, 0.99, ALPHA)
-    wide = quantile_cs_ranks(5000, 0.99, ALPHA, design_effect=3.0)
-    assert plain[0] is not None
-    assert plain[1] is not None
-    assert wide[0] is not None
-    assert wide[1] is not None
-    assert wide[0] < plain[0] <= plain[1] < wide[1]
-    widest = quantile_cs_ranks(5000, 0.99, ALPHA, design_effect=8.0)  # 625 effective requests
-    assert widest[0] is not None
-    assert widest[0] < wide[0]
-
-
-def test_correlated_stream_coverage_with_the_design_effect() -> None:
-    """Batches of 50 requests share a random load factor: the plain sequence under-covers, the corrected one less so.
-
-    The correction is a heuristic: it narrows the gap for mild correlation
-    like this (and the replayed traffic of the README table), not for any
-    strength of correlation.
-    """
-    from sre_agent.canary import stream_quantile_estimate
-
-    rng = np.random.default_rng(21)
-    n, block, p, streams = 2000, 50, 0.99, 200
-    load = np.repeat(0.15 * rng.standard_normal((streams, n // block)), block, axis=1)
-    data = np.exp(load + 0.3 * rng.standard_normal((streams, n)))
-    truth = float(np.quantile(data.ravel(), p))  # the stationary p99, from all streams together
-    plain_miss = corrected_miss = 0
-    for s in range(streams):
-        plain_bad = corrected_bad = False
-        for t in range(400, n + 1, 400):
-            est = stream_quantile_estimate(data[s, :t].tolist(), p, ALPHA)
-            plain_lo, plain_hi = quantile_cs_ranks(t, p, ALPHA)
-            ordered = np.sort(data[s, :t])
-            lo = ordered[plain_lo - 1] if plain_lo else 0.0
-            hi = ordered[plain_hi - 1] if plain_hi else math.inf
-            plain_bad |= not lo <= truth <= hi
-            corrected_bad |= not est.lo <= truth <= est.hi
-        plain_miss += plain_bad
-        corrected_miss += corrected_bad
-    assert corrected_miss < plain_miss
-    assert corrected_miss / streams <= 2 * ALPHA

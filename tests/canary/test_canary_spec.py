@@ -66,7 +66,7 @@ def test_spec_splits_alpha_over_checks_and_refuses_empty_or_duplicates() -> None
     needs = spec.quantile_needs()
     relative = [n for n in needs if n.key == "reg:ttft_p99"]
     assert {n.side for n in relative} == {"baseline", "candidate"}
-    assert all(n.alpha == pytest.approx(spec.check_alpha / 2) for n in relative)
+    assert all(n.alpha == pytest.approx(spec.check_alpha) for n in relative)
     with pytest.raises(UsageError, match="at least one"):
         CanarySpec.from_strings([], [])
     with pytest.raises(UsageError, match="twice"):
