@@ -23,7 +23,9 @@ Method
      only the slower half (values above the median are pulled away from it
      so the p99 grows ``f`` times and the median stays).
 3. The gate (``--max-regression e2e_p99=20% --max-regression ttft_p99=20%``,
-   alpha 0.05, the default Kayenta-style pass rule) is polled ten times as
+   alpha 0.05, the default Kayenta-style pass rule; for the row "A/A, SLO at
+   p99", absolute SLOs ``ttft_p99`` and ``e2e_p99`` set exactly at the true
+   p99, where a fail is a false fail) is polled ten times as
    the canary grows, at ``n/10, 2n/10, ..., n`` requests per side: a
    controller polling every minute over a ten-minute analysis. The time
    blocks of each poll are the 20 equal slices of what it sees.
@@ -166,7 +168,13 @@ def run(trials: int, seeds: int, sizes: list[int], seed: int, equivalence: bool)
         file=sys.stderr,
     )
     spec = CanarySpec.from_strings([], ["e2e_p99=20%", "ttft_p99=20%"], findings=0, require_equivalence=equivalence)
-    cases = ["A/A"] + [f"{shape} {f:g}x" for shape in SHAPES for f in FACTORS]
+    # Absolute SLOs set exactly at the true p99: the hardest case for false fails of an absolute check.
+    at_slo = CanarySpec.from_strings(
+        [f"ttft_p99={reference['ttft_p99']!r}s", f"e2e_p99={reference['e2e_p99']!r}s"],
+        findings=0,
+        require_equivalence=equivalence,
+    )
+    cases = ["A/A", "A/A, SLO at p99"] + [f"{shape} {f:g}x" for shape in SHAPES for f in FACTORS]
     rng = np.random.default_rng(seed)
     cells: dict[tuple[str, int], Cell] = {}
     for n in sizes:
@@ -174,10 +182,10 @@ def run(trials: int, seeds: int, sizes: list[int], seed: int, equivalence: bool)
             cell = cells.setdefault((case, n), Cell())
             for _ in range(trials):
                 base, cand = population.draw(rng, n), population.draw(rng, n)
-                if case != "A/A":
+                if not case.startswith("A/A"):
                     shape, factor = case.split()
                     regress(cand, float(factor[:-1]), shape, reference)
-                verdicts = poll(spec, base, cand)
+                verdicts = poll(at_slo if case == "A/A, SLO at p99" else spec, base, cand)
                 cell.trials += 1
                 if "fail" in verdicts:
                     cell.any_fail += 1
@@ -223,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"canary_power: n={at} aa_false_fail={share('A/A', 'fail')} aa_pass={share('A/A', 'pass')} "
+        f"aa_slo_at_p99_false_fail={share('A/A, SLO at p99', 'fail')} "
         f"fail_1.2x={share('scaled 1.2x', 'fail')} fail_1.5x={share('scaled 1.5x', 'fail')} "
         f"fail_2x={share('scaled 2x', 'fail')} tail_fail_1.5x={share('tail 1.5x', 'fail')} "
         f"tail_fail_2x={share('tail 2x', 'fail')}"
