@@ -44,6 +44,7 @@ __all__ = [
     "parse_tasks",
     "split_tasks",
     "summarize",
+    "verdict_roll",
 ]
 
 SCHEMA = "sre-agent/policy-eval/v1"
@@ -90,11 +91,34 @@ class Verifier:
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """One task: samples per arm in drawn order and an optional verifier."""
+    """One task: samples per arm in drawn order, an optional verifier, and features known before any call.
+
+    ``features`` holds the row's numeric ``features`` (name -> number), one ``tag:<name>``
+    = 1.0 per entry of its ``tags``, and ``prompt_tokens`` (the fewest input tokens of any
+    arm's first sample) unless the row names it. Never the ``difficulty`` label.
+    """
 
     task_id: str
     arms: dict[str, tuple[Sample, ...]]
     verifier: Verifier | None
+    features: dict[str, float] = field(default_factory=dict)
+
+
+def _features(raw: dict[str, Any]) -> dict[str, float]:
+    """What a router may know before any call (see :class:`Task`)."""
+    features = {str(name): float(value) for name, value in (raw.get("features") or {}).items()}
+    for tag in raw.get("tags") or ():
+        features[f"tag:{tag}"] = 1.0
+    firsts = [int(samples[0]["input_tokens"]) for samples in raw["arms"].values() if samples]
+    if "prompt_tokens" not in features and firsts:
+        features["prompt_tokens"] = float(min(firsts))
+    return features
+
+
+def verdict_roll(seed: int, task_id: str, arm: str, index: int) -> float:
+    """A uniform number in [0, 1) fixed per (seed, task, arm, sample index): the verifier's dice."""
+    token = f"{seed}:{task_id}:{arm}:{index}".encode()
+    return int.from_bytes(hashlib.blake2b(token, digest_size=8).digest(), "big") / 2**64
 
 
 def parse_tasks(lines: Iterable[str], decode: DecodeModel | None = None) -> list[Task]:
@@ -131,7 +155,7 @@ def parse_tasks(lines: Iterable[str], decode: DecodeModel | None = None) -> list
                 if v
                 else None
             )
-            tasks.append(Task(str(raw["task_id"]), arms, verifier))
+            tasks.append(Task(str(raw["task_id"]), arms, verifier, _features(raw)))
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"task table line {number}: {exc!r}") from exc
     if not tasks:
@@ -207,6 +231,10 @@ class ReplaySource:
         """Seconds left before the deadline, or None."""
         return None if self.deadline_s is None else max(self.deadline_s - self.elapsed_s, 0.0)
 
+    def features(self) -> dict[str, float]:
+        """The task's features (known before any call)."""
+        return self.task.features
+
     def expected_latency_s(self, arm: str) -> float:
         """The arm's training p90 latency (0.0 for an arm never seen in training)."""
         return self.history.latency_s.get(arm, 0.0)
@@ -251,9 +279,7 @@ class ReplaySource:
         rate = verifier.true_positive_rate if sample.correct else verifier.false_positive_rate
         if rate >= 1.0 or rate <= 0.0:
             return rate >= 1.0
-        token = f"{self.seed}:{self.task.task_id}:{draw.arm}:{index}".encode()
-        roll = int.from_bytes(hashlib.blake2b(token, digest_size=8).digest(), "big") / 2**64
-        return roll < rate
+        return verdict_roll(self.seed, self.task.task_id, draw.arm, index) < rate
 
     def verify(self, draws: Sequence[Draw]) -> list[bool]:
         """Verdicts in parallel; [] without a verifier; all False when the deadline cuts the verification."""
