@@ -130,7 +130,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     )
     print(render_table(report, markdown))
     print()
-    for note in evaluation.notes:
+    for note in [*evaluation.notes, *evaluation.trades]:
         print(f"- {note}" if markdown else note)
     return 0
 

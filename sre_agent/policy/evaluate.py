@@ -360,11 +360,57 @@ def summarize(name: str, kind: str, runs: Sequence[PolicyRun]) -> dict[str, Any]
 
 @dataclass(slots=True)
 class Fitted:
-    """An adaptive policy chosen on the training part, with its training summary."""
+    """An adaptive policy chosen on the training part, its training summary, and how many were tried."""
 
     policy: Allocator
     train: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    candidates: int = 1
+
+
+def explain_fit(
+    fitted: Fitted, target: dict[str, Any], tested: dict[str, Any], versus: dict[str, Any]
+) -> dict[str, Any]:
+    """The additive ``fit`` field of an adaptive report entry: what was chosen, why, and what it trades.
+
+    ``target`` is the best fixed policy's training summary (what every fit aims at);
+    ``tested`` and ``versus`` are the adaptive policy's and that fixed policy's test summaries.
+    """
+    feasible = score(fitted.train, target)[0] == 0
+    name = target["name"]
+    if feasible:
+        why = (
+            f"the lowest training spend per success among {fitted.candidates} candidates that match "
+            f"{name}'s training success ({target['success_rate']:.3f}) and deadline misses "
+            f"({target['deadline_miss_rate']:.3f})"
+        )
+    else:
+        why = f"none of {fitted.candidates} candidates matched {name}'s training success: the highest success"
+    describe = getattr(fitted.policy, "describe", None)
+    ours, theirs = tested["spend_per_success_usd"], versus["spend_per_success_usd"]
+    return {
+        "policy": describe() if callable(describe) else fitted.policy.name,
+        "why": why,
+        "candidates": fitted.candidates,
+        "training": {k: fitted.train[k] for k in ("success_rate", "spend_per_success_usd", "deadline_miss_rate")},
+        "versus": {
+            "policy": name,
+            "success_delta": tested["success_rate"] - versus["success_rate"],
+            "spend_per_success_ratio": ours / theirs if ours is not None and theirs else None,
+            "deadline_miss_delta": tested["deadline_miss_rate"] - versus["deadline_miss_rate"],
+        },
+    }
+
+
+def describe_trade(name: str, fit: dict[str, Any]) -> str:
+    """One line: what an adaptive policy trades against the best fixed one on the test part."""
+    versus = fit["versus"]
+    ratio = versus["spend_per_success_ratio"]
+    return (
+        f"{name} vs {versus['policy']} on the test part: success {versus['success_delta']:+.3f}, "
+        f"spend per success {'-' if ratio is None else f'{ratio:.2f}x'}, "
+        f"deadline misses {versus['deadline_miss_delta']:+.3f}; chosen as {fit['why']}"
+    )
 
 
 def score(summary: dict[str, Any], target: dict[str, Any]) -> tuple[int, float, float]:
@@ -385,7 +431,7 @@ def fit_best(
         raise PolicyError(f"no candidates to fit {name}")
     scored = [(c, summarize(name, "adaptive", replay.runs(c, train))) for c in candidates]
     policy, summary = min(scored, key=lambda item: score(item[1], target))
-    return Fitted(policy, summary, [f"{name}: chose {policy.name} {describe_training(summary)}"])
+    return Fitted(policy, summary, [f"{name}: chose {policy.name} {describe_training(summary)}"], len(candidates))
 
 
 def describe_training(summary: dict[str, Any]) -> str:
@@ -419,10 +465,11 @@ def fixed_policies(tasks: Sequence[Task]) -> list[Allocator]:
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
-    """The CONTRACTS 6 report (``report``) and human notes on what was fitted (``notes``)."""
+    """The CONTRACTS 6 report, notes on what was fitted (training part only), and test-part trades."""
 
     report: dict[str, Any]
     notes: list[str]
+    trades: list[str] = field(default_factory=list)
 
 
 def evaluate_policies(
@@ -445,7 +492,14 @@ def evaluate_policies(
     )
     fitted = adaptive_candidates(train, replay, target)
     policies = [summarize(p.name, "fixed", replay.runs(p, test)) for p in fixed]
-    policies += [summarize(name, "adaptive", replay.runs(f.policy, test)) for name, f in fitted.items()]
+    versus = next(p for p in policies if p["name"] == target["name"])
+    trades = []
+    for name, f in fitted.items():
+        entry = summarize(name, "adaptive", replay.runs(f.policy, test))
+        # Additive to CONTRACTS 6: what was fitted, why, and what it trades against the target.
+        entry["fit"] = explain_fit(f, target, entry, versus)
+        trades.append(describe_trade(name, entry["fit"]))
+        policies.append(entry)
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "tasks": {"train": len(train), "test": len(test)},
@@ -456,4 +510,4 @@ def evaluate_policies(
     notes = [f"best fixed policy on the training part: {target['name']} {describe_training(target)}"]
     for f in fitted.values():
         notes.extend(f.notes)
-    return Evaluation(report, notes)
+    return Evaluation(report, notes, trades)

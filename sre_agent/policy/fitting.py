@@ -156,4 +156,5 @@ def fit_router(
         router = Router(AdaptiveSampling(cheap, 1, 1))
         return Fitted(router, summarize("router", "adaptive", replay.runs(router, train)), ["router: no probe fits"])
     _, router, summary = best
-    return Fitted(router, summary, [f"router: {router.describe()} {describe_training(summary)}"])
+    candidates = sum(k <= limit[cheap] for k in (5, 10)) * len(_LAMBDAS) * 3
+    return Fitted(router, summary, [f"router: {router.describe()} {describe_training(summary)}"], candidates)

@@ -89,6 +89,7 @@ def fit_single_outcome(train: Sequence[Task], replay: Replay, target: dict[str, 
         candidates[best],
         summaries[best],
         [f"cascade: chose {candidates[best].name} {describe_training(summaries[best])}"],
+        len(candidates),
     )
     pool: list[Allocator] = [GiveUp(), *(SingleRun(arm) for arm in arms), *candidates]
     pool_runs = [replay.runs(GiveUp(), train), *(replay.runs(SingleRun(arm), train) for arm in arms), *runs]
@@ -128,7 +129,7 @@ def fit_feature_router(
             f"router: the features carry nothing (out-of-fold log-loss gain {gain:.1%} < {MIN_FEATURE_GAIN:.0%}); "
             f"routing falls back to the cascade {fallback.policy.name}"
         )
-        return Fitted(fallback.policy, fallback.train, [note])
+        return Fitted(fallback.policy, fallback.train, [note], fallback.candidates)
     model = fit_solvability(rows, targets)
     # Per-bin choices have many degrees of freedom: the cheapest feasible router sits right at
     # the target on training tasks and below it on new ones half the time. Asking for one
@@ -153,6 +154,9 @@ def fit_feature_router(
     return Fitted(
         router,
         summary,
-        [f"router: features predict solvability (out-of-fold log-loss gain {gain:.1%}); "
-         f"{router.describe()} {describe_training(summary)}"],
-    )  # fmt: skip
+        [
+            f"router: features predict solvability (out-of-fold log-loss gain {gain:.1%}); "
+            f"{router.describe()} {describe_training(summary)}"
+        ],
+        len(_BINS) * len(_LAMBDAS) * len(_MUS),
+    )
