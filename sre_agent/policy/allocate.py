@@ -251,8 +251,9 @@ class Cascade(Allocator):
             if last.verified:
                 return Allocation(last.draw, True, False, tuple(seen), f"{stage.name}: {last.reason}")
         # Nothing verified: the last (most expensive) stage's own answer is the best guess;
-        # a majority across stages would let many cheap wrong answers outvote it.
-        if last.draw is not None:
+        # a majority across stages would let many cheap wrong answers outvote it. A last
+        # stage with no answer at all (a failed request) does not beat an earlier answer.
+        if last.draw is not None and last.draw.answer:
             return Allocation(last.draw, False, True, tuple(seen), "cascade ended without a verified answer")
         return _best_so_far(seen, "cascade ended without a verified answer")
 
