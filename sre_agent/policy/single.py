@@ -17,8 +17,9 @@ stop* (FrugalGPT-style cascades: run an arm, ask the verifier, accept or escalat
 - ``router``: a :class:`~sre_agent.policy.routing.FeatureRouter` whose bins of predicted
   solvability each run the candidate (a cascade, one arm, or giving up) with the best
   Lagrangian value (dollars per success ``lambda``, misses priced at ``mu`` successes);
-  bins, ``lambda`` and ``mu`` are chosen by the same training score, with the target's
-  success raised by one standard error (a guard against fitting the bins to noise). When the features
+  bins, ``lambda`` and ``mu`` are chosen by the same score computed out of fold (five folds
+  of the training part: each task routed by choices fitted on the others) against the
+  target's success plus one standard error: guards against fitting bins to noise. When the features
   carry nothing (cross-validated log-loss gain under 2 %), the router is the cascade.
 """
 
@@ -103,10 +104,55 @@ def _value(runs: Sequence[PolicyRun], members: Sequence[int], dollars_per_succes
     )
 
 
-def _best_for(pool_runs: Sequence[Sequence[PolicyRun]], members: Sequence[int], lam: float, mu: float) -> int:
-    """Index of the pool entry with the highest value on ``members`` (the first on ties)."""
-    values = [_value(runs, members, lam, mu) for runs in pool_runs]
-    return values.index(max(values))
+def _quantile_cuts(scores: Sequence[float], bins: int) -> tuple[float, ...]:
+    """Thresholds splitting ``scores`` into ``bins`` groups of about equal size."""
+    ordered = sorted(scores)
+    return tuple(ordered[min(len(ordered) * k // bins, len(ordered) - 1)] for k in range(1, bins))
+
+
+class _RunTable:
+    """Training runs of every pool entry as arrays (entries x tasks), for fast per-bin choices."""
+
+    FOLDS = 5
+
+    def __init__(self, pool_runs: Sequence[Sequence[PolicyRun]]) -> None:
+        import numpy as np
+
+        self.np = np
+        self.success = np.array([[r.success for r in runs] for runs in pool_runs], dtype=float)
+        self.missed = np.array([[r.missed for r in runs] for runs in pool_runs], dtype=float)
+        self.spend = np.array([[r.spend_usd for r in runs] for runs in pool_runs], dtype=float)
+        self.fold = np.arange(self.success.shape[1]) % self.FOLDS
+
+    def best(self, lam: float, mu: float, members: Sequence[int]) -> int:
+        """The entry with the highest value (see :func:`_value`) on ``members``; the first on ties."""
+        values = (lam * (self.success - mu * self.missed) - self.spend)[:, list(members)].sum(axis=1)
+        return int(self.np.argmax(values))
+
+    def choose_out_of_fold(self, bin_of: Sequence[int], bins: int, lam: float, mu: float) -> Any:
+        """Per task, the entry its bin chooses when fitted on the other folds."""
+        np = self.np
+        values = lam * (self.success - mu * self.missed) - self.spend
+        bin_array = np.asarray(bin_of)
+        chosen = np.zeros(len(bin_of), dtype=int)
+        for fold in range(self.FOLDS):
+            for b in range(bins):
+                in_bin = bin_array == b
+                fit = in_bin & (self.fold != fold)
+                if fit.any():
+                    chosen[in_bin & (self.fold == fold)] = int(np.argmax(values[:, fit].sum(axis=1)))
+        return chosen
+
+    def summary(self, chosen: Any) -> dict[str, Any]:
+        """Success rate, miss rate and spend per success when task ``i`` runs entry ``chosen[i]``."""
+        tasks = self.np.arange(len(chosen))
+        successes = float(self.success[chosen, tasks].sum())
+        spend = float(self.spend[chosen, tasks].sum())
+        return {
+            "success_rate": successes / len(chosen),
+            "deadline_miss_rate": float(self.missed[chosen, tasks].mean()),
+            "spend_per_success_usd": spend / successes if successes else None,
+        }
 
 
 def fit_feature_router(
@@ -131,26 +177,31 @@ def fit_feature_router(
         )
         return Fitted(fallback.policy, fallback.train, [note], fallback.candidates)
     model = fit_solvability(rows, targets)
-    # Per-bin choices have many degrees of freedom: the cheapest feasible router sits right at
-    # the target on training tasks and below it on new ones half the time. Asking for one
-    # standard error of the target's success above it keeps the choice feasible out of sample.
+    scores = [model.predict(row) for row in rows]
+    table = _RunTable(pool_runs)
+    # The target's own training success is an estimate too: asking for one standard error
+    # more keeps a router that trades every spare success for dollars from falling below
+    # the target on new tasks about half the time.
     p = target["success_rate"]
     guarded = {**target, "success_rate": p + (p * (1 - p) / len(train)) ** 0.5}
-    scores = [model.predict(row) for row in rows]
-    ordered = sorted(scores)
-    best: tuple[tuple[int, float, float], FeatureRouter, dict[str, Any]] | None = None
+    best: tuple[tuple[int, float, float], int, float, float] | None = None
     for bins in _BINS:
-        cuts = tuple(ordered[min(len(ordered) * k // bins, len(ordered) - 1)] for k in range(1, bins))
-        members = [[i for i, s in enumerate(scores) if sum(s >= c for c in cuts) == b] for b in range(bins)]
+        cuts = _quantile_cuts(scores, bins)
+        bin_of = [sum(s >= c for c in cuts) for s in scores]
         for lam, mu in itertools.product(_LAMBDAS, _MUS):
-            chosen = [_best_for(pool_runs, m, lam, mu) for m in members]
-            combined = [pool_runs[chosen[b]][i] for b, m in enumerate(members) for i in m]
-            summary = summarize("router", "adaptive", combined)
-            key = score(summary, guarded)
+            # Out-of-fold: each task is routed by choices fitted on the other folds, so the
+            # configuration is judged on tasks its per-bin choices never saw.
+            held_out = table.choose_out_of_fold(bin_of, bins, lam, mu)
+            key = score(table.summary(held_out), guarded)
             if best is None or key < best[0]:
-                best = (key, FeatureRouter(model, cuts, tuple(pool[j] for j in chosen)), summary)
+                best = (key, bins, lam, mu)
     assert best is not None  # _BINS and _LAMBDAS are non-empty
-    _, router, summary = best
+    _, bins, lam, mu = best
+    cuts = _quantile_cuts(scores, bins)
+    bin_of = [sum(s >= c for c in cuts) for s in scores]
+    chosen = [table.best(lam, mu, [i for i, b in enumerate(bin_of) if b == k]) for k in range(bins)]
+    router = FeatureRouter(model, cuts, tuple(pool[j] for j in chosen))
+    summary = summarize("router", "adaptive", [pool_runs[chosen[b]][i] for i, b in enumerate(bin_of)])
     return Fitted(
         router,
         summary,
