@@ -13,6 +13,8 @@ __all__ = ["register"]
 
 EPILOG = """examples:
   sre-agent policy convert-game24 --out game24.jsonl
+  sre-agent policy collapse --tasks game24.jsonl --out game24-single.jsonl
+  sre-agent policy synth --tasks 1300 --seed 1 --out synth.jsonl
   sre-agent policy evaluate --tasks game24.jsonl --deadline 600 --train-fraction 0.5
   sre-agent policy evaluate --tasks game24.jsonl --format json > eval.json
 """
@@ -21,7 +23,7 @@ DEFAULT_GAME24 = "../shared/data/compute/tot-game24"
 
 
 def register(subparsers: Any) -> None:
-    """Add ``policy evaluate`` and ``policy convert-game24``."""
+    """Add ``policy evaluate``, ``convert-game24``, ``collapse`` and ``synth``."""
     parser = subparsers.add_parser(
         "policy",
         help="evaluate retry/compute-allocation policies offline",
@@ -67,6 +69,41 @@ def register(subparsers: Any) -> None:
     conv.add_argument("--verifier-cost-usd", type=float, default=0.0, help="dollars per verification (default 0)")
     conv.add_argument("--verifier-latency-s", type=float, default=0.0, help="seconds per verification (default 0)")
     conv.set_defaults(func=_convert)
+
+    col = sub.add_parser(
+        "collapse",
+        help="rewrite a task table with one outcome per arm (first sample, verifier-selected best-of-n)",
+        description="Collapse every arm to its first sample and add <arm>_best_of_<n>: the first of n samples "
+        "the table's verifier passes (its rates, seeded), charged n samples and n verifications.",
+        epilog="example:\n  sre-agent policy collapse --tasks game24.jsonl --out game24-single.jsonl --best-of 100\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    col.add_argument("--tasks", required=True, metavar="FILE", help="task-outcome table (.jsonl, CONTRACTS 6)")
+    col.add_argument("--out", required=True, metavar="FILE", help="output .jsonl")
+    col.add_argument("--best-of", type=int, default=100, metavar="N", help="samples per best-of arm (default 100)")
+    col.add_argument("--seed", type=int, default=0, help="verifier seed (default 0)")
+    col.set_defaults(func=_collapse)
+
+    syn = sub.add_parser(
+        "synth",
+        help="write a synthetic single-outcome task table (latent per-task difficulty, seeded)",
+        description="Draw a single-outcome task table: a small and a large model 50x apart in price, their "
+        "verifier-selected best-of-100 answers, a learned verifier; a latent difficulty per task "
+        "correlates the arms' outcomes and, partly, the features (prompt length, a type tag).",
+        epilog="example:\n  sre-agent policy synth --tasks 1300 --seed 1 --out synth.jsonl\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    syn.add_argument("--tasks", type=int, default=1300, metavar="N", help="number of tasks (default 1300)")
+    syn.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    syn.add_argument(
+        "--feature-signal",
+        type=float,
+        default=0.6,
+        metavar="R",
+        help="correlation of the features with difficulty, 0..1 (default 0.6; 0: features carry nothing)",
+    )
+    syn.add_argument("--out", required=True, metavar="FILE", help="output .jsonl")
+    syn.set_defaults(func=_synth)
 
 
 def _help(parser: argparse.ArgumentParser) -> int:
@@ -153,4 +190,24 @@ def _convert(args: argparse.Namespace) -> int:
     write_jsonl(tasks, args.out)
     arms = sorted(tasks[0]["arms"]) if tasks else []
     print(f"wrote {len(tasks)} tasks ({', '.join(arms)}) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _collapse(args: argparse.Namespace) -> int:
+    from sre_agent.policy.game24 import write_jsonl
+    from sre_agent.policy.tables import collapse_to_single, read_rows
+
+    rows = collapse_to_single(read_rows(args.tasks), best_of=args.best_of, seed=args.seed)
+    write_jsonl(rows, args.out)
+    print(f"wrote {len(rows)} tasks ({', '.join(sorted(rows[0]['arms']))}) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from sre_agent.policy.game24 import write_jsonl
+    from sre_agent.policy.tables import synthetic_tasks
+
+    rows = synthetic_tasks(args.tasks, seed=args.seed, feature_signal=args.feature_signal)
+    write_jsonl(rows, args.out)
+    print(f"wrote {len(rows)} tasks ({', '.join(sorted(rows[0]['arms']))}) to {args.out}", file=sys.stderr)
     return 0

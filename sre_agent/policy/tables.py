@@ -25,18 +25,20 @@ success and $0.677 per task, i.e. $1.19 per success), a verifier with stated rat
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
 from sre_agent.errors import PolicyError
 from sre_agent.policy.evaluate import verdict_roll
 
-__all__ = ["DEFAULT_ARMS", "ArmSpec", "collapse_to_single", "synthetic_tasks"]
+__all__ = ["DEFAULT_ARMS", "ArmSpec", "collapse_to_single", "read_rows", "synthetic_tasks"]
 
 _TAGS = ("arithmetic", "algebra", "geometry", "proof")
 
@@ -148,6 +150,8 @@ def collapse_to_single(rows: Sequence[dict[str, Any]], best_of: int = 100, seed:
     """
     if best_of < 2:
         raise PolicyError("best_of must be at least 2")
+    if not rows:
+        raise PolicyError("the task table holds no tasks")
     multi = {arm for arm in rows[0]["arms"] if all(len(r["arms"].get(arm, ())) >= best_of for r in rows)}
     out = []
     for row in rows:
@@ -180,3 +184,17 @@ def collapse_to_single(rows: Sequence[dict[str, Any]], best_of: int = 100, seed:
             arms[f"{arm}_best_of_{best_of}"] = [collapsed]
         out.append({**row, "arms": arms})
     return out
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The raw rows of a ``.jsonl`` task table (for rewriting it; :func:`load_tasks` parses for evaluation)."""
+    try:
+        with Path(path).open() as handle:
+            rows = [json.loads(line) for line in handle if line.strip()]
+    except OSError as exc:
+        raise PolicyError(f"cannot read task table {path}: {exc}") from exc
+    except ValueError as exc:
+        raise PolicyError(f"task table {path} is not JSON lines: {exc}") from exc
+    if not rows or not all(isinstance(r, dict) and isinstance(r.get("arms"), dict) for r in rows):
+        raise PolicyError(f"task table {path} holds no tasks with arms")
+    return rows
