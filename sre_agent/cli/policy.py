@@ -17,6 +17,7 @@ EPILOG = """examples:
   sre-agent policy synth --tasks 1300 --seed 1 --out synth.jsonl
   sre-agent policy evaluate --tasks game24.jsonl --deadline 600 --train-fraction 0.5
   sre-agent policy evaluate --tasks game24.jsonl --format json > eval.json
+  sre-agent policy evaluate --tasks synth.jsonl --save-policies fitted.json
 """
 
 DEFAULT_GAME24 = "../shared/data/compute/tot-game24"
@@ -52,6 +53,11 @@ def register(subparsers: Any) -> None:
     decode.add_argument("--prefill-tps", type=float, default=2000.0, help="prompt tokens/s (default 2000)")
     decode.add_argument("--decode-tps", type=float, default=20.0, help="output tokens/s (default 20, GPT-4 era)")
     ev.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format")
+    ev.add_argument(
+        "--save-policies",
+        metavar="FILE",
+        help="write the fitted adaptive policies as JSON a gateway loads (sre_agent.policy.load_allocators)",
+    )
     ev.set_defaults(func=_evaluate)
 
     conv = sub.add_parser(
@@ -155,6 +161,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     report = evaluation.report
+    if args.save_policies:
+        from sre_agent.policy.specs import save_allocators
+
+        save_allocators(evaluation.fitted, args.save_policies)
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return 0

@@ -465,11 +465,13 @@ def fixed_policies(tasks: Sequence[Task]) -> list[Allocator]:
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
-    """The CONTRACTS 6 report, notes on what was fitted (training part only), and test-part trades."""
+    """The CONTRACTS 6 report, notes on what was fitted (training part only), test-part trades, and the
+    fitted allocators by report name (runnable on live engines, see :mod:`sre_agent.policy.specs`)."""
 
     report: dict[str, Any]
     notes: list[str]
     trades: list[str] = field(default_factory=list)
+    fitted: dict[str, Allocator] = field(default_factory=dict)
 
 
 def evaluate_policies(
@@ -510,4 +512,4 @@ def evaluate_policies(
     notes = [f"best fixed policy on the training part: {target['name']} {describe_training(target)}"]
     for f in fitted.values():
         notes.extend(f.notes)
-    return Evaluation(report, notes, trades)
+    return Evaluation(report, notes, trades, {name: f.policy for name, f in fitted.items()})

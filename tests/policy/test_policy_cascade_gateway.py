@@ -11,11 +11,21 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sre_agent.policy import BudgetLimits, ChatRequest, LiveSource, PolicyEngine, Pricing, SingleRun, Target
+from sre_agent.policy import (
+    BudgetLimits,
+    ChatRequest,
+    LiveSource,
+    PolicyEngine,
+    Pricing,
+    SingleRun,
+    Target,
+    load_allocators,
+)
 from sre_agent.policy.allocate import Allocator
 from sre_agent.policy.evaluate import ArmHistory, Replay, parse_tasks, split_tasks, summarize
 from sre_agent.policy.game24 import check_answer
 from sre_agent.policy.single import fit_single_outcome
+from sre_agent.policy.specs import save_allocators
 from sre_agent.policy.tables import ArmSpec, synthetic_tasks
 from sre_agent.replays.fault_server import Step, create_app, serve_in_thread
 
@@ -50,14 +60,17 @@ def spans() -> tuple[InMemorySpanExporter, TracerProvider]:
 
 
 @pytest.fixture(scope="module")
-def fitted_cascade() -> Allocator:
-    """The cascade fitted offline on a synthetic single-outcome table with the gateway's arm names."""
+def fitted_cascade(tmp_path_factory: pytest.TempPathFactory) -> Allocator:
+    """The cascade fitted offline on a synthetic single-outcome table with the gateway's arm names,
+    handed to the gateway as JSON (saved, then loaded) as a deployment would."""
     arms = (ArmSpec("cheap", 0.3, 0.001, 2.0), ArmSpec("strong", 0.6, 0.05, 8.0))
     rows = synthetic_tasks(400, seed=7, arms=arms)
     train, _ = split_tasks(parse_tasks([json.dumps(r) for r in rows]), 0.5)
     replay = Replay(ArmHistory.from_tasks(train), 60.0, None)
     target = summarize("single:strong", "fixed", replay.runs(SingleRun("strong"), train))
-    return fit_single_outcome(train, replay, target)["cascade"].policy
+    saved = tmp_path_factory.mktemp("fitted") / "fitted.json"
+    save_allocators({"cascade": fit_single_outcome(train, replay, target)["cascade"].policy}, saved)
+    return load_allocators(saved)["cascade"]
 
 
 def _source(
