@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sre_agent.policy import (
@@ -27,7 +25,7 @@ from sre_agent.policy.game24 import check_answer
 from sre_agent.policy.single import fit_single_outcome
 from sre_agent.policy.specs import save_allocators
 from sre_agent.policy.tables import ArmSpec, synthetic_tasks
-from sre_agent.replays.fault_server import Step, create_app, serve_in_thread
+from sre_agent.replays.fault_server import Step
 
 PUZZLE = "4 4 6 8"
 WRONG = Step("ok", text="Answer: 4 * 6 = 24")
@@ -43,20 +41,6 @@ REQUEST = ChatRequest(({"role": "user", "content": f"Use {PUZZLE} to make 24."},
 CHEAP = Pricing(input_per_mtok=1.0, output_per_mtok=4.0)
 STRONG = Pricing(input_per_mtok=50.0, output_per_mtok=200.0)  # 50x the cheap model's prices
 VERIFIER_USD = 0.0001
-
-
-@pytest.fixture(scope="module")
-def base_url() -> Iterator[str]:
-    with serve_in_thread(create_app(SCRIPTS)) as url:
-        yield url
-
-
-@pytest.fixture
-def spans() -> tuple[InMemorySpanExporter, TracerProvider]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter, provider
 
 
 @pytest.fixture(scope="module")
