@@ -97,13 +97,6 @@ def fit_single_outcome(train: Sequence[Task], replay: Replay, target: dict[str, 
     return {"cascade": cascade, "router": fit_feature_router(train, target, pool, pool_runs, cascade)}
 
 
-def _value(runs: Sequence[PolicyRun], members: Sequence[int], dollars_per_success: float, miss_weight: float) -> float:
-    """Successes priced in dollars, minus spend, with a miss costing ``miss_weight`` successes."""
-    return sum(
-        dollars_per_success * (runs[i].success - miss_weight * runs[i].missed) - runs[i].spend_usd for i in members
-    )
-
-
 def _quantile_cuts(scores: Sequence[float], bins: int) -> tuple[float, ...]:
     """Thresholds splitting ``scores`` into ``bins`` groups of about equal size."""
     ordered = sorted(scores)
@@ -125,7 +118,10 @@ class _RunTable:
         self.fold = np.arange(self.success.shape[1]) % self.FOLDS
 
     def best(self, lam: float, mu: float, members: Sequence[int]) -> int:
-        """The entry with the highest value (see :func:`_value`) on ``members``; the first on ties."""
+        """The entry with the highest value on ``members``; the first on ties.
+
+        Value: successes priced at ``lam`` dollars, a deadline miss costing ``mu`` successes, minus spend.
+        """
         values = (lam * (self.success - mu * self.missed) - self.spend)[:, list(members)].sum(axis=1)
         return int(self.np.argmax(values))
 
