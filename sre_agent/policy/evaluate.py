@@ -366,6 +366,19 @@ class Fitted:
     train: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     candidates: int = 1
+    why: str | None = None  # set when the choice was not the plain training score against the target
+
+
+def fit_reason(fitted: Fitted, target: dict[str, Any]) -> str:
+    """Why the training score picked ``fitted`` against ``target`` (the best fixed policy's training summary)."""
+    name = target["name"]
+    if score(fitted.train, target)[0] == 0:
+        return (
+            f"the lowest training spend per success among {fitted.candidates} candidates that match "
+            f"{name}'s training success ({target['success_rate']:.3f}) and deadline misses "
+            f"({target['deadline_miss_rate']:.3f})"
+        )
+    return f"none of {fitted.candidates} candidates matched {name}'s training success: the highest success"
 
 
 def explain_fit(
@@ -376,16 +389,8 @@ def explain_fit(
     ``target`` is the best fixed policy's training summary (what every fit aims at);
     ``tested`` and ``versus`` are the adaptive policy's and that fixed policy's test summaries.
     """
-    feasible = score(fitted.train, target)[0] == 0
     name = target["name"]
-    if feasible:
-        why = (
-            f"the lowest training spend per success among {fitted.candidates} candidates that match "
-            f"{name}'s training success ({target['success_rate']:.3f}) and deadline misses "
-            f"({target['deadline_miss_rate']:.3f})"
-        )
-    else:
-        why = f"none of {fitted.candidates} candidates matched {name}'s training success: the highest success"
+    why = fitted.why if fitted.why is not None else fit_reason(fitted, target)
     describe = getattr(fitted.policy, "describe", None)
     ours, theirs = tested["spend_per_success_usd"], versus["spend_per_success_usd"]
     return {

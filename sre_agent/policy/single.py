@@ -30,7 +30,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from sre_agent.policy.allocate import Allocator, GiveUp, SingleRun
-from sre_agent.policy.evaluate import Fitted, PolicyRun, Replay, Task, describe_training, score, summarize
+from sre_agent.policy.evaluate import (
+    Fitted,
+    PolicyRun,
+    Replay,
+    Task,
+    describe_training,
+    fit_reason,
+    score,
+    summarize,
+)
 from sre_agent.policy.routing import FeatureRouter, cross_validated_gain, fit_solvability
 
 __all__ = ["cascade_candidates", "fit_feature_router", "fit_single_outcome", "single_outcome_arms"]
@@ -171,7 +180,8 @@ def fit_feature_router(
             f"router: the features carry nothing (out-of-fold log-loss gain {gain:.1%} < {MIN_FEATURE_GAIN:.0%}); "
             f"routing falls back to the cascade {fallback.policy.name}"
         )
-        return Fitted(fallback.policy, fallback.train, [note], fallback.candidates)
+        why = f"the features carry nothing, so the cascade: {fit_reason(fallback, target)}"
+        return Fitted(fallback.policy, fallback.train, [note], fallback.candidates, why)
     model = fit_solvability(rows, targets)
     scores = [model.predict(row) for row in rows]
     table = _RunTable(pool_runs)
@@ -192,7 +202,16 @@ def fit_feature_router(
             if best is None or key < best[0]:
                 best = (key, bins, lam, mu)
     assert best is not None  # _BINS and _LAMBDAS are non-empty
-    _, bins, lam, mu = best
+    key, bins, lam, mu = best
+    configurations = len(_BINS) * len(_LAMBDAS) * len(_MUS)
+    if key[0] == 0:
+        why = (
+            f"the lowest out-of-fold training spend per success among {configurations} configurations that match "
+            f"{target['name']}'s training success plus one standard error ({guarded['success_rate']:.3f}) and its "
+            f"deadline misses ({target['deadline_miss_rate']:.3f}): {bins} bins, ${lam:.3g} per success"
+        )
+    else:
+        why = f"none of {configurations} configurations matched {target['name']} out of fold: the highest success"
     cuts = _quantile_cuts(scores, bins)
     bin_of = [sum(s >= c for c in cuts) for s in scores]
     chosen = [table.best(lam, mu, [i for i, b in enumerate(bin_of) if b == k]) for k in range(bins)]
@@ -205,5 +224,6 @@ def fit_feature_router(
             f"router: features predict solvability (out-of-fold log-loss gain {gain:.1%}); "
             f"{router.describe()} {describe_training(summary)}"
         ],
-        len(_BINS) * len(_LAMBDAS) * len(_MUS),
+        configurations,
+        why,
     )
