@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sre_agent.errors import UsageError
+
+if TYPE_CHECKING:
+    from sre_agent.policy.evaluate import DecodeModel, Evaluation
 
 __all__ = ["register"]
 
@@ -160,15 +163,21 @@ def _evaluate(args: argparse.Namespace) -> int:
         train_fraction=args.train_fraction,
         seed=args.seed,
     )
-    report = evaluation.report
-    if args.save_policies:
+    _print_evaluation(evaluation, decode, args.format)
+    if args.save_policies:  # after printing: a path that cannot be written loses no figures
         from sre_agent.policy.specs import save_allocators
 
         save_allocators(evaluation.fitted, args.save_policies)
-    if args.format == "json":
+    return 0
+
+
+def _print_evaluation(evaluation: Evaluation, decode: DecodeModel, fmt: str) -> None:
+    """The report as JSON, or as a table followed by the fit notes and test-part trades."""
+    report = evaluation.report
+    if fmt == "json":
         print(json.dumps(report, indent=2))
-        return 0
-    markdown = args.format == "markdown"
+        return
+    markdown = fmt == "markdown"
     split = report["tasks"]
     print(
         f"{split['train']} training / {split['test']} test tasks; deadline {report['deadline_s']} s; "
@@ -179,7 +188,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     print()
     for note in [*evaluation.notes, *evaluation.trades]:
         print(f"- {note}" if markdown else note)
-    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:

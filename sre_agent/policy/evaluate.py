@@ -156,7 +156,7 @@ def parse_tasks(lines: Iterable[str], decode: DecodeModel | None = None) -> list
                 else None
             )
             tasks.append(Task(str(raw["task_id"]), arms, verifier, _features(raw)))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise PolicyError(f"task table line {number}: {exc!r}") from exc
     if not tasks:
         raise PolicyError("the task table holds no tasks")

@@ -36,7 +36,7 @@ from statistics import NormalDist
 from typing import Any
 
 from sre_agent.errors import PolicyError
-from sre_agent.policy.evaluate import verdict_roll
+from sre_agent.policy.evaluate import parse_tasks, verdict_roll
 
 __all__ = ["DEFAULT_ARMS", "ArmSpec", "collapse_to_single", "read_rows", "synthetic_tasks"]
 
@@ -195,6 +195,6 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         raise PolicyError(f"cannot read task table {path}: {exc}") from exc
     except ValueError as exc:
         raise PolicyError(f"task table {path} is not JSON lines: {exc}") from exc
-    if not rows or not all(isinstance(r, dict) and isinstance(r.get("arms"), dict) for r in rows):
-        raise PolicyError(f"task table {path} holds no tasks with arms")
+    # The same checks as evaluation (one readable error with the line number), before any rewriting.
+    parse_tasks(json.dumps(row) for row in rows)
     return rows

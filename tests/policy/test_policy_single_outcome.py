@@ -204,4 +204,16 @@ def test_synth_and_collapse_commands_write_tables_evaluate_reads(
     report = json.loads(capsys.readouterr().out)
     assert {p["name"] for p in report["policies"] if p["kind"] == "adaptive"} == {"cascade", "router"}
     assert main(["policy", "synth", "--tasks", "0", "--out", str(synth)]) == 1
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"task_id": "a", "arms": {"x": [{"correct": true}]}}\n')
+    capsys.readouterr()
+    assert main(["policy", "collapse", "--tasks", str(broken), "--out", str(collapsed)]) == 1
+    err = capsys.readouterr().err
+    assert "task table line 1" in err
+    assert "Traceback" not in err
+    unwritable = tmp_path / "no-such-dir" / "fitted.json"
+    assert main(["policy", "evaluate", "--tasks", str(synth), "--save-policies", str(unwritable)]) == 1
+    printed = capsys.readouterr()
+    assert "cascade vs single:" in printed.out  # the figures were printed before the save failed
+    assert "cannot write" in printed.err
     assert main(["policy", "synth", "--tasks", "10", "--feature-signal", "2", "--out", str(synth)]) == 1
