@@ -282,11 +282,14 @@ class ReplaySource:
         return verdict_roll(self.seed, self.task.task_id, draw.arm, index) < rate
 
     def verify(self, draws: Sequence[Draw]) -> list[bool]:
-        """Verdicts in parallel; [] without a verifier; all False when the deadline cuts the verification."""
+        """Verdicts in parallel; [] without a verifier; all False when the deadline cuts the verification
+        or its cost no longer fits the dollar budget (then nothing is charged)."""
         verifier = self.task.verifier
         if verifier is None or not draws:
             return []
         cost = verifier.cost_usd * len(draws)
+        if self.budget_usd is not None and self.spend_usd + cost > self.budget_usd + 1e-12:
+            return [False] * len(draws)
         self.spend_usd += cost
         self.verifier_usd += cost
         if not self._advance(verifier.latency_s):

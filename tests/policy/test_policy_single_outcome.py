@@ -149,6 +149,21 @@ def test_on_the_collapsed_game24_logs_the_cascade_beats_the_best_arm(game24_sing
     assert sum(paid) / len(paid) > 0.59 * best["spend_per_success_usd"]
 
 
+def test_a_per_task_dollar_budget_holds_for_cascades_and_routers_verifier_included() -> None:
+    rows = synthetic_tasks(400, seed=6)
+    budget = 0.0375  # the large model's answer plus a few verifications, not its best-of-100
+    report = evaluate_policies(parse_tasks([json.dumps(r) for r in rows]), budget_usd=budget).report
+    test_tasks = report["tasks"]["test"]
+    for policy in report["policies"]:
+        assert policy["total_spend_usd"] <= budget * test_tasks + 1e-9, policy["name"]
+    assert _adaptive(report, "single:large_best_of_100")["success_rate"] == 0.0  # refused outright
+    cascade = _adaptive(report, "cascade")
+    # What fits: try the small model, verify, escalate to the large one; cheaper per success than it.
+    assert cascade["fit"]["policy"] == "single:small:verified + single:large"
+    assert cascade["verifier_spend_usd"] > 0
+    assert cascade["spend_per_success_usd"] < _adaptive(report, "single:large")["spend_per_success_usd"]
+
+
 def test_the_router_falls_back_to_the_cascade_when_features_carry_nothing() -> None:
     blind = _evaluate(synthetic_tasks(600, seed=5, feature_signal=0.0))
     router, cascade = _adaptive(blind.report, "router"), _adaptive(blind.report, "cascade")
