@@ -192,6 +192,24 @@ def test_the_solvability_model_learns_the_direction_of_difficulty() -> None:
     assert router.bin_of({"prompt_tokens": 200.0, "tag:arithmetic": 1.0}) == 1
 
 
+def test_the_solvability_model_is_calibrated_on_new_tasks() -> None:
+    def table(seed: int) -> tuple[list[dict[str, float]], list[float]]:
+        tasks = parse_tasks([json.dumps(r) for r in synthetic_tasks(2000, seed=seed, feature_signal=0.8)])
+        return [t.features for t in tasks], [sum(s[0].correct for s in t.arms.values()) / len(t.arms) for t in tasks]
+
+    rows, targets = table(21)
+    model = fit_solvability(rows, targets)
+    new_rows, new_targets = table(22)
+    ranked = sorted(zip((model.predict(r) for r in new_rows), new_targets, strict=True))
+    fifth = len(ranked) // 5
+    for k in range(5):
+        chunk = ranked[k * fifth : (k + 1) * fifth]
+        predicted = sum(p for p, _ in chunk) / len(chunk)
+        observed = sum(y for _, y in chunk) / len(chunk)
+        assert predicted == pytest.approx(observed, abs=0.04)
+    assert ranked[-fifth][0] > ranked[fifth][0] + 0.15  # and it separates easy from hard tasks
+
+
 def test_single_outcome_fitting_never_sees_test_labels() -> None:
     rows = synthetic_tasks(400, seed=11)
     tasks = parse_tasks([json.dumps(r) for r in rows])
