@@ -21,6 +21,8 @@ stop* (FrugalGPT-style cascades: run an arm, ask the verifier, accept or escalat
   of the training part: each task routed by choices fitted on the others) against the
   target's success plus one standard error: guards against fitting bins to noise. When the features
   carry nothing (cross-validated log-loss gain under 2 %), the router is the cascade.
+- Tables without a verifier get *agreement* cascades instead (as in "LLM Cascades with
+  Mixture of Thoughts"): one answer per arm until two arms agree, else the last arm's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from sre_agent.policy.allocate import Allocator, GiveUp, SingleRun
+from sre_agent.policy.allocate import AgreementCascade, Allocator, GiveUp, SingleRun
 from sre_agent.policy.evaluate import (
     Fitted,
     PolicyRun,
@@ -64,8 +66,11 @@ def single_outcome_arms(train: Sequence[Task]) -> list[str]:
     return sorted(arms, key=lambda a: (mean_cost[a], a))
 
 
-def cascade_candidates(arms: Sequence[str], max_stages: int = MAX_STAGES) -> list[Allocator]:
-    """Cascades of two or more single-outcome stages (see the module docstring); ``arms`` cheapest first."""
+def cascade_candidates(arms: Sequence[str], max_stages: int = MAX_STAGES, verified: bool = True) -> list[Allocator]:
+    """Cascades of two or more single-outcome stages (see the module docstring); ``arms`` cheapest first.
+
+    ``verified=False`` (a table without a verifier) gives agreement cascades instead.
+    """
     if len(arms) <= PERMUTE_UP_TO:
         orders: list[tuple[str, ...]] = [
             order for k in range(2, min(max_stages, len(arms)) + 1) for order in itertools.permutations(arms, k)
@@ -73,6 +78,10 @@ def cascade_candidates(arms: Sequence[str], max_stages: int = MAX_STAGES) -> lis
     else:
         orders = [order for k in range(2, min(max_stages, len(arms)) + 1) for order in itertools.combinations(arms, k)]
     cascades: list[Allocator] = []
+    if not verified:
+        # Without a verifier the escalation signal is agreement: at least three arms so a
+        # disagreement has somewhere to go.
+        return [AgreementCascade(order) for order in orders if len(order) >= 3]
     for order in orders:
         stages = [SingleRun(arm, verify=True) for arm in order[:-1]]
         cascade: Allocator = stages[0]
@@ -85,13 +94,14 @@ def cascade_candidates(arms: Sequence[str], max_stages: int = MAX_STAGES) -> lis
 def fit_single_outcome(train: Sequence[Task], replay: Replay, target: dict[str, Any]) -> dict[str, Fitted]:
     """The fitted ``cascade`` and ``router`` for a table whose arms hold one outcome each.
 
-    Empty when there is nothing to adapt: fewer than two arms, or no verifier to
-    accept or escalate with.
+    Without a verifier the cascades escalate on disagreement (``agree:`` candidates, at
+    least three arms); empty when there is nothing to adapt (too few arms).
     """
     arms = single_outcome_arms(train)
-    if len(arms) < 2 or any(t.verifier is None for t in train):
+    verified = all(t.verifier is not None for t in train)
+    candidates = cascade_candidates(arms, verified=verified)
+    if not candidates:
         return {}
-    candidates = cascade_candidates(arms)
     runs = [replay.runs(c, train) for c in candidates]
     summaries = [summarize("cascade", "adaptive", r) for r in runs]
     best = min(range(len(candidates)), key=lambda i: score(summaries[i], target))

@@ -17,6 +17,7 @@ from typing import Any
 from sre_agent.errors import PolicyError
 from sre_agent.policy.allocate import (
     AdaptiveSampling,
+    AgreementCascade,
     Allocator,
     BestOfN,
     Cascade,
@@ -48,6 +49,8 @@ def to_spec(policy: Allocator) -> dict[str, Any]:
         }
     if isinstance(policy, Cascade):
         return {"kind": "cascade", "stages": [to_spec(stage) for stage in policy.stages]}
+    if isinstance(policy, AgreementCascade):
+        return {"kind": "agreement_cascade", "arms": list(policy.arms)}
     if isinstance(policy, DeadlineFallback):
         return {"kind": "deadline_fallback", "primary": to_spec(policy.primary), "fallback": to_spec(policy.fallback)}
     if isinstance(policy, GiveUp):
@@ -82,6 +85,8 @@ def from_spec(spec: Mapping[str, Any]) -> Allocator:
             return AdaptiveSampling(str(spec["arm"]), int(spec["max_n"]), int(spec.get("window", 1)), share)
         if kind == "cascade":
             return Cascade(tuple(from_spec(stage) for stage in spec["stages"]))
+        if kind == "agreement_cascade":
+            return AgreementCascade(tuple(str(arm) for arm in spec["arms"]))
         if kind == "deadline_fallback":
             return DeadlineFallback(from_spec(spec["primary"]), from_spec(spec["fallback"]))
         if kind == "give_up":

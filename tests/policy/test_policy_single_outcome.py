@@ -19,6 +19,7 @@ from sre_agent.cli import main
 from sre_agent.policy.evaluate import Evaluation, evaluate_policies, parse_tasks, split_tasks
 from sre_agent.policy.game24 import convert_tot_logs
 from sre_agent.policy.routing import FeatureRouter, fit_solvability
+from sre_agent.policy.specs import load_allocators, save_allocators
 from sre_agent.policy.tables import DEFAULT_ARMS, collapse_to_single, synthetic_tasks
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "compute" / "tot-game24"
@@ -162,6 +163,22 @@ def test_a_per_task_dollar_budget_holds_for_cascades_and_routers_verifier_includ
     assert cascade["fit"]["policy"] == "single:small:verified + single:large"
     assert cascade["verifier_spend_usd"] > 0
     assert cascade["spend_per_success_usd"] < _adaptive(report, "single:large")["spend_per_success_usd"]
+
+
+def test_without_a_verifier_the_cascade_escalates_on_disagreement(tmp_path: Path) -> None:
+    rows = synthetic_tasks(1300, seed=1)
+    for row in rows:
+        del row["verifier"]
+    evaluation = _evaluate(rows)
+    best, cascade = _best_fixed(evaluation.report), _adaptive(evaluation.report, "cascade")
+    assert cascade["fit"]["policy"].startswith("agree:")
+    assert cascade["verifier_spend_usd"] == 0
+    # Agreement is a weaker signal than a verifier: close to the best arm's success, a smaller saving.
+    assert cascade["success_rate"] >= best["success_rate"] - 0.02
+    assert cascade["spend_per_success_usd"] < 0.9 * best["spend_per_success_usd"]
+    saved = tmp_path / "fitted.json"
+    save_allocators(evaluation.fitted, saved)
+    assert load_allocators(saved)["cascade"].name == evaluation.fitted["cascade"].name
 
 
 def test_the_router_falls_back_to_the_cascade_when_features_carry_nothing() -> None:
