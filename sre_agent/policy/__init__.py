@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 _LAZY: dict[str, str] = {
     "AdaptiveSampling": "sre_agent.policy.allocate",
+    "AgreementCascade": "sre_agent.policy.allocate",
     "AttemptRecord": "sre_agent.policy.client",
     "AttemptState": "sre_agent.policy.strategies",
     "BestOfN": "sre_agent.policy.allocate",
@@ -59,6 +60,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "AdaptiveSampling",
+    "AgreementCascade",
     "AttemptRecord",
     "AttemptState",
     "BestOfN",
@@ -94,7 +96,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from sre_agent.policy.allocate import AdaptiveSampling, BestOfN, Cascade, Router, SingleRun
+    from sre_agent.policy.allocate import AdaptiveSampling, AgreementCascade, BestOfN, Cascade, Router, SingleRun
     from sre_agent.policy.budget import Budget, BudgetLimits, RetryBudget
     from sre_agent.policy.client import AttemptRecord, PolicyEngine, PolicyResult, arun_request, run_request
     from sre_agent.policy.evaluate import DecodeModel, evaluate_policies

@@ -74,6 +74,11 @@ def main() -> None:
             synthetic.setdefault(name, []).append(figures)
             print(f"synthetic seed {seed:<3} {name:<8} {figures[0]:+.3f}         {figures[1]:.2f}             "
                   f"{figures[2]:+.3f}")  # fmt: skip
+    blind = synthetic_tasks(1300, seed=1)
+    for row in blind:
+        del row["verifier"]  # agreement cascades: the escalation signal is two arms agreeing
+    for name, figures in compare(blind, 120.0).items():
+        print(f"no verifier seed 1 {name:<8} {figures[0]:+.3f}         {figures[1]:.2f}             {figures[2]:+.3f}")
     game24 = convert_tot_logs(DATA)
     results = {"game24_single": compare(collapse_to_single(game24), 600.0), "game24": compare(game24, 600.0)}
     for table, figures_by_name in results.items():
