@@ -5,23 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sre_agent.errors import UsageError
+
+if TYPE_CHECKING:
+    from sre_agent.policy.evaluate import DecodeModel, Evaluation
 
 __all__ = ["register"]
 
 EPILOG = """examples:
   sre-agent policy convert-game24 --out game24.jsonl
+  sre-agent policy collapse --tasks game24.jsonl --out game24-single.jsonl
+  sre-agent policy synth --tasks 1300 --seed 1 --out synth.jsonl
   sre-agent policy evaluate --tasks game24.jsonl --deadline 600 --train-fraction 0.5
   sre-agent policy evaluate --tasks game24.jsonl --format json > eval.json
+  sre-agent policy evaluate --tasks synth.jsonl --save-policies fitted.json
 """
 
 DEFAULT_GAME24 = "../shared/data/compute/tot-game24"
 
 
 def register(subparsers: Any) -> None:
-    """Add ``policy evaluate`` and ``policy convert-game24``."""
+    """Add ``policy evaluate``, ``convert-game24``, ``collapse`` and ``synth``."""
     parser = subparsers.add_parser(
         "policy",
         help="evaluate retry/compute-allocation policies offline",
@@ -50,6 +56,11 @@ def register(subparsers: Any) -> None:
     decode.add_argument("--prefill-tps", type=float, default=2000.0, help="prompt tokens/s (default 2000)")
     decode.add_argument("--decode-tps", type=float, default=20.0, help="output tokens/s (default 20, GPT-4 era)")
     ev.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format")
+    ev.add_argument(
+        "--save-policies",
+        metavar="FILE",
+        help="write the fitted adaptive policies as JSON a gateway loads (sre_agent.policy.load_allocators)",
+    )
     ev.set_defaults(func=_evaluate)
 
     conv = sub.add_parser(
@@ -67,6 +78,41 @@ def register(subparsers: Any) -> None:
     conv.add_argument("--verifier-cost-usd", type=float, default=0.0, help="dollars per verification (default 0)")
     conv.add_argument("--verifier-latency-s", type=float, default=0.0, help="seconds per verification (default 0)")
     conv.set_defaults(func=_convert)
+
+    col = sub.add_parser(
+        "collapse",
+        help="rewrite a task table with one outcome per arm (first sample, verifier-selected best-of-n)",
+        description="Collapse every arm to its first sample and add <arm>_best_of_<n>: the first of n samples "
+        "the table's verifier passes (its rates, seeded), charged n samples and n verifications.",
+        epilog="example:\n  sre-agent policy collapse --tasks game24.jsonl --out game24-single.jsonl --best-of 100\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    col.add_argument("--tasks", required=True, metavar="FILE", help="task-outcome table (.jsonl, CONTRACTS 6)")
+    col.add_argument("--out", required=True, metavar="FILE", help="output .jsonl")
+    col.add_argument("--best-of", type=int, default=100, metavar="N", help="samples per best-of arm (default 100)")
+    col.add_argument("--seed", type=int, default=0, help="verifier seed (default 0)")
+    col.set_defaults(func=_collapse)
+
+    syn = sub.add_parser(
+        "synth",
+        help="write a synthetic single-outcome task table (latent per-task difficulty, seeded)",
+        description="Draw a single-outcome task table: a small and a large model 50x apart in price, their "
+        "verifier-selected best-of-100 answers, a learned verifier; a latent difficulty per task "
+        "correlates the arms' outcomes and, partly, the features (prompt length, a type tag).",
+        epilog="example:\n  sre-agent policy synth --tasks 1300 --seed 1 --out synth.jsonl\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    syn.add_argument("--tasks", type=int, default=1300, metavar="N", help="number of tasks (default 1300)")
+    syn.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    syn.add_argument(
+        "--feature-signal",
+        type=float,
+        default=0.6,
+        metavar="R",
+        help="correlation of the features with difficulty, 0..1 (default 0.6; 0: features carry nothing)",
+    )
+    syn.add_argument("--out", required=True, metavar="FILE", help="output .jsonl")
+    syn.set_defaults(func=_synth)
 
 
 def _help(parser: argparse.ArgumentParser) -> int:
@@ -117,11 +163,21 @@ def _evaluate(args: argparse.Namespace) -> int:
         train_fraction=args.train_fraction,
         seed=args.seed,
     )
+    _print_evaluation(evaluation, decode, args.format)
+    if args.save_policies:  # after printing: a path that cannot be written loses no figures
+        from sre_agent.policy.specs import save_allocators
+
+        save_allocators(evaluation.fitted, args.save_policies)
+    return 0
+
+
+def _print_evaluation(evaluation: Evaluation, decode: DecodeModel, fmt: str) -> None:
+    """The report as JSON, or as a table followed by the fit notes and test-part trades."""
     report = evaluation.report
-    if args.format == "json":
+    if fmt == "json":
         print(json.dumps(report, indent=2))
-        return 0
-    markdown = args.format == "markdown"
+        return
+    markdown = fmt == "markdown"
     split = report["tasks"]
     print(
         f"{split['train']} training / {split['test']} test tasks; deadline {report['deadline_s']} s; "
@@ -130,9 +186,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     )
     print(render_table(report, markdown))
     print()
-    for note in evaluation.notes:
+    for note in [*evaluation.notes, *evaluation.trades]:
         print(f"- {note}" if markdown else note)
-    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -153,4 +208,24 @@ def _convert(args: argparse.Namespace) -> int:
     write_jsonl(tasks, args.out)
     arms = sorted(tasks[0]["arms"]) if tasks else []
     print(f"wrote {len(tasks)} tasks ({', '.join(arms)}) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _collapse(args: argparse.Namespace) -> int:
+    from sre_agent.policy.game24 import write_jsonl
+    from sre_agent.policy.tables import collapse_to_single, read_rows
+
+    rows = collapse_to_single(read_rows(args.tasks), best_of=args.best_of, seed=args.seed)
+    write_jsonl(rows, args.out)
+    print(f"wrote {len(rows)} tasks ({', '.join(sorted(rows[0]['arms']))}) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from sre_agent.policy.game24 import write_jsonl
+    from sre_agent.policy.tables import synthetic_tasks
+
+    rows = synthetic_tasks(args.tasks, seed=args.seed, feature_signal=args.feature_signal)
+    write_jsonl(rows, args.out)
+    print(f"wrote {len(rows)} tasks ({', '.join(sorted(rows[0]['arms']))}) to {args.out}", file=sys.stderr)
     return 0

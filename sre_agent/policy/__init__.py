@@ -11,7 +11,9 @@ polars or textual, checked by import-linter). Names resolve lazily so that
 - :class:`ToolLedger`: side-effecting tool calls run at most once.
 - :mod:`~sre_agent.policy.allocate`: compute-allocation strategies and the router;
   :class:`LiveSource` runs them on live engines.
-- :func:`evaluate_policies`: offline evaluation over task-outcome tables (CONTRACTS 6).
+- :func:`evaluate_policies`: offline evaluation over task-outcome tables (CONTRACTS 6), including
+  single-outcome tables (verifier cascades, :class:`FeatureRouter`); :func:`load_allocators`
+  reads the policies it fitted (``--save-policies``) for a gateway to run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 _LAZY: dict[str, str] = {
     "AdaptiveSampling": "sre_agent.policy.allocate",
+    "AgreementCascade": "sre_agent.policy.allocate",
     "AttemptRecord": "sre_agent.policy.client",
     "AttemptState": "sre_agent.policy.strategies",
     "BestOfN": "sre_agent.policy.allocate",
@@ -29,6 +32,7 @@ _LAZY: dict[str, str] = {
     "ChatRequest": "sre_agent.policy.recovery",
     "Cascade": "sre_agent.policy.allocate",
     "DecodeModel": "sre_agent.policy.evaluate",
+    "FeatureRouter": "sre_agent.policy.routing",
     "LiveSource": "sre_agent.policy.live",
     "Outcome": "sre_agent.policy.outcome",
     "OutcomeClass": "sre_agent.policy.outcome",
@@ -45,6 +49,7 @@ _LAZY: dict[str, str] = {
     "arun_request": "sre_agent.policy.client",
     "classify": "sre_agent.policy.outcome",
     "evaluate_policies": "sre_agent.policy.evaluate",
+    "load_allocators": "sre_agent.policy.specs",
     "retry_if_recoverable": "sre_agent.policy.strategies",
     "run_request": "sre_agent.policy.client",
     "stop_on_budget": "sre_agent.policy.strategies",
@@ -55,6 +60,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "AdaptiveSampling",
+    "AgreementCascade",
     "AttemptRecord",
     "AttemptState",
     "BestOfN",
@@ -63,6 +69,7 @@ __all__ = [
     "Cascade",
     "ChatRequest",
     "DecodeModel",
+    "FeatureRouter",
     "LiveSource",
     "Outcome",
     "OutcomeClass",
@@ -79,6 +86,7 @@ __all__ = [
     "arun_request",
     "classify",
     "evaluate_policies",
+    "load_allocators",
     "retry_if_recoverable",
     "run_request",
     "stop_on_budget",
@@ -88,7 +96,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from sre_agent.policy.allocate import AdaptiveSampling, BestOfN, Cascade, Router, SingleRun
+    from sre_agent.policy.allocate import AdaptiveSampling, AgreementCascade, BestOfN, Cascade, Router, SingleRun
     from sre_agent.policy.budget import Budget, BudgetLimits, RetryBudget
     from sre_agent.policy.client import AttemptRecord, PolicyEngine, PolicyResult, arun_request, run_request
     from sre_agent.policy.evaluate import DecodeModel, evaluate_policies
@@ -96,6 +104,8 @@ if TYPE_CHECKING:
     from sre_agent.policy.live import LiveSource
     from sre_agent.policy.outcome import Outcome, OutcomeClass, Pricing, Usage, classify
     from sre_agent.policy.recovery import ChatRequest, RecoveryConfig, Target
+    from sre_agent.policy.routing import FeatureRouter
+    from sre_agent.policy.specs import load_allocators
     from sre_agent.policy.strategies import (
         AttemptState,
         retry_if_recoverable,

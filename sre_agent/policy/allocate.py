@@ -24,6 +24,7 @@ from typing import Protocol
 
 __all__ = [
     "AdaptiveSampling",
+    "AgreementCascade",
     "Allocation",
     "Allocator",
     "BestOfN",
@@ -251,10 +252,43 @@ class Cascade(Allocator):
             if last.verified:
                 return Allocation(last.draw, True, False, tuple(seen), f"{stage.name}: {last.reason}")
         # Nothing verified: the last (most expensive) stage's own answer is the best guess;
-        # a majority across stages would let many cheap wrong answers outvote it.
-        if last.draw is not None:
+        # a majority across stages would let many cheap wrong answers outvote it. A last
+        # stage with no answer at all (a failed request) does not beat an earlier answer.
+        if last.draw is not None and last.draw.answer:
             return Allocation(last.draw, False, True, tuple(seen), "cascade ended without a verified answer")
         return _best_so_far(seen, "cascade ended without a verified answer")
+
+
+@dataclass(repr=False)
+class AgreementCascade(Allocator):
+    """One answer per arm, cheap to expensive, until two answers agree (Mixture-of-Thoughts escalation).
+
+    Needs no verifier: after each arm from the second on, an answer equal to an earlier
+    arm's non-empty answer is accepted (unverified, not flagged). Without agreement the
+    last arm's answer is taken, flagged. An arm whose expected latency no longer fits the
+    deadline ends the cascade.
+    """
+
+    arms: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        self.name = "agree:" + " > ".join(self.arms)
+
+    def expected_latency_s(self, source: SampleSource) -> float:
+        return sum(source.expected_latency_s(arm) for arm in self.arms)
+
+    def run(self, source: SampleSource) -> Allocation:
+        seen: list[Draw] = []
+        for index, arm in enumerate(self.arms):
+            if index > 0 and not _fits(source, source.expected_latency_s(arm)):
+                break
+            for draw in source.draw(arm, 1):
+                if draw.answer and any(earlier.answer == draw.answer for earlier in seen):
+                    return Allocation(draw, False, False, (*seen, draw), f"{arm} agrees with an earlier answer")
+                seen.append(draw)
+        if seen and seen[-1].answer:
+            return Allocation(seen[-1], False, True, tuple(seen), "no two answers agree")
+        return _best_so_far(seen, "no two answers agree")
 
 
 @dataclass(repr=False)

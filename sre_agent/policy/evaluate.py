@@ -44,6 +44,7 @@ __all__ = [
     "parse_tasks",
     "split_tasks",
     "summarize",
+    "verdict_roll",
 ]
 
 SCHEMA = "sre-agent/policy-eval/v1"
@@ -90,11 +91,34 @@ class Verifier:
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """One task: samples per arm in drawn order and an optional verifier."""
+    """One task: samples per arm in drawn order, an optional verifier, and features known before any call.
+
+    ``features`` holds the row's numeric ``features`` (name -> number), one ``tag:<name>``
+    = 1.0 per entry of its ``tags``, and ``prompt_tokens`` (the fewest input tokens of any
+    arm's first sample) unless the row names it. Never the ``difficulty`` label.
+    """
 
     task_id: str
     arms: dict[str, tuple[Sample, ...]]
     verifier: Verifier | None
+    features: dict[str, float] = field(default_factory=dict)
+
+
+def _features(raw: dict[str, Any]) -> dict[str, float]:
+    """What a router may know before any call (see :class:`Task`)."""
+    features = {str(name): float(value) for name, value in (raw.get("features") or {}).items()}
+    for tag in raw.get("tags") or ():
+        features[f"tag:{tag}"] = 1.0
+    firsts = [int(samples[0]["input_tokens"]) for samples in raw["arms"].values() if samples]
+    if "prompt_tokens" not in features and firsts:
+        features["prompt_tokens"] = float(min(firsts))
+    return features
+
+
+def verdict_roll(seed: int, task_id: str, arm: str, index: int) -> float:
+    """A uniform number in [0, 1) fixed per (seed, task, arm, sample index): the verifier's dice."""
+    token = f"{seed}:{task_id}:{arm}:{index}".encode()
+    return int.from_bytes(hashlib.blake2b(token, digest_size=8).digest(), "big") / 2**64
 
 
 def parse_tasks(lines: Iterable[str], decode: DecodeModel | None = None) -> list[Task]:
@@ -131,8 +155,8 @@ def parse_tasks(lines: Iterable[str], decode: DecodeModel | None = None) -> list
                 if v
                 else None
             )
-            tasks.append(Task(str(raw["task_id"]), arms, verifier))
-        except (KeyError, TypeError, ValueError) as exc:
+            tasks.append(Task(str(raw["task_id"]), arms, verifier, _features(raw)))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise PolicyError(f"task table line {number}: {exc!r}") from exc
     if not tasks:
         raise PolicyError("the task table holds no tasks")
@@ -207,6 +231,10 @@ class ReplaySource:
         """Seconds left before the deadline, or None."""
         return None if self.deadline_s is None else max(self.deadline_s - self.elapsed_s, 0.0)
 
+    def features(self) -> dict[str, float]:
+        """The task's features (known before any call)."""
+        return self.task.features
+
     def expected_latency_s(self, arm: str) -> float:
         """The arm's training p90 latency (0.0 for an arm never seen in training)."""
         return self.history.latency_s.get(arm, 0.0)
@@ -251,16 +279,17 @@ class ReplaySource:
         rate = verifier.true_positive_rate if sample.correct else verifier.false_positive_rate
         if rate >= 1.0 or rate <= 0.0:
             return rate >= 1.0
-        token = f"{self.seed}:{self.task.task_id}:{draw.arm}:{index}".encode()
-        roll = int.from_bytes(hashlib.blake2b(token, digest_size=8).digest(), "big") / 2**64
-        return roll < rate
+        return verdict_roll(self.seed, self.task.task_id, draw.arm, index) < rate
 
     def verify(self, draws: Sequence[Draw]) -> list[bool]:
-        """Verdicts in parallel; [] without a verifier; all False when the deadline cuts the verification."""
+        """Verdicts in parallel; [] without a verifier; all False when the deadline cuts the verification
+        or its cost no longer fits the dollar budget (then nothing is charged)."""
         verifier = self.task.verifier
         if verifier is None or not draws:
             return []
         cost = verifier.cost_usd * len(draws)
+        if self.budget_usd is not None and self.spend_usd + cost > self.budget_usd + 1e-12:
+            return [False] * len(draws)
         self.spend_usd += cost
         self.verifier_usd += cost
         if not self._advance(verifier.latency_s):
@@ -334,11 +363,62 @@ def summarize(name: str, kind: str, runs: Sequence[PolicyRun]) -> dict[str, Any]
 
 @dataclass(slots=True)
 class Fitted:
-    """An adaptive policy chosen on the training part, with its training summary."""
+    """An adaptive policy chosen on the training part, its training summary, and how many were tried."""
 
     policy: Allocator
     train: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    candidates: int = 1
+    why: str | None = None  # set when the choice was not the plain training score against the target
+
+
+def fit_reason(fitted: Fitted, target: dict[str, Any]) -> str:
+    """Why the training score picked ``fitted`` against ``target`` (the best fixed policy's training summary)."""
+    name = target["name"]
+    if score(fitted.train, target)[0] == 0:
+        return (
+            f"the lowest training spend per success among {fitted.candidates} candidates that match "
+            f"{name}'s training success ({target['success_rate']:.3f}) and deadline misses "
+            f"({target['deadline_miss_rate']:.3f})"
+        )
+    return f"none of {fitted.candidates} candidates matched {name}'s training success: the highest success"
+
+
+def explain_fit(
+    fitted: Fitted, target: dict[str, Any], tested: dict[str, Any], versus: dict[str, Any]
+) -> dict[str, Any]:
+    """The additive ``fit`` field of an adaptive report entry: what was chosen, why, and what it trades.
+
+    ``target`` is the best fixed policy's training summary (what every fit aims at);
+    ``tested`` and ``versus`` are the adaptive policy's and that fixed policy's test summaries.
+    """
+    name = target["name"]
+    why = fitted.why if fitted.why is not None else fit_reason(fitted, target)
+    describe = getattr(fitted.policy, "describe", None)
+    ours, theirs = tested["spend_per_success_usd"], versus["spend_per_success_usd"]
+    return {
+        "policy": describe() if callable(describe) else fitted.policy.name,
+        "why": why,
+        "candidates": fitted.candidates,
+        "training": {k: fitted.train[k] for k in ("success_rate", "spend_per_success_usd", "deadline_miss_rate")},
+        "versus": {
+            "policy": name,
+            "success_delta": tested["success_rate"] - versus["success_rate"],
+            "spend_per_success_ratio": ours / theirs if ours is not None and theirs else None,
+            "deadline_miss_delta": tested["deadline_miss_rate"] - versus["deadline_miss_rate"],
+        },
+    }
+
+
+def describe_trade(name: str, fit: dict[str, Any]) -> str:
+    """One line: what an adaptive policy trades against the best fixed one on the test part."""
+    versus = fit["versus"]
+    ratio = versus["spend_per_success_ratio"]
+    return (
+        f"{name} vs {versus['policy']} on the test part: success {versus['success_delta']:+.3f}, "
+        f"spend per success {'-' if ratio is None else f'{ratio:.2f}x'}, "
+        f"deadline misses {versus['deadline_miss_delta']:+.3f}; chosen as {fit['why']}"
+    )
 
 
 def score(summary: dict[str, Any], target: dict[str, Any]) -> tuple[int, float, float]:
@@ -359,7 +439,7 @@ def fit_best(
         raise PolicyError(f"no candidates to fit {name}")
     scored = [(c, summarize(name, "adaptive", replay.runs(c, train))) for c in candidates]
     policy, summary = min(scored, key=lambda item: score(item[1], target))
-    return Fitted(policy, summary, [f"{name}: chose {policy.name} {describe_training(summary)}"])
+    return Fitted(policy, summary, [f"{name}: chose {policy.name} {describe_training(summary)}"], len(candidates))
 
 
 def describe_training(summary: dict[str, Any]) -> str:
@@ -393,10 +473,13 @@ def fixed_policies(tasks: Sequence[Task]) -> list[Allocator]:
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:
-    """The CONTRACTS 6 report (``report``) and human notes on what was fitted (``notes``)."""
+    """The CONTRACTS 6 report, notes on what was fitted (training part only), test-part trades, and the
+    fitted allocators by report name (runnable on live engines, see :mod:`sre_agent.policy.specs`)."""
 
     report: dict[str, Any]
     notes: list[str]
+    trades: list[str] = field(default_factory=list)
+    fitted: dict[str, Allocator] = field(default_factory=dict)
 
 
 def evaluate_policies(
@@ -419,7 +502,14 @@ def evaluate_policies(
     )
     fitted = adaptive_candidates(train, replay, target)
     policies = [summarize(p.name, "fixed", replay.runs(p, test)) for p in fixed]
-    policies += [summarize(name, "adaptive", replay.runs(f.policy, test)) for name, f in fitted.items()]
+    versus = next(p for p in policies if p["name"] == target["name"])
+    trades = []
+    for name, f in fitted.items():
+        entry = summarize(name, "adaptive", replay.runs(f.policy, test))
+        # Additive to CONTRACTS 6: what was fitted, why, and what it trades against the target.
+        entry["fit"] = explain_fit(f, target, entry, versus)
+        trades.append(describe_trade(name, entry["fit"]))
+        policies.append(entry)
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "tasks": {"train": len(train), "test": len(test)},
@@ -430,4 +520,4 @@ def evaluate_policies(
     notes = [f"best fixed policy on the training part: {target['name']} {describe_training(target)}"]
     for f in fitted.values():
         notes.extend(f.notes)
-    return Evaluation(report, notes)
+    return Evaluation(report, notes, trades, {name: f.policy for name, f in fitted.items()})

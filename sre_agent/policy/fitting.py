@@ -8,6 +8,8 @@ Three families, each a small grid scored on training tasks only:
 - ``router``: a cheap probe, a difficulty bin from the probe's answer agreement, and per
   bin the continuation chosen by a Lagrangian trade of dollars against successes.
 
+Tables with no multi-sample arm are fitted by :mod:`sre_agent.policy.single` instead.
+
 The target is the best fixed policy on the training part (highest success, then fewest
 deadline misses): a candidate that matches its success and miss rate at lower spend per
 success wins; when none does, the one with the highest success does.
@@ -46,8 +48,16 @@ def _min_samples(train: Sequence[Task], arm: str) -> int:
 
 
 def adaptive_candidates(train: Sequence[Task], replay: Replay, target: dict[str, Any]) -> dict[str, Fitted]:
-    """Every adaptive policy fitted on ``train``, by report name."""
+    """Every adaptive policy fitted on ``train``, by report name.
+
+    A table whose arms all hold a single outcome per task gets the single-outcome
+    families instead (:mod:`sre_agent.policy.single`: verifier cascades, feature routing).
+    """
     multi, ordered = _arm_shapes(train)
+    if not multi:
+        from sre_agent.policy.single import fit_single_outcome
+
+        return fit_single_outcome(train, replay, target)
     fitted: dict[str, Fitted] = {}
     for arm in multi:
         limit = _min_samples(train, arm)
@@ -146,4 +156,5 @@ def fit_router(
         router = Router(AdaptiveSampling(cheap, 1, 1))
         return Fitted(router, summarize("router", "adaptive", replay.runs(router, train)), ["router: no probe fits"])
     _, router, summary = best
-    return Fitted(router, summary, [f"router: {router.describe()} {describe_training(summary)}"])
+    candidates = sum(k <= limit[cheap] for k in (5, 10)) * len(_LAMBDAS) * 3
+    return Fitted(router, summary, [f"router: {router.describe()} {describe_training(summary)}"], candidates)

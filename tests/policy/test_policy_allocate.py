@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from sre_agent.policy.allocate import (
     AdaptiveSampling,
+    AgreementCascade,
     BestOfN,
     Cascade,
     DeadlineFallback,
@@ -110,3 +111,23 @@ def test_router_routes_by_probe_agreement() -> None:
     source = Source(scattered, {"cheap": 1.0, "strong": 5.0})
     assert not router.run(source).verified
     assert source.spend == 3
+
+
+def test_agreement_cascade_stops_when_two_arms_agree_and_flags_the_last_answer_otherwise() -> None:
+    arms = {"s": [("7", False)], "m": [("7", False)], "l": [("24", True)]}
+    source = Source(arms, {"s": 1.0, "m": 2.0, "l": 5.0})
+    agreed = AgreementCascade(("s", "m", "l")).run(source)
+    assert agreed.draw is not None
+    assert (agreed.draw.arm, agreed.flagged, agreed.verified) == ("m", False, False)
+    assert "l" not in source.cursor  # the expensive arm was never called
+    split = {"s": [("7", False)], "m": [("", False)], "l": [("24", True)]}
+    source = Source(split, {"s": 1.0, "m": 2.0, "l": 5.0})
+    last = AgreementCascade(("s", "m", "l")).run(source)
+    assert last.draw is not None
+    assert (last.draw.arm, last.flagged) == ("l", True)  # an empty answer agrees with nothing
+    tight = Source(split, {"s": 1.0, "m": 2.0, "l": 5.0}, deadline_s=4.0)
+    cut = AgreementCascade(("s", "m", "l")).run(tight)
+    assert "l" not in tight.cursor
+    assert cut.draw is not None
+    assert cut.draw.answer == "7"  # the best answer so far, flagged
+    assert cut.flagged

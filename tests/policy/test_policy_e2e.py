@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sre_agent.policy import BudgetLimits, ChatRequest, PolicyEngine, PolicyResult, Pricing, RetryBudget, Target
-from sre_agent.replays.fault_server import Step, create_app, serve_in_thread
+from sre_agent.replays.fault_server import Step
 
 SCRIPTS = {
     "ratelimit": [Step("rate_limit", retry_after_s=0.25), Step("ok", text="(4 + 8) * (6 - 4) = 24")],
@@ -44,20 +42,6 @@ SCRIPTS = {
 }
 MESSAGES = ({"role": "user", "content": "Use 4 6 8 4 to make 24."},)
 PRICING = Pricing(input_per_mtok=1.0, output_per_mtok=4.0)
-
-
-@pytest.fixture(scope="module")
-def base_url() -> Iterator[str]:
-    with serve_in_thread(create_app(SCRIPTS)) as url:
-        yield url
-
-
-@pytest.fixture
-def spans() -> tuple[InMemorySpanExporter, TracerProvider]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter, provider
 
 
 def _target(base_url: str, scenario: str, model: str = "o-mini", fmt: str = "openai-chat") -> Target:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 
 from sre_agent.policy import AdaptiveSampling, BudgetLimits, ChatRequest, LiveSource, PolicyEngine, SingleRun, Target
 from sre_agent.policy.game24 import check_answer
-from sre_agent.replays.fault_server import Step, create_app, serve_in_thread
+from sre_agent.replays.fault_server import Step
 
 PUZZLE = "4 4 6 8"
 WRONG = Step("ok", text="Answer: 4 * 6 = 24")
@@ -21,12 +18,6 @@ SCRIPTS = {
     "strong-unused": [RIGHT],
 }
 REQUEST = ChatRequest(({"role": "user", "content": f"Use {PUZZLE} to make 24."},))
-
-
-@pytest.fixture(scope="module")
-def base_url() -> Iterator[str]:
-    with serve_in_thread(create_app(SCRIPTS)) as url:
-        yield url
 
 
 def _arms(base_url: str, cheap: str, strong: str) -> dict[str, tuple[PolicyEngine, ChatRequest]]:
