@@ -37,6 +37,7 @@ __all__ = [
     "StageBreakdown",
     "Tile",
     "Timeline",
+    "VersionInfo",
     "WaterfallSpan",
     "exemplars",
     "overview",
@@ -44,6 +45,7 @@ __all__ = [
     "slices",
     "stage_breakdown",
     "timeline",
+    "versions",
     "waterfall",
 ]
 
@@ -157,6 +159,32 @@ def _resolve_scope(cur: Cursor, selection: Selection) -> Scope:
 
 def _hhmm(ns: int) -> str:
     return format_time(ns)[11:16]
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One ``service.version`` seen on engine requests: how many, first and last start (ISO 8601)."""
+
+    service: str | None
+    version: str
+    requests: int
+    first: str
+    last: str
+
+
+def versions(cur: Cursor, service: str | None = None) -> list[VersionInfo]:
+    """The versions present, oldest first, so a version comparison can be picked from a list."""
+    params: dict[str, Any] = {}
+    where = "is_engine AND service_version IS NOT NULL"
+    if service is not None:
+        params["service"] = service
+        where += " AND service_name = $service"
+    rows = cur.execute(
+        f"SELECT service_name, service_version, count(*), min(start_ns), max(start_ns) FROM spans "
+        f"WHERE {where} GROUP BY ALL ORDER BY 4, 1, 2",
+        params,
+    ).fetchall()
+    return [VersionInfo(s, str(v), int(n), format_time(int(lo)), format_time(int(hi))) for s, v, n, lo, hi in rows]
 
 
 # ----------------------------------------------------------------- SQL helpers
