@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=Message)
 
+NO_FINDINGS = "no rule explains the regression: see the slices (s) and traces (t)"
+
 KEY_BAR = (
     "[b]?[/b] help  [b]o f s t[/b] panes  [b]⏎[/b] open  [b]c[/b] copy  "
     "[b]b v[/b] compare  [b]r[/b] refresh  [b]q[/b] quit"
@@ -257,6 +259,8 @@ class IncidentApp(App[int]):
         last = self._diagnosed_at.get(sel)
         if self._forced or last is None or time.monotonic() - last >= self.DIAGNOSIS_EVERY_S:
             self._diagnosed_at[sel] = time.monotonic()
+            if self.report is None:  # a retry after a failure: say it is running again
+                self.report_reason = "diagnosing…"
             self._fetch("diagnosis", sel, diagnosis)
         self._fetch("drill-down", sel, drill)
 
@@ -299,7 +303,10 @@ class IncidentApp(App[int]):
             self.query_one("#regression", Static).update(self.report_reason)
             tree.clear()
         else:
-            self.query_one("#regression", Static).update(regression_line(message.report) or "no regression summary")
+            # A report without findings is an answer too: say so instead of "diagnosing…" forever.
+            self.report_reason = "" if message.report.get("findings") else NO_FINDINGS
+            summary = regression_line(message.report) or "no regression summary"
+            self.query_one("#regression", Static).update(summary + (f"\n{NO_FINDINGS}" if self.report_reason else ""))
             tree.show_report(message.report)
         self._update_headline()
 
@@ -360,8 +367,9 @@ class IncidentApp(App[int]):
     def on_query_failed(self, message: QueryFailed) -> None:
         if message.what == "diagnosis":
             self.query_one(FindingsTree).loading = False
-            self.report_reason = "diagnosis failed"
+            self.report_reason = "diagnosis failed (r retries)"
             self.query_one("#regression", Static).update(f"diagnosis failed: {message.error}")
+            self._update_headline()
         self.push_screen(ErrorScreen(f"{message.what} failed", message.error))
 
     @_while_mounted

@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tui_helpers import FixtureReportSource
 from tui_synth import build_store
 
 # The console's remote tests start `sre-agent serve` with the receiver suite's harness.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
 from receiver_harness import ServeProcess, start_serve
 
-from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
-from sre_agent.tui.source import DiagnosisUnavailableError, LocalSource
 
 # The replayed incident: the bundled scenario whose expected cause is prefix_cache, at 30 % of its length.
 REPLAY_SCENARIO = "prefix_cache_disabled"
@@ -64,20 +63,6 @@ def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[ServeProcess]:
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-class FixtureReportSource(LocalSource):
-    """A real local store whose diagnosis is a stored engine report (tests of rendering, not of the engine)."""
-
-    def __init__(self, path: str, report: dict[str, Any] | None) -> None:
-        super().__init__(path)
-        self.description = "db incident.duckdb"  # stable across tmp paths, for snapshots
-        self.report = report
-
-    def diagnose(self, selection: Selection) -> dict[str, Any]:
-        if self.report is None:
-            raise DiagnosisUnavailableError("the diagnose engine is not installed")
-        return self.report
 
 
 @pytest.fixture(scope="session")
