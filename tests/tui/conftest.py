@@ -50,6 +50,14 @@ def replay_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
+@pytest.fixture(scope="session")
+def uniform_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every host loses its prefix cache at ``v2``, and tenants split 50/50 at random: a regression located nowhere."""
+    hosts = ("gpu-1", "gpu-2", "gpu-3", "gpu-4")
+    path = tmp_path_factory.mktemp("uniform") / "uniform.duckdb"
+    return build_store(path, n_requests=20_000, broken_hosts=hosts, tenants=("acme", "globex"))
+
+
 @pytest.fixture
 def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[ServeProcess]:
     """A server owning a private copy of the synthetic store (serve opens it for writing)."""

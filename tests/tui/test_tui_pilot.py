@@ -336,3 +336,57 @@ async def test_a_failed_diagnosis_shows_in_the_headline_and_r_retries(
         await pilot.press("r")
         await settle(pilot)
         assert f"#1 {synth_report['findings'][0]['cause']}" in headline_why(app)
+
+
+async def test_the_drill_down_breaks_down_the_headline_metric(make_app: MakeApp, synth_db: Path) -> None:
+    """The headline says TTFT: timeline, stages, slices and traces break down TTFT, not e2e."""
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "What:  TTFT p99" in screen_text(app)
+        assert app.metric == "ttft"
+        assert "TTFT p99 over time" in screen_text(app)
+        await pilot.press("s")
+        await pilot.pause()
+        assert "≥p99 ttft" in screen_text(app)
+        table = app.query_one("#slices-table", DataTable)
+        con = duckdb.connect(str(synth_db), read_only=True)
+        try:
+            expected = explore.slices(con, explore.resolve_scope(con, Selection(mode="since_last_deploy")), "ttft")
+        finally:
+            con.close()
+        shown = [tuple(table.get_row_at(i)[:2]) for i in range(table.row_count)]
+        assert shown == [(r.dimension, r.value) for r in expected]
+        assert table.get_row_at(0)[2] == "yes"  # gpu-3 stands out
+        assert all(table.get_row_at(i)[2] == "" for i in range(1, table.row_count))
+
+
+async def test_where_names_no_slice_when_the_regression_is_everywhere(
+    uniform_db: Path, synth_report: dict[str, Any], tmp_path: Path
+) -> None:
+    app = IncidentApp(FixtureReportSource(str(uniform_db), synth_report), export_dir=tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        where = next(line for line in screen_text(app).splitlines() if "Where:" in line)
+        assert "no slice stands out" in where
+        assert "=" not in where  # names no dimension=value
+
+
+async def test_version_dialog_lists_the_versions_present_and_proposes_the_last_two(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("v")
+        assert isinstance(app.screen, ComparisonScreen)
+        await wait_until(lambda: "versions present (" in screen_text(app), 30, pilot.pause)
+        text = screen_text(app)
+        assert "v1" in text
+        assert "v2" in text
+        assert "10,000" in text
+        assert app.screen.query_one("#first", Input).value == "v1"
+        assert app.screen.query_one("#second", Input).value == "v2"
+        await pilot.press("enter", "enter")
+        await settle(pilot)
+        assert app.selection.mode == "versions"
+        assert app.overview is not None
+        assert app.overview.scope.label == "versions v1 vs v2"
