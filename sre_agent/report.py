@@ -226,7 +226,7 @@ class Report:
             return f"service.version {versions[0]} (baseline) vs {versions[1]} (candidate)"
         mode = self.selection.mode if self.selection is not None else None
         if mode != "windows" and self.baseline.get("end") and self.baseline.get("end") == self.candidate.get("start"):
-            return f"before vs after {self.candidate['start']}" + (" (--deploy-at)" if mode == "deploy_at" else "")
+            return f"before vs after {self.candidate['start']}"
         return "two explicit windows"
 
     def _windows(self, code: bool = False) -> list[str]:

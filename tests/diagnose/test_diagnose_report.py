@@ -12,7 +12,7 @@ from sre_agent import CAUSES, diagnose
 from sre_agent.report import SCHEMA, Report
 from sre_agent.rules_api import Evidence, Finding
 from sre_agent.rules_registry import list_rules, load_rules
-from sre_agent.selection import Selection
+from sre_agent.selection import Selection, format_time
 
 MakeStore = Callable[[str], tuple[Path, int]]
 SINCE = Selection(mode="since_last_deploy")
@@ -98,11 +98,14 @@ def test_window_lines_name_filters_as_key_value_not_python_dicts(make_store: Mak
     assert "where `service=vllm`, `host.name=gpu-2`" in md
 
 
-def test_versions_comparison_names_both_versions(make_store: MakeStore) -> None:
-    path, _ = make_store("slow_host")
+def test_versions_and_deploy_time_comparisons_are_named(make_store: MakeStore) -> None:
+    path, deploy_ns = make_store("slow_host")
     by_version = diagnose(path, Selection(mode="versions", baseline_version="v1", candidate_version="v2"))
     assert by_version.comparison() == "service.version v1 (baseline) vs v2 (candidate)"
     assert "where service.version=v1" in by_version.render("text")
+    at_time = diagnose(path, Selection(mode="deploy_at", deploy_at_ns=deploy_ns))
+    assert at_time.comparison() == f"before vs after {format_time(deploy_ns)}"
+    assert f"compared: before vs after {format_time(deploy_ns)}" in at_time.render("text")
 
 
 def test_the_compared_deploy_is_named_at_the_top_of_the_report(report: Report) -> None:
