@@ -93,7 +93,7 @@ def run_tui(args: argparse.Namespace) -> int:
         _check_while_importing(source)
         if not has_terminal():
             raise SreAgentError(
-                "the console needs a terminal (stdin and stderr are not one); "
+                "the console needs a terminal on stdin and stderr (one of them is redirected); "
                 "for a report without one use `sre-agent diagnose`"
             )
         from sre_agent.tui.app import IncidentApp
@@ -108,7 +108,11 @@ def run_tui(args: argparse.Namespace) -> int:
 
 
 def _check_while_importing(source: DataSource) -> None:
-    """``source.check()`` in a thread while Textual is imported here: the check costs no start-up time."""
+    """``source.check()`` in a thread while Textual is imported here, so the two overlap.
+
+    Both are mostly imports under the GIL: the overlap saves little, and the
+    check keeps the store it opened for the console's first queries.
+    """
     failure: list[BaseException] = []
 
     def check() -> None:
