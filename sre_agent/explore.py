@@ -16,8 +16,10 @@ Times are Unix epoch nanoseconds; latencies are seconds; rates are per second.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Literal, Protocol
 
 from sre_agent.compare import key_sql, resolve_windows
@@ -37,6 +39,7 @@ __all__ = [
     "StageBreakdown",
     "Tile",
     "Timeline",
+    "VersionInfo",
     "WaterfallSpan",
     "exemplars",
     "overview",
@@ -44,6 +47,7 @@ __all__ = [
     "slices",
     "stage_breakdown",
     "timeline",
+    "versions",
     "waterfall",
 ]
 
@@ -61,6 +65,9 @@ LATENCY_METRICS: dict[str, tuple[str, str]] = {
 # counts as good when it did not fail and met the TTFT and TPOT targets, the
 # DistServe definition). Overridable per call; the CLI takes --slo NAME=S.
 DEFAULT_SLOS: dict[str, float] = {"ttft": 2.0, "tpot": 0.1, "e2e": 30.0, "queue": 1.0}
+
+# Family-wise false-positive rate of SliceRow.stands_out across the slices of one call.
+STANDS_OUT_ALPHA = 0.05
 
 # Slice dimensions: canonical columns or attribute keys, read as compare.key_sql spells them.
 DEFAULT_DIMENSIONS: tuple[str, ...] = ("host_name", "model", "tenant_id", "http.route", "service_version")
@@ -157,6 +164,32 @@ def _resolve_scope(cur: Cursor, selection: Selection) -> Scope:
 
 def _hhmm(ns: int) -> str:
     return format_time(ns)[11:16]
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One ``service.version`` seen on engine requests: how many, first and last start (ISO 8601)."""
+
+    service: str | None
+    version: str
+    requests: int
+    first: str
+    last: str
+
+
+def versions(cur: Cursor, service: str | None = None) -> list[VersionInfo]:
+    """The versions present, oldest first, so a version comparison can be picked from a list."""
+    params: dict[str, Any] = {}
+    where = "is_engine AND service_version IS NOT NULL"
+    if service is not None:
+        params["service"] = service
+        where += " AND service_name = $service"
+    rows = cur.execute(
+        f"SELECT service_name, service_version, count(*), min(start_ns), max(start_ns) FROM spans "
+        f"WHERE {where} GROUP BY ALL ORDER BY 4, 1, 2",
+        params,
+    ).fetchall()
+    return [VersionInfo(s, str(v), int(n), format_time(int(lo)), format_time(int(hi))) for s, v, n, lo, hi in rows]
 
 
 # ----------------------------------------------------------------- SQL helpers
@@ -484,6 +517,15 @@ class SliceRow:
     ``contribution`` is that excess over the positive excess of all values of
     the same dimension (at most 1; negative for a slice that improved;
     ``None`` when no value of the dimension got worse).
+
+    A share of the excess alone does not locate a regression: under a
+    uniform slowdown each half of a random 50/50 split holds about half of
+    it. ``z`` is the difference-in-differences of slow shares, the slice's
+    rise against the rise in all other requests, in standard errors
+    (binomial, each of the four proportions); ``stands_out`` is true when
+    ``z`` clears a one-sided 5 % test Bonferroni-corrected for every slice
+    tested in the same call, so a random split stands out in at most 5 % of
+    calls.
     """
 
     dimension: str
@@ -494,6 +536,8 @@ class SliceRow:
     slow_share_candidate: float | None
     excess_slow: float
     contribution: float | None
+    z: float | None = None
+    stands_out: bool = False
 
 
 def slices(
@@ -503,7 +547,7 @@ def slices(
     dimensions: Iterable[str] = DEFAULT_DIMENSIONS,
     limit: int = 50,
 ) -> list[SliceRow]:
-    """Slices of every dimension, sorted by contribution; one GROUPING SETS scan."""
+    """Slices of every dimension, those that stand out first, then by contribution; one GROUPING SETS scan."""
     col = _metric_column(metric)
     dims = list(dimensions)
     threshold = _quantiles(cur, scope, col, 0.99).get("baseline")
@@ -526,9 +570,9 @@ def slices(
     total = next((r[2 * n :] for r in grouped if all(r[n : 2 * n])), None)
     if total is None:
         return []
-    nb_all, nc_all, sb_all, _sc_all = total
+    nb_all, nc_all, sb_all, sc_all = total
     global_slow_rate = sb_all / nb_all if nb_all else 0.0
-    raw: list[tuple[str, str, int, int, float | None, float | None, float]] = []
+    raw: list[tuple[str, str, int, int, float | None, float | None, float, float | None]] = []
     for row in grouped:
         values, groupings = row[:n], row[n : 2 * n]
         if all(groupings):
@@ -541,16 +585,50 @@ def slices(
         # Expected slow count at the slice's baseline slow rate; a slice new in the candidate uses the global rate.
         excess = sc - nc * (sb / nb if nb else global_slow_rate)
         share_b, share_c = sb / nb if nb else None, sc / nc if nc else None
-        raw.append((dims[i], str(values[i]), int(nb), int(nc), share_b, share_c, float(excess)))
+        z = _rise_against_rest((nb, nc, sb, sc), (nb_all - nb, nc_all - nc, sb_all - sb, sc_all - sc))
+        raw.append((dims[i], str(values[i]), int(nb), int(nc), share_b, share_c, float(excess), z))
     positive: dict[str, float] = {}
-    for d, *_rest, ex in raw:
+    for d, *_rest, ex, _z in raw:
         positive[d] = positive.get(d, 0.0) + max(ex, 0.0)
+    z_crit = NormalDist().inv_cdf(1 - STANDS_OUT_ALPHA / max(len(raw), 1))
     rows = [
-        SliceRow(d, v, nb, nc, pb, pc, ex, ex / positive[d] if positive[d] > 0 else None)
-        for d, v, nb, nc, pb, pc, ex in raw
+        SliceRow(
+            d, v, nb, nc, pb, pc, ex, ex / positive[d] if positive[d] > 0 else None, z, z is not None and z >= z_crit
+        )
+        for d, v, nb, nc, pb, pc, ex, z in raw
     ]
-    rows.sort(key=lambda r: (-(r.contribution or 0.0), -r.excess_slow, r.dimension, r.value))
+    # Slices that stand out first: the top row is where the regression is, when it is anywhere.
+    rows.sort(key=lambda r: (not r.stands_out, -(r.contribution or 0.0), -r.excess_slow, r.dimension, r.value))
     return rows[:limit]
+
+
+Counts = tuple[int, int, int, int]  # baseline requests, candidate requests, baseline slow, candidate slow
+
+
+def _rise_against_rest(part: Counts, rest: Counts) -> float | None:
+    """z of (slice's slow-share rise) - (rest's slow-share rise); ``None`` when a side has no requests.
+
+    A slice absent from the baseline is compared on the candidate side only
+    (its baseline share taken as the rest's). Variances use shares smoothed
+    by half a request so that a side with no slow requests still has one.
+    """
+    (nb, nc, sb, sc), (nb_r, nc_r, sb_r, sc_r) = part, rest
+    if nc == 0 or nc_r == 0 or nb_r == 0:
+        return None
+
+    def share_var(slow: int, n: int) -> tuple[float, float]:
+        p = (slow + 0.5) / (n + 1)
+        return slow / n, p * (1 - p) / n
+
+    pc, vc = share_var(sc, nc)
+    pc_r, vc_r = share_var(sc_r, nc_r)
+    pb_r, vb_r = share_var(sb_r, nb_r)
+    if nb == 0:
+        diff, var = pc - pc_r, vc + vc_r
+    else:
+        pb, vb = share_var(sb, nb)
+        diff, var = (pc - pb) - (pc_r - pb_r), vc + vb + vc_r + vb_r
+    return diff / math.sqrt(var)
 
 
 # ------------------------------------------------------------------- exemplars

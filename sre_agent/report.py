@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -40,6 +41,34 @@ def _fmt_s(x: float | None) -> str:
     return f"{x:.2f} s"
 
 
+def _fmt_delta(x: float) -> str:
+    """A signed change in the unit :func:`_fmt_s` would pick for its size: ``+23.0 ms``, ``-1.20 s``."""
+    if x == 0:
+        return "0"
+    return ("+" if x > 0 else "-") + _fmt_s(abs(x))
+
+
+def _fmt_ci(ci: tuple[float, float] | None) -> str:
+    """A 95 % CI of a change in seconds, in readable units: ``+23.0 ms .. +231.6 ms``."""
+    return "n/a" if ci is None else f"{_fmt_delta(ci[0])} .. {_fmt_delta(ci[1])}"
+
+
+def _fmt_filter(flt: Mapping[str, Any], code: bool = False) -> str:
+    """``{"service": "vllm"}`` as ``service=vllm`` (backquoted for Markdown when ``code``)."""
+    tick = "`" if code else ""
+    return ", ".join(f"{tick}{k}={v}{tick}" for k, v in flt.items())
+
+
+#: Prefixes of the resolution notes (sre_agent.compare) that name the deploy a comparison is about.
+_DEPLOY_NOTES: Final[tuple[tuple[str, str], ...]] = (
+    ("deploy marker: ", "before vs after the deploy of {} (deploy marker)"),
+    ("service.version change to ", "before vs after the service.version change to {}"),
+)
+
+#: What the ``regressed`` column of the metric table means, printed under it.
+REGRESSED_LEGEND: Final[str] = "regressed: rose beyond noise (95% CI of the change above 0) and by enough to matter"
+
+
 def _fmt_any(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
@@ -70,6 +99,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    #: Whether ``estimates`` carry ``significant`` and ``source``; the JSON form has neither, so a
+    #: report rebuilt by :meth:`from_dict` leaves those columns out rather than guess them.
+    estimate_details: bool = True
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
@@ -100,7 +132,7 @@ class Report:
         return cls(
             selection=None, baseline=dict(data.get("baseline") or {}), candidate=dict(data.get("candidate") or {}),
             regression=regression, estimates=estimates, findings=findings,
-            notes=list(data.get("notes") or []), errors=list(data.get("errors") or []),
+            notes=list(data.get("notes") or []), errors=list(data.get("errors") or []), estimate_details=False,
         )  # fmt: skip
 
     @property
@@ -171,36 +203,73 @@ class Report:
             return f"error rate: {_fmt_any(r.baseline)} -> {_fmt_any(r.candidate)} — {verdict}"
         label = f"{r.metric} p{round(r.quantile * 100)}"
         ratio = f" ({r.ratio:.2f}x)" if r.ratio else ""
-        ci = f", 95% CI of the change {r.ci[0]:+.3f}..{r.ci[1]:+.3f} s" if r.ci else ""
+        ci = f", 95% CI of the change {_fmt_ci(r.ci)}" if r.ci else ""
         verdict = "REGRESSED" if r.significant else "no significant regression"
         return f"{label}: {_fmt_s(r.baseline)} -> {_fmt_s(r.candidate)}{ratio}{ci} — {verdict}"
 
-    def _windows(self) -> list[str]:
+    def _deploy_note(self) -> str | None:
+        return next((n for n in self.notes if any(n.startswith(p) for p, _ in _DEPLOY_NOTES)), None)
+
+    def comparison(self) -> str:
+        """What was compared, in one line: the deploy by name where the resolution named one.
+
+        ``before vs after the deploy of vllm v2 at 2026-01-15T09:03:00.001Z (deploy marker)``,
+        ``service.version v1 (baseline) vs v2 (candidate)``, ``before vs after 2026-...Z``
+        or ``two explicit windows``.
+        """
+        note = self._deploy_note()
+        for prefix, template in _DEPLOY_NOTES:
+            if note is not None and note.startswith(prefix):
+                return template.format(note.removeprefix(prefix))
+        versions = [(w.get("filter") or {}).get("service.version") for w in (self.baseline, self.candidate)]
+        if all(versions):
+            return f"service.version {versions[0]} (baseline) vs {versions[1]} (candidate)"
+        mode = self.selection.mode if self.selection is not None else None
+        if mode != "windows" and self.baseline.get("end") and self.baseline.get("end") == self.candidate.get("start"):
+            return f"before vs after {self.candidate['start']}"
+        return "two explicit windows"
+
+    def _windows(self, code: bool = False) -> list[str]:
         return [
             f"{side:9s} {w['start']} .. {w['end']}  {w['requests']} requests"
-            + (f"  {w['filter']}" if w["filter"] else "")
+            + (f"  where {_fmt_filter(w['filter'], code)}" if w.get("filter") else "")
             for side, w in (("baseline", self.baseline), ("candidate", self.candidate))
         ]
 
-    def _metric_rows(self) -> list[tuple[str, str, str, str, str]]:
+    def _shown_notes(self) -> list[str]:
+        """The notes, less the one the comparison line already says."""
+        promoted = self._deploy_note()
+        return [n for n in self.notes if n != promoted]
+
+    def _metric_header(self) -> list[str]:
+        head = ["metric", "baseline", "candidate", "change, 95% CI"]
+        return head + (["regressed", "source"] if self.estimate_details else [])
+
+    def _metric_rows(self) -> list[list[str]]:
         rows = []
         for e in self.estimates:
             if e.quantile not in REPORTED_QUANTILES:
                 continue
-            ci = f"{e.ci[0]:+.4f}..{e.ci[1]:+.4f}" if e.ci else "n/a"
-            mark = " *" if e.significant else ""
-            rows.append(
-                (f"{e.name} p{round(e.quantile * 100)}", _fmt_s(e.baseline), _fmt_s(e.candidate), ci, mark + e.source)
-            )
+            row = [f"{e.name} p{round(e.quantile * 100)}", _fmt_s(e.baseline), _fmt_s(e.candidate), _fmt_ci(e.ci)]
+            if self.estimate_details:
+                row += ["yes" if e.significant else "", e.source]
+            rows.append(row)
         return rows
 
     def _text(self) -> str:
-        lines = ["sre-agent diagnosis", "", *self._windows(), "", self._headline(), ""]
-        lines.append(f"{'metric':10s} {'baseline':>10s} {'candidate':>10s}  {'change CI (s)':>22s}  source")
-        lines.extend(f"{a:10s} {b:>10s} {c:>10s}  {d:>22s}  {s}" for a, b, c, d, s in self._metric_rows())
+        lines = ["sre-agent diagnosis", "", f"compared: {self.comparison()}", *self._windows(), ""]
+        lines += [self._headline(), ""]
+        header, rows = self._metric_header(), self._metric_rows()
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        # Names and words left-aligned, figures right-aligned.
+        align = ["<", ">", ">", ">", "<", "<"]
+        for row in [header, *rows]:
+            lines.append("  ".join(f"{c:{align[i]}{widths[i]}}" for i, c in enumerate(row)).rstrip())
+        if self.estimate_details:
+            lines.append(REGRESSED_LEGEND)
         lines.append("")
         for i, f in enumerate(self.findings, 1):
-            scope = " in " + ", ".join(f"{k}={v}" for k, v in f.scope.items()) if f.scope else ""
+            scope = " in " + _fmt_filter(f.scope) if f.scope else ""
             stage = f" [{f.stage}]" if f.stage else ""
             lines.append(f"{i}. {f.cause}{stage}{scope}  score {f.score:.2f} (confidence {f.confidence:.2f})")
             lines.append(f"   {f.title}")
@@ -211,17 +280,21 @@ class Report:
                 lines.append(f"   next: {f.next_check}")
         if not self.findings:
             lines.append("No rule explains the regression; check the metrics above and the notes.")
-        lines.extend(f"note: {n}" for n in self.notes)
+        lines.extend(f"note: {n}" for n in self._shown_notes())
         lines.extend(f"rule error: {e}" for e in self.errors)
         return "\n".join(lines) + "\n"
 
     def _markdown(self) -> str:
-        lines = ["## Diagnosis", "", *(f"- {w}" for w in self._windows()), "", f"**{self._headline()}**", ""]
-        lines += ["| metric | baseline | candidate | 95% CI of change (s) | source |", "|---|---|---|---|---|"]
-        lines.extend(f"| {a} | {b} | {c} | {d} | {s.strip()} |" for a, b, c, d, s in self._metric_rows())
+        lines = ["## Diagnosis", "", f"Compared: {self.comparison()}", ""]
+        lines += [*(f"- {w}" for w in self._windows(code=True)), "", f"**{self._headline()}**", ""]
+        header = self._metric_header()
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines.extend("| " + " | ".join(row) + " |" for row in self._metric_rows())
+        if self.estimate_details:
+            lines += ["", f"*{REGRESSED_LEGEND}.*"]
         lines += ["", "### Findings", ""]
         for i, f in enumerate(self.findings, 1):
-            scope = " in " + ", ".join(f"`{k}={v}`" for k, v in f.scope.items()) if f.scope else ""
+            scope = " in " + _fmt_filter(f.scope, code=True) if f.scope else ""
             stage = f" (stage: {f.stage})" if f.stage else ""
             lines.append(f"{i}. **{f.cause}**{stage}{scope} — score {f.score:.2f}, confidence {f.confidence:.2f}")
             lines.append(f"   {f.title}")
@@ -239,8 +312,9 @@ class Report:
             lines.append("")
         if not self.findings:
             lines.append("No rule explains the regression.")
-        if self.notes:
-            lines += ["", "### Notes", "", *(f"- {n}" for n in self.notes)]
+        notes = self._shown_notes()
+        if notes:
+            lines += ["", "### Notes", "", *(f"- {n}" for n in notes)]
         if self.errors:
             lines += ["", "### Rule errors", "", *(f"- {e}" for e in self.errors)]
         return "\n".join(lines) + "\n"

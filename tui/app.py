@@ -33,7 +33,7 @@ from textual.widgets import DataTable, Static, TabbedContent, TabPane
 from textual.worker import Worker
 
 from sre_agent.errors import RemoteError, SreAgentError
-from sre_agent.explore import DEFAULT_SLOS, LATENCY_METRICS, Overview
+from sre_agent.explore import DEFAULT_SLOS, LATENCY_METRICS, Overview, SliceRow, Tile
 from sre_agent.selection import Selection
 from sre_agent.tui.findings import FindingsTree, finding_markdown, finding_title, regression_line, report_markdown
 from sre_agent.tui.messages import (
@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=Message)
 
+NO_FINDINGS = "no rule explains the regression: see the slices (s) and traces (t)"
+
 KEY_BAR = (
     "[b]?[/b] help  [b]o f s t[/b] panes  [b]⏎[/b] open  [b]c[/b] copy  "
     "[b]b v[/b] compare  [b]r[/b] refresh  [b]q[/b] quit"
@@ -83,6 +85,26 @@ def _while_mounted(handler: Callable[[IncidentApp, _M], None]) -> Callable[[Inci
     return handle
 
 
+def headline_tile(ov: Overview) -> Tile:
+    """The tile the headline names: the latency whose p99 rose the most (the first tile when none has data)."""
+    return max(ov.tiles, key=lambda t: t.p99_ratio or 0.0)
+
+
+def where_text(slices: list[SliceRow], label: str, ov: Overview | None) -> str:
+    """The headline's "Where:" answer: the top slice only when it stands out from the rest.
+
+    A slice's share of the slow excess alone is no location: under a uniform
+    slowdown each half of a random 50/50 split holds about half of it.
+    """
+    top = slices[0] if slices else None
+    if top is None or not top.stands_out or top.contribution is None:
+        return "no slice stands out: none grew significantly more than the rest" if slices else ""
+    traffic = ""
+    if ov is not None and ov.requests_candidate:
+        traffic = f" from {fmt_share(top.requests_candidate / ov.requests_candidate)} of requests"
+    return f"{top.dimension}={top.value} holds {fmt_share(top.contribution)} of the slow {label} excess{traffic}"
+
+
 def _unreachable(exc: BaseException) -> bool:
     """A transport failure (refused, timed out) rather than an answer the user must read."""
     return isinstance(exc, RemoteError) and isinstance(exc.__cause__, httpx.TransportError)
@@ -97,6 +119,8 @@ class IncidentApp(App[int]):
         slos: p99 targets in seconds per latency metric (see ``explore.DEFAULT_SLOS``).
         refresh_s: live-mode refresh interval in seconds (``None`` = only on ``r``).
         export_dir: where ``c`` also writes the Markdown it copies (default: the temp dir).
+        metric: the latency the drill-down (timeline, stages, slices, traces) breaks down;
+            ``None`` follows the headline, the tile whose p99 rose the most.
     """
 
     CSS_PATH = "app.tcss"
@@ -125,7 +149,7 @@ class IncidentApp(App[int]):
         slos: Mapping[str, float] | None = None,
         refresh_s: float | None = 10.0,
         export_dir: Path | None = None,
-        metric: str = "e2e",
+        metric: str | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -133,7 +157,8 @@ class IncidentApp(App[int]):
         self.slos = {**DEFAULT_SLOS, **(slos or {})}
         self.refresh_s = refresh_s if source.live else None
         self.export_dir = export_dir or Path(tempfile.gettempdir())
-        self.metric = metric
+        self.follow_headline = metric is None
+        self.metric = metric or "e2e"
         self.generation = 0  # counts loads (refreshes and re-selections)
         self._inflight: dict[str, tuple[Hashable, Worker[None]]] = {}
         self._diagnosed_at: dict[Selection, float] = {}  # monotonic start of the last diagnosis
@@ -179,7 +204,7 @@ class IncidentApp(App[int]):
 
     def on_mount(self) -> None:
         self.query_one("#slices-table", DataTable).add_columns(
-            "dimension", "value", "share", "base n", "cand n", "slow base", "slow cand"
+            "dimension", "value", "stands out", "share", "requests", "slow"
         )
         self.query_one("#exemplars-table", DataTable).add_columns(
             "side", "trace", "e2e", "ttft", "queue", "host", "model", "version"
@@ -257,6 +282,8 @@ class IncidentApp(App[int]):
         last = self._diagnosed_at.get(sel)
         if self._forced or last is None or time.monotonic() - last >= self.DIAGNOSIS_EVERY_S:
             self._diagnosed_at[sel] = time.monotonic()
+            if self.report is None:  # a retry after a failure: say it is running again
+                self.report_reason = "diagnosing…"
             self._fetch("diagnosis", sel, diagnosis)
         self._fetch("drill-down", sel, drill)
 
@@ -278,6 +305,9 @@ class IncidentApp(App[int]):
             self.query_one(f"#tile-{name}", RateTile).show(label, text, worse)
         if self.first_paint_s is None:
             self.first_paint_s = time.perf_counter() - self.started
+        if self.follow_headline:
+            # The drill-down explains the headline's metric: a TTFT headline over an e2e breakdown misleads.
+            self.metric = headline_tile(ov).metric
         self._update_title()
         self._update_headline()
         self._load_rest(message.selection)
@@ -299,7 +329,10 @@ class IncidentApp(App[int]):
             self.query_one("#regression", Static).update(self.report_reason)
             tree.clear()
         else:
-            self.query_one("#regression", Static).update(regression_line(message.report) or "no regression summary")
+            # A report without findings is an answer too: say so instead of "diagnosing…" forever.
+            self.report_reason = "" if message.report.get("findings") else NO_FINDINGS
+            summary = regression_line(message.report) or "no regression summary"
+            self.query_one("#regression", Static).update(summary + (f"\n{NO_FINDINGS}" if self.report_reason else ""))
             tree.show_report(message.report)
         self._update_headline()
 
@@ -316,18 +349,15 @@ class IncidentApp(App[int]):
             table.add_row(
                 row.dimension,
                 row.value,
+                "yes" if row.stands_out else "",
                 share,
-                str(row.requests_baseline),
-                str(row.requests_candidate),
-                fmt_share(row.slow_share_baseline),
-                fmt_share(row.slow_share_candidate),
+                f"{row.requests_baseline}→{row.requests_candidate}",
+                f"{fmt_share(row.slow_share_baseline)}→{fmt_share(row.slow_share_candidate)}",
                 key=f"{row.dimension}\x1f{row.value}",
             )
         if message.slices:
             table.move_cursor(row=min(keep, len(message.slices) - 1))
-            top = message.slices[0]
-            if top.contribution is not None and top.contribution > 0:
-                self.top_slice = f"{top.dimension}={top.value} holds {top.contribution * 100:.0f}% of the slow excess"
+        self.top_slice = where_text(message.slices, LATENCY_METRICS[self.metric][1], self.overview)
         self._update_headline()
 
     @_while_mounted
@@ -360,8 +390,9 @@ class IncidentApp(App[int]):
     def on_query_failed(self, message: QueryFailed) -> None:
         if message.what == "diagnosis":
             self.query_one(FindingsTree).loading = False
-            self.report_reason = "diagnosis failed"
+            self.report_reason = "diagnosis failed (r retries)"
             self.query_one("#regression", Static).update(f"diagnosis failed: {message.error}")
+            self._update_headline()
         self.push_screen(ErrorScreen(f"{message.what} failed", message.error))
 
     @_while_mounted
@@ -417,7 +448,9 @@ class IncidentApp(App[int]):
             if selection is not None:
                 self._reselect(selection)
 
-        self.push_screen(ComparisonScreen(mode, self.selection), apply)
+        service = self.selection.service
+        screen = ComparisonScreen(mode, self.selection, lambda: self.source.versions(service))
+        self.push_screen(screen, apply)
 
     def action_copy(self) -> None:
         if self.report is None:
@@ -460,7 +493,7 @@ class IncidentApp(App[int]):
         if self.overview is None:
             return
         ov = self.overview
-        worst = max(ov.tiles, key=lambda t: t.p99_ratio or 0.0)
+        worst = headline_tile(ov)
         what = f"What:  {worst.label} p99 {fmt_s(worst.p99_baseline)}→{fmt_s(worst.p99_candidate)}"
         if worst.p99_ratio is not None:
             what += f" ×{worst.p99_ratio:.2f}" + (" (SLO breach)" if worst.status == "breach" else "")

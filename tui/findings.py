@@ -82,7 +82,7 @@ def report_markdown(report: dict[str, Any], comparison: str = "") -> str:
     line = regression_line(report)
     if line:
         head.append(f"- regression: {line}")
-    sections = [finding_markdown(f) for f in report.get("findings") or []]
+    sections = [finding_markdown(f) for f in report.get("findings") or []] or ["No rule explains the regression.\n"]
     return "\n".join(head) + "\n\n" + "\n".join(sections)
 
 

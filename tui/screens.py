@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import ClassVar
 
 from rich.table import Table
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from sre_agent.errors import SreAgentError
+from sre_agent.explore import VersionInfo
 from sre_agent.selection import Selection, parse_duration, parse_time
 
-__all__ = ["ComparisonScreen", "ErrorScreen", "HelpScreen"]
+__all__ = ["ComparisonScreen", "ErrorScreen", "HelpScreen", "versions_text"]
 
 HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("?", "this help"),
     ("o / f / s / t", "overview / findings / drill-down (slices) / traces"),
     ("tab, shift+tab", "move between panes"),
     ("enter", "expand a finding · narrow to a slice · open a trace"),
+    ("stands out", "a slice grew more than the rest, beyond chance"),
     ("x", "clear the slice filter"),
     ("c", "copy the selected finding (or all) as Markdown"),
     ("b", "compare before/after a deploy time"),
@@ -73,20 +79,40 @@ class ErrorScreen(ModalScreen[None]):
         self.dismiss(result)
 
 
+def versions_text(found: list[VersionInfo]) -> str:
+    """The versions present, one line each, oldest first: name, engine requests, first and last seen."""
+    if not found:
+        return "no service.version on any engine request: compare by deploy time (b) instead"
+    services = {v.service for v in found}
+    lines = ["versions present (engine requests, first → last seen):"]
+    for v in found:
+        name = f"{v.service} {v.version}" if len(services) > 1 else v.version
+        lines.append(f"  {name:<18} {v.requests:>9,}  {v.first[:19]} → {v.last[11:19]}")
+    return "\n".join(lines)
+
+
 class ComparisonScreen(ModalScreen[Selection | None]):
-    """Enter a deploy time (``b``) or a version pair (``v``); returns the new selection or ``None``."""
+    """Enter a deploy time (``b``) or a version pair (``v``); returns the new selection or ``None``.
+
+    ``list_versions`` (blocking; run in a thread) fills the version dialog with
+    the versions present, and proposes the last two when nothing is entered yet.
+    """
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, mode: str, current: Selection) -> None:
+    def __init__(
+        self, mode: str, current: Selection, list_versions: Callable[[], list[VersionInfo]] | None = None
+    ) -> None:
         super().__init__()
         self.mode = mode
         self.current = current
+        self.list_versions = list_versions
 
     def compose(self) -> ComposeResult:
         with Vertical(id="comparison-box", classes="modal-box"):
             if self.mode == "versions":
                 yield Label("Compare two versions (service.version)", classes="modal-title")
+                yield Static("versions present: loading…", id="versions-list", classes="dim")
                 yield Input(self.current.baseline_version or "", placeholder="baseline version, e.g. v1", id="first")
                 yield Input(self.current.candidate_version or "", placeholder="candidate version, e.g. v2", id="second")
             else:
@@ -94,6 +120,28 @@ class ComparisonScreen(ModalScreen[Selection | None]):
                 yield Input(placeholder="deploy time: ISO 8601 or Unix s (empty = last deploy)", id="first")
                 yield Input(placeholder="window per side, e.g. 15m (empty = longest)", id="second")
             yield Label("enter to apply, escape to cancel", id="comparison-hint", classes="dim")
+
+    def on_mount(self) -> None:
+        if self.mode == "versions" and self.list_versions is not None:
+            self._load_versions(self.list_versions)
+
+    @work(thread=True, exit_on_error=False)
+    def _load_versions(self, list_versions: Callable[[], list[VersionInfo]]) -> None:
+        try:
+            found: list[VersionInfo] | None = list_versions()
+            text = versions_text(found or [])
+        except SreAgentError as exc:
+            found, text = None, f"versions present: unknown ({exc})"
+        except Exception as exc:  # a bug must not leave the dialog saying "loading…": show it
+            found, text = None, f"versions present: unknown ({type(exc).__name__}: {exc})"
+        self.app.call_from_thread(self._show_versions, text, found)
+
+    def _show_versions(self, text: str, found: list[VersionInfo] | None) -> None:
+        with contextlib.suppress(NoMatches):  # the dialog was closed before the answer came
+            self.query_one("#versions-list", Static).update(text)
+            first, second = self.query_one("#first", Input), self.query_one("#second", Input)
+            if found and len(found) >= 2 and not first.value and not second.value:
+                first.value, second.value = found[-2].version, found[-1].version
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         first = self.query_one("#first", Input).value.strip()

@@ -22,8 +22,8 @@ import httpx
 
 from sre_agent import explore
 from sre_agent.config import Config
-from sre_agent.errors import SreAgentError
-from sre_agent.explore import Exemplar, Overview, SliceRow, StageBreakdown, Timeline, WaterfallSpan
+from sre_agent.errors import SreAgentError, StoreError
+from sre_agent.explore import Exemplar, Overview, SliceRow, StageBreakdown, Timeline, VersionInfo, WaterfallSpan
 from sre_agent.explore_api import from_json_dict, selection_to_query
 from sre_agent.selection import Selection
 
@@ -49,6 +49,8 @@ class DataSource(Protocol):
     def exemplars(self, selection: Selection, metric: str) -> list[Exemplar]: ...
     def waterfall(self, trace_id: str, around_ns: int | None) -> list[WaterfallSpan]: ...
     def diagnose(self, selection: Selection) -> dict[str, Any]: ...
+    def versions(self, service: str | None) -> list[VersionInfo]: ...
+    def check(self) -> None: ...
     def warm(self) -> None: ...
     def close(self) -> None: ...
 
@@ -65,6 +67,22 @@ class LocalSource:
         self._lock = threading.Lock()
         self._scopes: dict[Selection, explore.Scope] = {}
         self._children: set[Any] = set()
+
+    def check(self) -> None:
+        """Open the store and read its tables once; raises :class:`StoreError` when it cannot serve.
+
+        The CLI calls this before the console takes the terminal, so a missing,
+        locked or foreign file is one line on stderr and exit 1, not a dialog.
+        """
+        cur = self._cursor()
+        try:
+            for table in ("spans", "deploys", "metric_points"):
+                cur.execute(f"SELECT 1 FROM {table} LIMIT 0")
+        except Exception as exc:  # duckdb.CatalogException: a DuckDB file, but not a store
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(f"{self.path} is not an sre-agent store ({first})") from exc
+        finally:
+            cur.close()
 
     def warm(self) -> None:
         """Open the store ahead of the first query (errors surface on that query instead)."""
@@ -122,6 +140,15 @@ class LocalSource:
         cur = self._cursor()
         try:
             return explore.waterfall(cur, trace_id, around_ns)
+        finally:
+            cur.close()
+
+    def versions(self, service: str | None) -> list[VersionInfo]:
+        cur = self._cursor()
+        try:
+            return explore.versions(cur, service)
+        except Exception as exc:  # duckdb errors: a store problem shown in the dialog
+            raise StoreError(f"query failed on {self.path}: {exc}") from exc
         finally:
             cur.close()
 
@@ -211,8 +238,32 @@ class RemoteSource:
         self._owned = client is None
         self._timeout_s = timeout_s
 
+    def check(self) -> None:
+        """Ask the server for its status once; raises :class:`RemoteError` when it does not answer.
+
+        Only the start is strict: once the console runs, an outage shows a banner and retries.
+        """
+        self._status()
+
     def warm(self) -> None:
         """Nothing to prepare: the first request connects."""
+
+    def _status(self) -> dict[str, Any]:
+        from sre_agent.client import get_json
+
+        return get_json(self.config, "/api/v1/status", client=self._client, timeout_s=self._timeout_s)
+
+    def versions(self, service: str | None) -> list[VersionInfo]:
+        """The versions of ``GET /api/v1/status``, engine requests only, oldest first."""
+        out = [
+            VersionInfo(entry.get("service"), str(item["version"]), int(item.get("engine_spans") or 0),
+                        str(item.get("first") or ""), str(item.get("last") or ""))
+            for entry in self._status().get("services") or []
+            if service is None or entry.get("service") == service
+            for item in entry.get("versions") or []
+            if item.get("version") is not None and item.get("engine_spans")
+        ]  # fmt: skip
+        return sorted(out, key=lambda v: (v.first, v.service or "", v.version))
 
     def _get(self, name: str, selection: Selection | None, **extra: Any) -> dict[str, Any]:
         from sre_agent.client import get_json

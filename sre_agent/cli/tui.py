@@ -7,16 +7,25 @@ running any other command never loads it.
 from __future__ import annotations
 
 import argparse
+import sys
+import threading
+from typing import TYPE_CHECKING
 
 from sre_agent.cli._common import add_selection_options, add_store_options, config_from_args, selection_from_args
-from sre_agent.errors import UsageError
+from sre_agent.errors import SreAgentError, UsageError
 from sre_agent.explore import DEFAULT_SLOS
 from sre_agent.selection import parse_duration
 
-__all__ = ["register", "run_tui"]
+if TYPE_CHECKING:
+    from sre_agent.tui.source import DataSource
+
+__all__ = ["has_terminal", "register", "run_tui"]
 
 EPILOG = """keys: ? help · o/f/s/t overview/findings/slices/traces · enter expand/narrow/open
       c copy Markdown · b/v change comparison · x clear slice · r refresh · q quit
+
+exit codes: 0 quit with q, 1 store or server error (missing, locked or foreign store file,
+            server unreachable at start) or no terminal, 2 usage error
 
 examples:
   sre-agent tui --db ./sre-agent.duckdb                  since the last deploy, from a store file
@@ -59,22 +68,63 @@ def parse_slos(items: list[str]) -> dict[str, float]:
     return out
 
 
+def has_terminal() -> bool:
+    """Whether Textual can run here: it reads keys from stdin and draws on stderr, both must be terminals."""
+    streams = (sys.__stdin__, sys.__stderr__)
+    return all(stream is not None and stream.isatty() for stream in streams)
+
+
 def run_tui(args: argparse.Namespace) -> int:
-    """Open the console; returns 0 when the user quits."""
+    """Open the console; returns 0 when the user quits.
+
+    The source is checked before the console takes the screen: a store or
+    server that cannot answer is one line on stderr and exit 1 (raised as
+    :class:`SreAgentError`), and so is a missing terminal.
+    """
     config = config_from_args(args)
     selection = selection_from_args(args)
     slos = parse_slos(args.slo)
     if args.refresh <= 0:
         raise UsageError("--refresh must be positive")
-    from sre_agent.tui.app import IncidentApp
-    from sre_agent.tui.source import DataSource, LocalSource, RemoteSource
+    from sre_agent.tui.source import LocalSource, RemoteSource
 
     source: DataSource = RemoteSource(config) if config.url else LocalSource(config.db)
-    app = IncidentApp(source, selection, slos=slos, refresh_s=args.refresh)
-    if args.light:
-        app.theme = "textual-light"
     try:
+        _check_while_importing(source)
+        if not has_terminal():
+            raise SreAgentError(
+                "the console needs a terminal on stdin and stderr (one of them is redirected); "
+                "for a report without one use `sre-agent diagnose`"
+            )
+        from sre_agent.tui.app import IncidentApp
+
+        app = IncidentApp(source, selection, slos=slos, refresh_s=args.refresh)
+        if args.light:
+            app.theme = "textual-light"
         app.run()
     finally:
         source.close()
     return 0
+
+
+def _check_while_importing(source: DataSource) -> None:
+    """``source.check()`` in a thread while Textual is imported here, so the two overlap.
+
+    Both are mostly imports under the GIL: the overlap saves little, and the
+    check keeps the store it opened for the console's first queries.
+    """
+    failure: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            source.check()
+        except BaseException as exc:  # re-raised on the calling thread below
+            failure.append(exc)
+
+    thread = threading.Thread(target=check, name="sre-agent-check", daemon=True)
+    thread.start()
+    import sre_agent.tui.app  # noqa: F401  # the import the check overlaps
+
+    thread.join()
+    if failure:
+        raise failure[0]

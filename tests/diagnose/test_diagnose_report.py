@@ -12,7 +12,7 @@ from sre_agent import CAUSES, diagnose
 from sre_agent.report import SCHEMA, Report
 from sre_agent.rules_api import Evidence, Finding
 from sre_agent.rules_registry import list_rules, load_rules
-from sre_agent.selection import Selection
+from sre_agent.selection import Selection, format_time
 
 MakeStore = Callable[[str], tuple[Path, int]]
 SINCE = Selection(mode="since_last_deploy")
@@ -74,9 +74,77 @@ def test_text_and_markdown_carry_the_same_story(report: Report) -> None:
 def test_from_dict_round_trip_for_the_url_mode(report: Report) -> None:
     again = Report.from_dict(report.to_dict())
     assert again.render("json") == report.render("json")
-    # The findings read the same (the metric table loses only the significance marks).
+    # The findings read the same (the metric table loses only the significance and source columns).
     text, original = again.render("text"), report.render("text")
     assert text[text.index("\n1. ") :] == original[original.index("\n1. ") :]
+    assert again.comparison() == report.comparison()
+    # The JSON carries neither significance nor source: the rebuilt table leaves them out, never guesses.
+    header = next(line for line in text.splitlines() if line.startswith("metric"))
+    assert "regressed" not in header
+    assert "source" not in header
+    assert "REGRESSED" in text  # the headline's verdict is in the JSON and stays
+
+
+def test_window_lines_name_filters_as_key_value_not_python_dicts(make_store: MakeStore) -> None:
+    path, _ = make_store("slow_host")
+    narrowed = diagnose(path, Selection(mode="since_last_deploy", service="vllm", where=(("host.name", "gpu-2"),)))
+    text, md = narrowed.render("text"), narrowed.render("markdown")
+    for rendered in (text, md):
+        assert "{" not in rendered
+        assert "'" not in "\n".join(line for line in rendered.splitlines() if "requests" in line)
+    windows = [line for line in text.splitlines() if line.startswith(("baseline ", "candidate "))]
+    assert len(windows) == 2
+    assert all(line.endswith("where service=vllm, host.name=gpu-2") for line in windows)
+    assert "where `service=vllm`, `host.name=gpu-2`" in md
+
+
+def test_versions_and_deploy_time_comparisons_are_named(make_store: MakeStore) -> None:
+    path, deploy_ns = make_store("slow_host")
+    by_version = diagnose(path, Selection(mode="versions", baseline_version="v1", candidate_version="v2"))
+    assert by_version.comparison() == "service.version v1 (baseline) vs v2 (candidate)"
+    assert "where service.version=v1" in by_version.render("text")
+    at_time = diagnose(path, Selection(mode="deploy_at", deploy_at_ns=deploy_ns))
+    assert at_time.comparison() == f"before vs after {format_time(deploy_ns)}"
+    assert f"compared: before vs after {format_time(deploy_ns)}" in at_time.render("text")
+
+
+def test_the_compared_deploy_is_named_at_the_top_of_the_report(report: Report) -> None:
+    """stdout alone says which deploy was compared (the demo and scripts show only stdout)."""
+    text, md = report.render("text"), report.render("markdown")
+    first = text.splitlines()[2]
+    assert first.startswith("compared: before vs after the deploy of vllm v2 at ")
+    assert first.endswith("Z (deploy marker)")
+    assert report.baseline["end"] in first  # the deploy time is where the windows meet
+    assert f"Compared: {report.comparison()}" in md.splitlines()[:4]
+    assert "note: deploy marker" not in text  # said once, at the top
+
+
+def test_metric_table_explains_its_marks_and_keeps_one_unit(report: Report) -> None:
+    text = report.render("text")
+    lines = text.splitlines()
+    header_at = next(i for i, line in enumerate(lines) if line.startswith("metric"))
+    header = lines[header_at].split()
+    assert header[-2:] == ["regressed", "source"]
+    rows = lines[header_at + 1 : lines.index("", header_at)]
+    legend = rows.pop()
+    assert legend.startswith("regressed: ")  # the column is explained under the table
+    assert not any("*" in row for row in rows)
+    marked = {row.split()[0] + " " + row.split()[1] for row in rows if " yes " in f" {row} "}
+    expected = {f"{e.name} p{round(e.quantile * 100)}" for e in report.estimates if e.significant}
+    expected &= {f"{e.name} p{round(e.quantile * 100)}" for e in report.estimates if e.quantile in (0.5, 0.99)}
+    assert marked == expected
+    for row in rows:
+        if "n/a" in row:
+            continue
+        # The CI is in the units of the values beside it (ms or s), never bare 4-decimal seconds.
+        ci = row.split("  ")
+        ci_cell = next(cell.strip() for cell in ci if " .. " in cell)
+        for bound in ci_cell.split(" .. "):
+            assert bound == "0" or bound.endswith((" ms", " s", " µs")), row
+    headline = next(line for line in lines if "95% CI of the change" in line)
+    r = report.regression
+    assert r.ci is not None
+    assert f"{r.ci[0] * 1e3:+.1f} ms" in headline or f"{r.ci[0]:+.2f} s" in headline
 
 
 def test_findings_reject_causes_outside_the_vocabulary() -> None:

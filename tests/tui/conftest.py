@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tui_helpers import FixtureReportSource
 from tui_synth import build_store
 
 # The console's remote tests start `sre-agent serve` with the receiver suite's harness.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
 from receiver_harness import ServeProcess, start_serve
 
-from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
-from sre_agent.tui.source import DiagnosisUnavailableError, LocalSource
 
 # The replayed incident: the bundled scenario whose expected cause is prefix_cache, at 30 % of its length.
 REPLAY_SCENARIO = "prefix_cache_disabled"
@@ -51,6 +50,14 @@ def replay_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
+@pytest.fixture(scope="session")
+def uniform_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every host loses its prefix cache at ``v2``, and tenants split 50/50 at random: a regression located nowhere."""
+    hosts = ("gpu-1", "gpu-2", "gpu-3", "gpu-4")
+    path = tmp_path_factory.mktemp("uniform") / "uniform.duckdb"
+    return build_store(path, n_requests=20_000, broken_hosts=hosts, tenants=("acme", "globex"))
+
+
 @pytest.fixture
 def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[ServeProcess]:
     """A server owning a private copy of the synthetic store (serve opens it for writing)."""
@@ -64,20 +71,6 @@ def served_synth(synth_db: Path, tmp_path: Path) -> Iterator[ServeProcess]:
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-class FixtureReportSource(LocalSource):
-    """A real local store whose diagnosis is a stored engine report (tests of rendering, not of the engine)."""
-
-    def __init__(self, path: str, report: dict[str, Any] | None) -> None:
-        super().__init__(path)
-        self.description = "db incident.duckdb"  # stable across tmp paths, for snapshots
-        self.report = report
-
-    def diagnose(self, selection: Selection) -> dict[str, Any]:
-        if self.report is None:
-            raise DiagnosisUnavailableError("the diagnose engine is not installed")
-        return self.report
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +49,26 @@ def test_the_command_module_does_not_load_textual() -> None:
     code = "import sys, sre_agent.cli, sre_agent.cli.tui; sre_agent.cli.build_parser(); print('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_without_a_terminal_exits_1_with_one_line_at_once(synth_db: Path) -> None:
+    """Piped stdin and stderr (cron, CI, `| less`): a readable line and exit 1, not a console spinning on EOF."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "sre_agent", "tui", "--db", str(synth_db)],
+            stdin=subprocess.DEVNULL,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError("the console without a terminal did not exit within 60 s") from exc
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: the console needs a terminal")
+    assert "sre-agent diagnose" in lines[0]
+    assert done.stdout == ""  # no escape codes written anywhere
+    assert time.monotonic() - started < 30

@@ -118,6 +118,50 @@ def test_slices_put_the_broken_host_first(con: duckdb.DuckDBPyConnection, quiet_
     assert all(abs(r.excess_slow) < 30 for r in calm)
 
 
+def test_only_a_slice_whose_tail_grew_more_than_the_rest_stands_out(
+    con: duckdb.DuckDBPyConnection, uniform_db: Path
+) -> None:
+    scope = explore.resolve_scope(con, SINCE)
+    for metric in ("ttft", "e2e"):
+        rows = explore.slices(con, scope, metric)
+        assert [(r.dimension, r.value) for r in rows if r.stands_out] == [("host_name", "gpu-3")]
+        assert rows[0].stands_out
+        assert rows[0].z is not None
+        assert rows[0].z > 10
+    with duckdb.connect(str(uniform_db), read_only=True) as uniform:
+        rows = explore.slices(uniform, explore.resolve_scope(uniform, SINCE), "ttft")
+    tenants = [r for r in rows if r.dimension == "tenant_id"]
+    # A random half holds about half of the excess: a large share, and no location.
+    assert len(tenants) == 2
+    assert all(r.contribution is not None and 0.4 < r.contribution < 0.6 for r in tenants)
+    assert not any(r.stands_out for r in rows)
+    assert all(r.z is not None and abs(r.z) < 3 for r in rows)
+
+
+def test_rise_against_rest_is_a_difference_in_differences() -> None:
+    # Slice 10% -> 30% slow, rest 10% -> 10%: +20 points against 0.
+    z = explore._rise_against_rest((1000, 1000, 100, 300), (3000, 3000, 300, 300))
+    assert z is not None
+    assert z > 8
+    # The same rise everywhere is no difference at all.
+    same = explore._rise_against_rest((1000, 1000, 100, 300), (3000, 3000, 300, 900))
+    assert same is not None
+    assert abs(same) < 1e-9
+    # A slice new in the candidate is compared on the candidate side alone.
+    new = explore._rise_against_rest((0, 500, 0, 50), (3000, 3000, 300, 300))
+    assert new is not None
+    assert abs(new) < 1e-9
+    assert explore._rise_against_rest((10, 0, 1, 0), (3000, 3000, 300, 300)) is None
+
+
+def test_versions_lists_each_version_with_its_requests(con: duckdb.DuckDBPyConnection) -> None:
+    found = explore.versions(con)
+    assert [(v.service, v.version, v.requests) for v in found] == [("vllm", "v1", 10_000), ("vllm", "v2", 10_000)]
+    assert found[0].first < found[0].last <= found[1].first
+    assert found[1].first.startswith("2026-05-28T20:56:4")
+    assert explore.versions(con, service="gateway") == []
+
+
 def test_filters_narrow_every_query(con: duckdb.DuckDBPyConnection) -> None:
     scope = explore.resolve_scope(con, SINCE)
     on_gpu3 = scope.narrowed("host_name", "gpu-3")

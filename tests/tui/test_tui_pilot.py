@@ -8,12 +8,13 @@ from typing import Any
 
 import duckdb
 from textual.widgets import DataTable, Input, TabbedContent
-from tui_helpers import screen_text, settle, wait_until
+from tui_helpers import FixtureReportSource, screen_text, settle, wait_until
 from tui_synth import build_store
 
 from sre_agent import explore
+from sre_agent.errors import SreAgentError
 from sre_agent.selection import Selection
-from sre_agent.tui.app import IncidentApp
+from sre_agent.tui.app import NO_FINDINGS, IncidentApp
 from sre_agent.tui.findings import FindingsTree
 from sre_agent.tui.screens import ComparisonScreen, ErrorScreen, HelpScreen
 from sre_agent.tui.source import LocalSource
@@ -284,3 +285,108 @@ async def test_mouse_clicks_tabs_and_rows(make_app: MakeApp) -> None:
         assert table.cursor_row == 1
         await pilot.click("#--content-tab-findings")
         assert app.query_one(TabbedContent).active == "findings"
+
+
+def headline_why(app: IncidentApp) -> str:
+    return next(line for line in screen_text(app).splitlines() if "Why:" in line)
+
+
+async def test_a_report_without_findings_says_so_also_after_r(make_app: MakeApp, synth_report: dict[str, Any]) -> None:
+    """An unexplained regression (findings == []) is an answer, not "diagnosing…" forever."""
+    app = make_app(report={**synth_report, "findings": []})
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        assert "diagnosing" not in headline_why(app)
+        assert "no rule explains the regression" in headline_why(app)
+        await pilot.press("r")
+        await settle(pilot)
+        assert "diagnosing" not in headline_why(app)
+        assert "no rule explains the regression" in headline_why(app)
+        await pilot.press("f")
+        await pilot.pause()
+        assert NO_FINDINGS in screen_text(app)
+        await pilot.press("c")
+        assert "No rule explains the regression." in app.clipboard
+
+
+class FailingDiagnosis(FixtureReportSource):
+    """A real store whose diagnosis fails the first ``failures`` times, then answers."""
+
+    def __init__(self, path: str, report: dict[str, Any], failures: int) -> None:
+        super().__init__(path, report)
+        self.failures = failures
+
+    def diagnose(self, selection: Selection) -> dict[str, Any]:
+        if self.failures > 0:
+            self.failures -= 1
+            raise SreAgentError("the diagnosis process failed: killed")
+        return super().diagnose(selection)
+
+
+async def test_a_failed_diagnosis_shows_in_the_headline_and_r_retries(
+    synth_db: Path, synth_report: dict[str, Any], tmp_path: Path
+) -> None:
+    app = IncidentApp(FailingDiagnosis(str(synth_db), synth_report, failures=1), export_dir=tmp_path)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_until(lambda: isinstance(app.screen, ErrorScreen), 60, pilot.pause)
+        await pilot.pause()
+        await pilot.press("escape")
+        await settle(pilot)
+        assert "diagnosis failed" in headline_why(app)
+        await pilot.press("r")
+        await settle(pilot)
+        assert f"#1 {synth_report['findings'][0]['cause']}" in headline_why(app)
+
+
+async def test_the_drill_down_breaks_down_the_headline_metric(make_app: MakeApp, synth_db: Path) -> None:
+    """The headline says TTFT: timeline, stages, slices and traces break down TTFT, not e2e."""
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "What:  TTFT p99" in screen_text(app)
+        assert app.metric == "ttft"
+        assert "TTFT p99 over time" in screen_text(app)
+        await pilot.press("s")
+        await pilot.pause()
+        assert "≥p99 ttft" in screen_text(app)
+        table = app.query_one("#slices-table", DataTable)
+        con = duckdb.connect(str(synth_db), read_only=True)
+        try:
+            expected = explore.slices(con, explore.resolve_scope(con, Selection(mode="since_last_deploy")), "ttft")
+        finally:
+            con.close()
+        shown = [tuple(table.get_row_at(i)[:2]) for i in range(table.row_count)]
+        assert shown == [(r.dimension, r.value) for r in expected]
+        assert table.get_row_at(0)[2] == "yes"  # gpu-3 stands out
+        assert all(table.get_row_at(i)[2] == "" for i in range(1, table.row_count))
+
+
+async def test_where_names_no_slice_when_the_regression_is_everywhere(
+    uniform_db: Path, synth_report: dict[str, Any], tmp_path: Path
+) -> None:
+    app = IncidentApp(FixtureReportSource(str(uniform_db), synth_report), export_dir=tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        where = next(line for line in screen_text(app).splitlines() if "Where:" in line)
+        assert "no slice stands out" in where
+        assert "=" not in where  # names no dimension=value
+
+
+async def test_version_dialog_lists_the_versions_present_and_proposes_the_last_two(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("v")
+        assert isinstance(app.screen, ComparisonScreen)
+        await wait_until(lambda: "versions present (" in screen_text(app), 30, pilot.pause)
+        text = screen_text(app)
+        assert "v1" in text
+        assert "v2" in text
+        assert "10,000" in text
+        assert app.screen.query_one("#first", Input).value == "v1"
+        assert app.screen.query_one("#second", Input).value == "v2"
+        await pilot.press("enter", "enter")
+        await settle(pilot)
+        assert app.selection.mode == "versions"
+        assert app.overview is not None
+        assert app.overview.scope.label == "versions v1 vs v2"

@@ -78,6 +78,10 @@ def test_explore_routes_answer_what_local_queries_answer(served_synth: ServeProc
         assert exemplars == local.exemplars(SINCE, "e2e")
         trace = exemplars[-1]
         assert remote.waterfall(trace.trace_id, trace.start_ns) == local.waterfall(trace.trace_id, trace.start_ns)
+        assert [(v.service, v.version, v.requests) for v in remote.versions(None)] == [
+            (v.service, v.version, v.requests) for v in local.versions(None)
+        ]
+        assert [v.version for v in remote.versions("vllm")] == ["v1", "v2"]
     finally:
         remote.close()
         local.close()

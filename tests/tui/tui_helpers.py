@@ -15,7 +15,9 @@ from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
+from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
+from sre_agent.tui.source import DiagnosisUnavailableError, LocalSource
 
 READY_TIMEOUT_S = 60.0
 
@@ -55,3 +57,17 @@ async def settle(pilot: Pilot[Any], timeout_s: float = 60.0) -> None:
 
     await wait_until(done, timeout_s, pilot.pause)
     await pilot.pause()
+
+
+class FixtureReportSource(LocalSource):
+    """A real local store whose diagnosis is a stored engine report (tests of rendering, not of the engine)."""
+
+    def __init__(self, path: str, report: dict[str, Any] | None) -> None:
+        super().__init__(path)
+        self.description = "db incident.duckdb"  # stable across tmp paths, for snapshots
+        self.report = report
+
+    def diagnose(self, selection: Selection) -> dict[str, Any]:
+        if self.report is None:
+            raise DiagnosisUnavailableError("the diagnose engine is not installed")
+        return self.report

@@ -25,13 +25,27 @@ HOUR_NS = 3600 * 1_000_000_000
 DEPLOY_NS = T0_NS + HOUR_NS // 2
 
 
-def build_store(path: Path, n_requests: int = 20_000, *, incident: bool = True) -> Path:
-    """Write the incident (or, with ``incident=False``, a quiet hour) into a new DuckDB file."""
+def build_store(
+    path: Path,
+    n_requests: int = 20_000,
+    *,
+    incident: bool = True,
+    broken_hosts: tuple[str, ...] = ("gpu-3",),
+    tenants: tuple[str, ...] = ("acme", "globex", "initech"),
+) -> Path:
+    """Write the incident (or, with ``incident=False``, a quiet hour) into a new DuckDB file.
+
+    ``broken_hosts`` lose their prefix cache at the deploy (all four: a
+    regression located nowhere in particular); ``tenants`` split the traffic
+    evenly by a hash of the request, independent of everything else.
+    """
+    hosts = ", ".join(f"'{h}'" for h in broken_hosts)
+    tenant_list = "[" + ", ".join(f"'{t}'" for t in tenants) + "]"
     con = duckdb.connect(str(path))
     try:
         for ddl in (SPANS_DDL, METRIC_POINTS_DDL, DEPLOYS_DDL):
             con.execute(ddl)
-        broken = "host = 'gpu-3' AND t >= $deploy" if incident else "false"
+        broken = f"host IN ({hosts}) AND t >= $deploy" if incident else "false"
         con.execute(
             f"""
             CREATE TEMP TABLE req AS
@@ -40,7 +54,7 @@ def build_store(path: Path, n_requests: int = 20_000, *, incident: bool = True) 
                        $t0 + i * ($hour // $n) AS t,
                        'gpu-' || (i % 4 + 1) AS host,
                        CASE WHEN i % 3 = 0 THEN 'llama-3-70b' ELSE 'llama-3-8b' END AS model,
-                       ['acme', 'globex', 'initech'][(hash(i, 7) % 3)::BIGINT + 1] AS tenant,
+                       {tenant_list}[(hash(i, 7) % {len(tenants)})::BIGINT + 1] AS tenant,
                        CASE WHEN hash(i, 8) % 4 = 0 THEN '/v1/completions' ELSE '/v1/chat/completions' END AS route,
                        (hash(i, 1) % 1000000) / 1e6 AS u1, (hash(i, 2) % 1000000) / 1e6 AS u2,
                        (hash(i, 3) % 1000000) / 1e6 AS u3, (hash(i, 4) % 1000000) / 1e6 AS u4,
