@@ -165,9 +165,50 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         )
         tail_p = tail[2] if tail else None
     note = "" if best.source == "spans" else "estimated from metric histograms (no spans): no confidence interval"
+    switched_from, reason = _quantile_switch(comparison, estimates, best)
     return Regression(
-        best.name, best.quantile, best.baseline, best.candidate, best.ci, best.significant, location_p, hl, tail_p, note
+        best.name,
+        best.quantile,
+        best.baseline,
+        best.candidate,
+        best.ci,
+        best.significant,
+        location_p,
+        hl,
+        tail_p,
+        note,
+        switched_from,
+        reason,
     )
+
+
+def _quantile_switch(
+    comparison: Comparison, estimates: list[MetricEstimate], best: MetricEstimate
+) -> tuple[float | None, str]:
+    """When the headline is below p99: the quantile it switched from and why (``(None, "")`` otherwise).
+
+    Incidents are about the tail, so a p90 or median headline is a choice the reader must see:
+    either p99 had too few requests beyond it to say anything (:func:`stats.min_samples_for_quantile`,
+    the same rule the stage decomposition uses), or it had enough and did not move significantly.
+    """
+    top = max(QUANTILES)
+    if not best.significant or best.quantile >= top:
+        return None, ""
+    need = stats.min_samples_for_quantile(top)
+    if best.source == "spans":
+        counts = [comparison.histogram(s, best.name).n for s in SIDES]
+    elif best.name in _METRIC_HISTOGRAMS:
+        hist = comparison.metrics.histogram(_METRIC_HISTOGRAMS[best.name])
+        counts = [h.count if h else 0 for h in (hist["baseline"], hist["candidate"])]
+    else:
+        counts = [0, 0]
+    label = f"p{round(top * 100)}"
+    if min(counts) < need:
+        return top, (
+            f"{label} needs {need} requests per side ({stats.MIN_TAIL} beyond it); "
+            f"{best.name} has {counts[0]} baseline and {counts[1]} candidate"
+        )
+    return top, f"{best.name} {label} did not change significantly"
 
 
 class RuleContext:
@@ -307,6 +348,21 @@ def _none_finding(regression: Regression) -> Finding:
     )
 
 
+def _unexplained(context: RuleContext, regression: Regression) -> list[str]:
+    """Why a reported regression has no explanation, when the reason is the sample size."""
+    if regression.metric == "error_rate":
+        return []
+    decomposition = context.get("stages")
+    tails = decomposition.tail_requests
+    if min(tails) >= stats.MIN_TAIL:
+        return []
+    label = f"{regression.metric} p{round(regression.quantile * 100)}"
+    return [
+        f"unexplained, too few tail requests ({tails[0]} baseline / {tails[1]} candidate beyond the {label}; "
+        f"needs {stats.MIN_TAIL} per side)"
+    ]
+
+
 def _connection(source: Any) -> tuple[duckdb.DuckDBPyConnection, bool]:
     """A DuckDB connection for ``source`` (Store, connection or path) and whether we own it."""
     import duckdb
@@ -384,6 +440,8 @@ def diagnose(
             )
         if regression.note:
             notes.append(regression.note)
+        if regression.significant and not findings:
+            notes.extend(_unexplained(context, regression))
         return Report(
             selection=selection,
             baseline=comparison.window("baseline").describe(selection),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from sre_agent.rules_api import Evidence, Finding, MetricEstimate, Regression
@@ -79,6 +79,10 @@ class Report:
             str(r.get("metric", "e2e")), float(r.get("quantile") or 0.99), r.get("baseline"), r.get("candidate"),
             tuple(r["ci"]) if r.get("ci") else None, bool(r.get("significant")),
         )  # fmt: skip
+        switch = r.get("quantile_switch") or {}
+        if switch:
+            reason = str(switch.get("reason", ""))
+            regression = replace(regression, switched_from=switch.get("from"), switch_reason=reason)
         estimates = [
             MetricEstimate(str(m["name"]), float(m["quantile"]), m.get("baseline"), m.get("candidate"),
                            tuple(m["ci"]) if m.get("ci") else None)
@@ -123,6 +127,9 @@ class Report:
                 "ratio": r.ratio,
                 "ci": list(r.ci) if r.ci else None,
                 "significant": r.significant,
+                "quantile_switch": None
+                if r.switched_from is None
+                else {"from": r.switched_from, "to": r.quantile, "reason": r.switch_reason},
             },
             "metrics": [
                 {
@@ -173,7 +180,10 @@ class Report:
         ratio = f" ({r.ratio:.2f}x)" if r.ratio else ""
         ci = f", 95% CI of the change {r.ci[0]:+.3f}..{r.ci[1]:+.3f} s" if r.ci else ""
         verdict = "REGRESSED" if r.significant else "no significant regression"
-        return f"{label}: {_fmt_s(r.baseline)} -> {_fmt_s(r.candidate)}{ratio}{ci} — {verdict}"
+        line = f"{label}: {_fmt_s(r.baseline)} -> {_fmt_s(r.candidate)}{ratio}{ci} — {verdict}"
+        if r.switched_from is not None:
+            line += f"\n(p{round(r.quantile * 100)} instead of p{round(r.switched_from * 100)}: {r.switch_reason})"
+        return line
 
     def _windows(self) -> list[str]:
         return [

@@ -32,6 +32,7 @@ import numpy.typing as npt
 __all__ = [
     "BUCKETS_PER_E",
     "MIN_REQUESTS",
+    "MIN_TAIL",
     "ZERO_BUCKET",
     "QuantileComparison",
     "SliceHistogram",
@@ -54,15 +55,21 @@ BUCKETS_PER_E: Final[int] = 100
 ZERO_BUCKET: Final[int] = -1_000_000
 #: Fewest requests per side for any comparison at all.
 MIN_REQUESTS: Final[int] = 20
+#: Fewest requests beyond a quantile, per side, before anything is said about that quantile.
+#: The one minimum-sample rule of the diagnosis: the headline's CIs, the stage decomposition
+#: of the tail and the rules that read the tail all use it, so a quantile that can be reported
+#: as regressed always has a tail large enough to be explained.
+MIN_TAIL: Final[int] = 10
 
 
 def min_samples_for_quantile(q: float) -> int:
-    """Fewest requests for a usable estimate of quantile ``q``.
+    """Fewest requests per side for a usable estimate of quantile ``q``.
 
-    At least five observations must lie beyond the quantile (p99 needs 500),
-    and never fewer than :data:`MIN_REQUESTS`.
+    :data:`MIN_TAIL` observations must lie beyond the quantile (p99 needs
+    1,000, p90 100), and never fewer than :data:`MIN_REQUESTS`.
     """
-    return max(MIN_REQUESTS, math.ceil(5.0 / max(1e-9, min(q, 1.0 - q))))
+    # round() first: 10 / (1 - 0.99) is 1000.0000000000009 in floating point
+    return max(MIN_REQUESTS, math.ceil(round(MIN_TAIL / max(1e-9, min(q, 1.0 - q)), 6)))
 
 
 def bucket_value(buckets: npt.ArrayLike) -> FloatArray:

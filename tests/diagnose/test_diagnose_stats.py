@@ -96,7 +96,7 @@ def test_mann_whitney_sees_a_location_shift() -> None:
 
 
 def test_minimum_samples_rule() -> None:
-    assert stats.min_samples_for_quantile(0.99) == 500
+    assert stats.min_samples_for_quantile(0.99) == 1000
     assert stats.min_samples_for_quantile(0.5) == stats.MIN_REQUESTS
     small = _hist([1.0 + i / 100 for i in range(100)])
     assert stats.quantile_ci(small, 0.99) is None
