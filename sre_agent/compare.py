@@ -33,7 +33,7 @@ from sre_agent import stats
 from sre_agent.busy import BusyIntervals, Prefetch
 from sre_agent.compare_traces import MAX_DIMENSION_VALUES, TraceAggregates
 from sre_agent.compare_traces import NOT_DIMENSION_PREFIXES as _NOT_DIMENSION_PREFIXES
-from sre_agent.errors import InsufficientDataError, SelectionError
+from sre_agent.errors import EmptySelectionError, InsufficientDataError, SelectionError
 from sre_agent.metric_view import MetricView, fetch_one
 from sre_agent.rules_api import SidePair
 from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
@@ -129,6 +129,47 @@ def filter_sql(selection: Selection) -> str:
     return " AND ".join(parts)
 
 
+#: metric_points columns that carry an attribute key; other keys are read from the point's attribute maps.
+_METRIC_KEY_COLUMNS: Final[dict[str, str]] = {
+    "service.name": "service_name",
+    "service.version": "service_version",
+    "service.instance.id": "service_instance",
+    "host.name": "host_name",
+    "gen_ai.request.model": "model",
+    "model_name": "model",
+    **{c: c for c in ("service_name", "service_version", "service_instance", "host_name", "model")},
+}
+
+
+def metric_key_sql(key: str) -> str:
+    """SQL for the value of ``key`` on a metric point, as VARCHAR (the metric twin of :func:`key_sql`)."""
+    if key in _METRIC_KEY_COLUMNS:
+        return f'CAST("{_METRIC_KEY_COLUMNS[key]}" AS VARCHAR)'
+    return f"coalesce(attributes[{_q(key)}], resource_attributes[{_q(key)}])"
+
+
+def _describe_where(selection: Selection) -> str:
+    """The ``--where`` filters as the user typed them."""
+    return " ".join(f"--where {key}={value}" for key, value in selection.where)
+
+
+def _check_service(con: duckdb.DuckDBPyConnection, selection: Selection) -> None:
+    """Raise :class:`EmptySelectionError` naming ``--service`` when no span or metric carries it."""
+    if selection.service is None:
+        return
+    svc = _service_sql(selection)
+    exists = f"SELECT EXISTS (SELECT 1 FROM spans WHERE {svc}) OR EXISTS (SELECT 1 FROM metric_points WHERE {svc})"
+    row = fetch_one(con.execute(exists))
+    if row is not None and row[0]:
+        return
+    rows = con.execute(
+        "SELECT service_name FROM spans WHERE service_name IS NOT NULL GROUP BY 1 UNION "
+        "SELECT service_name FROM metric_points WHERE service_name IS NOT NULL GROUP BY 1 ORDER BY 1 LIMIT 20"
+    ).fetchall()
+    known = ", ".join(str(r[0]) for r in rows) or "none"
+    raise EmptySelectionError(f"no spans for service {selection.service} (services: {known})")
+
+
 #: Queue seconds of a span, NULL when malformed.
 QUEUE_SQL: Final[str] = _valid("queue_s")
 #: End-to-end seconds of a span: ``e2e_s``, else the span duration; NULL when malformed.
@@ -214,6 +255,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     # populations inside the windows (Comparison's scans), it does not move them. Otherwise
     # narrowing to a slice that started late would shift both windows, and the console's
     # drill-down would no longer compare the same time ranges as the overview.
+    _check_service(con, selection)
     where = f"is_engine AND {_service_sql(selection)}"
     notes: list[str] = []
 
@@ -614,6 +656,10 @@ class Comparison(TraceAggregates):
             if bad[side]:
                 self.notes.append(f"{bad[side]} {side} engine spans had no usable e2e latency and were ignored")
 
+        if self.selection.where:
+            for side in SIDES:
+                if counts[side] == 0 and not self.metrics.has_latency_histograms(side):
+                    raise EmptySelectionError(self._empty_filter_message(counts))
         if counts["baseline"] == 0 and counts["candidate"] == 0 and not self.metrics.has_latency_histograms():
             b, c = self.window("baseline"), self.window("candidate")
             raise InsufficientDataError(
@@ -632,6 +678,25 @@ class Comparison(TraceAggregates):
                 self.notes.append(f"only {counts[side]} {side} requests: estimates are unreliable")
             elif counts[side] == 0:
                 self.notes.append(f"no {side} engine requests: span-based rules cannot run")
+
+    def _empty_filter_message(self, counts: dict[str, int]) -> str:
+        """Which ``--where`` filter left a side empty, with the values the windows do hold."""
+        where = " OR ".join(f"({self._windows[s].predicate()})" for s in SIDES)
+        where = f"is_engine AND {_service_sql(self.selection)} AND ({where})"
+        hints = []
+        for key, _ in self.selection.where:
+            values = self.con.execute(
+                f"SELECT v FROM (SELECT {key_sql(key)} AS v FROM spans WHERE {where}) "
+                "WHERE v IS NOT NULL GROUP BY v ORDER BY count(*) DESC LIMIT 10"
+            ).fetchall()
+            hints.append(f"{key} values there: {', '.join(str(v[0]) for v in values) or 'none'}")
+        b, c = counts["baseline"], counts["candidate"]
+        if b or c:
+            side = "baseline" if b == 0 else "candidate"
+            scope = f"no {side} engine request ({b} baseline, {c} candidate)"
+        else:
+            scope = "no engine request in either window"
+        return f"{_describe_where(self.selection)} matches {scope}; {'; '.join(hints)}"
 
     def quality_notes(self) -> list[str]:
         """Notes on malformed rows (negative or NaN latencies), counted on :attr:`requests`."""
@@ -755,7 +820,37 @@ class Comparison(TraceAggregates):
     @cached_property
     def metrics(self) -> MetricView:
         """The metric stream, per side."""
-        return MetricView(self.con, self._windows["baseline"], self._windows["candidate"], self.selection)
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        return MetricView(self.con, b, c, self.selection, filter_sql=self._metric_filter)
+
+    @cached_property
+    def _metric_filter(self) -> str:
+        """The ``--where`` filters on metric_points; ``FALSE`` (metrics unused, with a note) when they cannot apply.
+
+        A filter on a key the metric stream does not carry (``tenant.id`` on
+        engine metrics) cannot narrow it, and metrics of every tenant would
+        pass for metrics of one: such a comparison reads no metrics at all.
+        """
+        if not self.selection.where:
+            return "TRUE"
+        lo, hi = self.bounds
+        in_windows = f"time_ns >= {lo} AND time_ns < {hi} AND {_service_sql(self.selection)}"
+        present = fetch_one(self.con.execute(f"SELECT EXISTS (SELECT 1 FROM metric_points WHERE {in_windows})"))
+        if present is None or not present[0]:
+            return "FALSE"
+        missing = []
+        for key, _ in self.selection.where:
+            carried = f"{in_windows} AND {metric_key_sql(key)} IS NOT NULL"
+            row = fetch_one(self.con.execute(f"SELECT EXISTS (SELECT 1 FROM metric_points WHERE {carried})"))
+            if row is None or not row[0]:
+                missing.append(key)
+        if missing:
+            self.notes.append(
+                f"metrics not used: the metric stream carries no {', '.join(missing)}, so it cannot be narrowed to "
+                f"{_describe_where(self.selection)}; findings rest on the filtered spans only"
+            )
+            return "FALSE"
+        return " AND ".join(f"{metric_key_sql(key)} = {_q(value)}" for key, value in self.selection.where)
 
 
 def _isnull(values: Any) -> Any:
