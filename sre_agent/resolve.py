@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 from sre_agent.errors import EmptySelectionError, SelectionError
 from sre_agent.metric_view import fetch_one
 from sre_agent.selection import Selection, format_time
+from sre_agent.stats import MIN_REQUESTS
 
 if TYPE_CHECKING:
     import duckdb
@@ -190,6 +191,10 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     if selection.mode == "since_last_deploy":
         deploy, how = _last_deploy(con, selection, where)
         notes.append(how)
+        split = _canary_split(con, where, deploy, selection.window_ns)
+        if split is not None:
+            notes.append(split[2])
+            return Windows(split[0], split[1], notes, deploy)
     else:
         assert selection.deploy_at_ns is not None
         deploy = DeployPoint(selection.deploy_at_ns)
@@ -244,3 +249,43 @@ def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: st
     version, first = rows[-1]
     note = f"service.version change to {version} first seen at {format_time(int(first))}"
     return DeployPoint(int(first), version, rows[-2][0]), note
+
+
+#: The previous version still serves beside the new one (a canary split, not a hot swap or a finished
+#: rolling restart) when it served requests through at least this share of the time since the new
+#: version appeared.
+SPLIT_MIN_OVERLAP: Final[float] = 0.5
+
+
+def _canary_split(
+    con: duckdb.DuckDBPyConnection, where: str, deploy: DeployPoint, window_ns: int | None
+) -> tuple[SideWindow, SideWindow, str] | None:
+    """The version-pair windows when the deploy's previous version kept serving beside it, else ``None``.
+
+    Before/after a deploy time compares nothing useful when both versions
+    serve at once: the "before" window holds whatever arrived before the
+    second version's first span (a handful of requests), and the "after"
+    window mixes both versions. The two versions side by side over the time
+    both served is the comparison the user meant.
+    """
+    new, old = deploy.version, deploy.previous
+    if new is None or old is None or new == old:
+        return None
+    rows = con.execute(
+        f"SELECT service_version, count(*), max(start_ns) FROM spans WHERE {where} "
+        f"AND start_ns >= {deploy.time_ns} AND service_version IN ({quote(old)}, {quote(new)}) GROUP BY 1"
+    ).fetchall()
+    after = {str(v): (int(n), int(last)) for v, n, last in rows}
+    if old not in after or new not in after:
+        return None
+    (old_n, old_last), (_, new_last) = after[old], after[new]
+    both_end = min(old_last, new_last) + 1
+    if old_n < MIN_REQUESTS or both_end - deploy.time_ns < SPLIT_MIN_OVERLAP * max(1, new_last - deploy.time_ns):
+        return None
+    end = both_end if window_ns is None else min(both_end, deploy.time_ns + window_ns)
+    note = (
+        f"{old} and {new} serve at the same time ({old} served {old_n} requests after {new} appeared): "
+        f"comparing the two versions side by side over {format_time(deploy.time_ns)}..{format_time(end)} "
+        "instead of before/after; --baseline-version/--candidate-version choose another pair"
+    )
+    return SideWindow("baseline", deploy.time_ns, end, old), SideWindow("candidate", deploy.time_ns, end, new), note

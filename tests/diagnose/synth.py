@@ -60,6 +60,9 @@ class Options:
     metrics: bool = True
     deploy_marker: bool = True
     clock_skew_s: float = 0.0  # engine clocks ahead of the gateway's
+    # Both versions serve at once (a canary split): the candidate starts this many seconds after the
+    # baseline instead of when the baseline's window ends. None = a hot swap at the window boundary.
+    concurrent_after_s: float | None = None
     seed: int = 1
 
 
@@ -319,7 +322,7 @@ def build_store(path: Path, baseline: Side, candidate: Side, opts: Options | Non
     opts = opts or Options()
     rng = random.Random(opts.seed)
     t0 = T0_NS / NS
-    deploy_s = t0 + baseline.duration_s
+    deploy_s = t0 + (baseline.duration_s if opts.concurrent_after_s is None else opts.concurrent_after_s)
     reqs_b = _simulate(baseline, t0, rng)
     reqs_c = _simulate(candidate, deploy_s, rng)
     con = duckdb.connect(str(path))
