@@ -191,9 +191,10 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     if selection.mode == "since_last_deploy":
         deploy, how = _last_deploy(con, selection, where)
         notes.append(how)
-        split = _canary_split(con, where, deploy, selection.window_ns)
+        split, note = _canary_split(con, where, deploy, selection.window_ns)
+        if note:
+            notes.append(note)
         if split is not None:
-            notes.append(split[2])
             return Windows(split[0], split[1], notes, deploy)
     else:
         assert selection.deploy_at_ns is not None
@@ -251,41 +252,55 @@ def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: st
     return DeployPoint(int(first), version, rows[-2][0]), note
 
 
-#: The previous version still serves beside the new one (a canary split, not a hot swap or a finished
-#: rolling restart) when it served requests through at least this share of the time since the new
-#: version appeared.
+#: The previous version still serves beside the new one (a canary split or a partial rollout, not a
+#: hot swap or a finished rolling restart) when it served requests through at least this share of
+#: the time since the new version appeared.
 SPLIT_MIN_OVERLAP: Final[float] = 0.5
+#: Before/after stays the comparison when the data before the deploy is at least this share of the
+#: time both versions served: a slice localiser then finds the new version's replicas in the mix.
+#: With less, the "before" window is a sliver (both versions started together) and the two versions
+#: side by side over the time both served compare far more requests.
+SPLIT_MIN_BEFORE: Final[float] = 0.5
 
 
 def _canary_split(
     con: duckdb.DuckDBPyConnection, where: str, deploy: DeployPoint, window_ns: int | None
-) -> tuple[SideWindow, SideWindow, str] | None:
-    """The version-pair windows when the deploy's previous version kept serving beside it, else ``None``.
+) -> tuple[tuple[SideWindow, SideWindow] | None, str]:
+    """Whether the deploy's previous version kept serving beside it: version-pair windows and a note.
 
-    Before/after a deploy time compares nothing useful when both versions
-    serve at once: the "before" window holds whatever arrived before the
-    second version's first span (a handful of requests), and the "after"
-    window mixes both versions. The two versions side by side over the time
-    both served is the comparison the user meant.
+    Returns ``(None, "")`` for a plain deploy; ``(None, note)`` when both
+    versions serve but the data before the deploy supports a before/after
+    comparison (the note says how to compare them side by side); and the
+    version-pair windows over the time both served, with a note, when the
+    "before" window would be a sliver: with an automatic deploy marker at
+    the second version's first span, before/after put a few requests
+    against a mix of both versions.
     """
     new, old = deploy.version, deploy.previous
     if new is None or old is None or new == old:
-        return None
+        return None, ""
     rows = con.execute(
-        f"SELECT service_version, count(*), max(start_ns) FROM spans WHERE {where} "
-        f"AND start_ns >= {deploy.time_ns} AND service_version IN ({quote(old)}, {quote(new)}) GROUP BY 1"
+        f"SELECT service_version, count(*) FILTER (WHERE start_ns >= {deploy.time_ns}), min(start_ns), max(start_ns) "
+        f"FROM spans WHERE {where} AND service_version IN ({quote(old)}, {quote(new)}) GROUP BY 1"
     ).fetchall()
-    after = {str(v): (int(n), int(last)) for v, n, last in rows}
-    if old not in after or new not in after:
-        return None
-    (old_n, old_last), (_, new_last) = after[old], after[new]
+    seen = {str(v): (int(n), int(first), int(last)) for v, n, first, last in rows}
+    if old not in seen or new not in seen:
+        return None, ""
+    (old_after, old_first, old_last), (_, _, new_last) = seen[old], seen[new]
     both_end = min(old_last, new_last) + 1
-    if old_n < MIN_REQUESTS or both_end - deploy.time_ns < SPLIT_MIN_OVERLAP * max(1, new_last - deploy.time_ns):
-        return None
+    overlap = both_end - deploy.time_ns
+    if old_after < MIN_REQUESTS or overlap < SPLIT_MIN_OVERLAP * max(1, new_last - deploy.time_ns):
+        return None, ""
+    serving = f"{old} and {new} serve at the same time ({old} served {old_after} requests after {new} appeared)"
+    if deploy.time_ns - old_first >= SPLIT_MIN_BEFORE * overlap:
+        return None, (
+            f"{serving}: the candidate window mixes both versions; "
+            f"--baseline-version {old} --candidate-version {new} compares them side by side"
+        )
     end = both_end if window_ns is None else min(both_end, deploy.time_ns + window_ns)
     note = (
-        f"{old} and {new} serve at the same time ({old} served {old_n} requests after {new} appeared): "
-        f"comparing the two versions side by side over {format_time(deploy.time_ns)}..{format_time(end)} "
-        "instead of before/after; --baseline-version/--candidate-version choose another pair"
+        f"{serving} and the data before {new} appeared is too short for before/after: comparing the two "
+        f"versions side by side over {format_time(deploy.time_ns)}..{format_time(end)} "
+        "(--baseline-version/--candidate-version choose another pair)"
     )
-    return SideWindow("baseline", deploy.time_ns, end, old), SideWindow("candidate", deploy.time_ns, end, new), note
+    return (SideWindow("baseline", deploy.time_ns, end, old), SideWindow("candidate", deploy.time_ns, end, new)), note

@@ -73,3 +73,17 @@ def test_a_hot_swap_stays_a_before_after_comparison(make_store) -> None:  # type
     assert baseline.end_ns == candidate.start_ns == deploy
     assert not any("serve at the same time" in n for n in notes)
     assert deploy > T0_NS
+
+
+def test_a_canary_after_ample_old_only_data_stays_before_after_and_says_both_serve(tmp_path: Path) -> None:
+    """Ten minutes of v1 alone, then a one-in-five v2 canary: before/after has a full baseline, and the
+    slice localiser can find the new version in the mix; the note says how to compare side by side."""
+    baseline = Side(rate_rps=16.0, duration_s=1200.0)
+    candidate = Side(version="v2", rate_rps=4.0, duration_s=600.0)
+    path = tmp_path / "late_canary.duckdb"
+    deploy = build_store(path, baseline, candidate, Options(concurrent_after_s=600.0))
+    with duckdb.connect(str(path), read_only=True) as con:
+        b, c, notes, _ = resolve_windows(con, SINCE)
+    assert (b.version, c.version) == (None, None)
+    assert b.end_ns == c.start_ns == deploy
+    assert any("--baseline-version v1 --candidate-version v2 compares them side by side" in n for n in notes)
