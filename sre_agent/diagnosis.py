@@ -41,6 +41,9 @@ QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.99)
 #: Smallest relative increase reported as a regression (10 %): smaller moves are within
 #: the run-to-run noise of serving stacks and not worth an incident.
 MIN_EFFECT: Final[float] = 1.10
+#: Chance, over the user-facing latencies together, that a deploy that changed nothing shows a
+#: significant rise in any of them (one-sided, family-wise; split evenly, Bonferroni).
+FAMILY_ALPHA: Final[float] = 0.025
 #: User-facing latencies that can be the headline; stages explain them, they are not headlines.
 HEADLINE_METRICS: Final[tuple[str, ...]] = ("trace", "e2e", "ttft", "tpot", "itl")
 #: Stages of the request path that can be the headline when no user-facing latency regressed...
@@ -73,6 +76,7 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
     names = list(LATENCIES)
     if have_spans and "trace_s" in comparison.requests.columns:
         names += ["trace", "dependency", "gateway"]
+    compared: list[tuple[str, stats.QuantileComparison]] = []
     for name in names:
         if not have_spans:
             continue
@@ -81,10 +85,22 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
             continue
         for q in QUANTILES:
             cq = stats.compare_quantile(b_hist, c_hist, q, resamples=resamples, seed=comparison.seed)
-            significant = bool(
-                cq.diff_ci is not None and cq.diff_ci[0] > 0 and cq.ratio is not None and cq.ratio >= MIN_EFFECT
-            )
-            out.append(MetricEstimate(name, q, cq.baseline, cq.candidate, cq.diff_ci, cq.ratio_ci, significant))
+            compared.append((name, cq))
+    # Every user-facing latency is a chance to find a regression by accident: each one's bar is
+    # the family's (Bonferroni over the headline latencies that have a CI; the quantiles of one
+    # latency are nearly the same test, so they count once), on a standard error that already
+    # covers time correlation (stats.compare_quantile).
+    family = len({name for name, cq in compared if cq.log_ratio_se is not None and name in HEADLINE_METRICS})
+    z_crit = stats.normal_isf(FAMILY_ALPHA / max(1, family))
+    for name, cq in compared:
+        significant = bool(
+            cq.diff_ci is not None
+            and cq.diff_ci[0] > 0
+            and cq.ratio is not None
+            and cq.ratio >= MIN_EFFECT
+            and (cq.log_ratio_se is None or math.log(cq.ratio) >= z_crit * cq.log_ratio_se)
+        )
+        out.append(MetricEstimate(name, cq.quantile, cq.baseline, cq.candidate, cq.diff_ci, cq.ratio_ci, significant))
     metrics = comparison.metrics
     for name, signal in _METRIC_HISTOGRAMS.items():
         if have_spans and name != "itl":
@@ -110,11 +126,11 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
 
 
 def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:
-    """The regression to explain: the user-facing quantile that rose most surely.
+    """The regression to explain: of the user-facing quantiles that surely rose, the one that rose most.
 
     Among significant trace/e2e/TTFT/TPOT/ITL estimates at the highest quantile
-    that has any, the one with the largest lower CI bound of the ratio (the
-    ratio itself when there is no CI); failing those, a stage (dependency,
+    that has any, the one with the largest ratio (half the ratio when it has
+    no CI, as metric-only estimates do); failing those, a stage (dependency,
     gateway, queue, prefill, decode) that grew by half and 10 ms; when
     none is significant, e2e p99 with ``significant=False``. The location
     (Mann-Whitney, Hodges-Lehmann) and tail tests are attached as evidence.
@@ -133,7 +149,9 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         ]
 
     def strength(e: MetricEstimate) -> float:
-        return e.ratio_ci[0] if e.ratio_ci is not None else (e.ratio or 0.0) / 2
+        # Among changes already judged real, the largest one: a CI's width says how noisy a
+        # latency is (time correlation widens some far more than others), not how much it rose.
+        return (e.ratio or 0.0) if e.ratio_ci is not None else (e.ratio or 0.0) / 2
 
     if not candidates:
         errors = _error_regression(comparison)
@@ -141,7 +159,7 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
             return errors
     if candidates:
         # The tail first (incidents are about p99), then p90, then the median; within a quantile,
-        # the metric whose ratio is surely largest.
+        # the metric whose ratio is largest.
         top_q = max(e.quantile for e in candidates)
         best = max((e for e in candidates if e.quantile == top_q), key=strength)
     else:
