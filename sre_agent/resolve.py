@@ -155,12 +155,16 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     where = f"is_engine AND {service_sql(selection)}"
     notes: list[str] = []
 
+    extents: dict[str, tuple[int | None, int | None, int]] = {}
+
     def extent(extra: str = "TRUE") -> tuple[int | None, int | None, int]:
-        row = fetch_one(
-            con.execute(f"SELECT min(start_ns), max(start_ns), count(*) FROM spans WHERE {where} AND {extra}")
-        )
-        assert row is not None
-        return row[0], row[1], int(row[2])
+        if extra not in extents:
+            row = fetch_one(
+                con.execute(f"SELECT min(start_ns), max(start_ns), count(*) FROM spans WHERE {where} AND {extra}")
+            )
+            assert row is not None
+            extents[extra] = (row[0], row[1], int(row[2]))
+        return extents[extra]
 
     if selection.mode == "windows":
         b, c = selection.baseline, selection.candidate
@@ -191,7 +195,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     if selection.mode == "since_last_deploy":
         deploy, how = _last_deploy(con, selection, where)
         notes.append(how)
-        split, note = _canary_split(con, where, deploy, selection.window_ns)
+        split, note = _canary_split(con, where, deploy, selection.window_ns, extent())
         if note:
             notes.append(note)
         if split is not None:
@@ -264,39 +268,47 @@ SPLIT_MIN_BEFORE: Final[float] = 0.5
 
 
 def _canary_split(
-    con: duckdb.DuckDBPyConnection, where: str, deploy: DeployPoint, window_ns: int | None
+    con: duckdb.DuckDBPyConnection,
+    where: str,
+    deploy: DeployPoint,
+    window_ns: int | None,
+    data: tuple[int | None, int | None, int],
 ) -> tuple[tuple[SideWindow, SideWindow] | None, str]:
     """Whether the deploy's previous version kept serving beside it: version-pair windows and a note.
 
-    Returns ``(None, "")`` for a plain deploy; ``(None, note)`` when both
-    versions serve but the data before the deploy supports a before/after
-    comparison (the note says how to compare them side by side); and the
-    version-pair windows over the time both served, with a note, when the
-    "before" window would be a sliver: with an automatic deploy marker at
-    the second version's first span, before/after put a few requests
-    against a mix of both versions.
+    ``data`` is the first and last start and the count of the selected
+    engine spans. Returns ``(None, "")`` for a plain deploy; ``(None, note)``
+    when both versions serve but the data before the deploy supports a
+    before/after comparison (the note says how to compare them side by side);
+    and the version-pair windows over the time both served, with a note, when
+    the "before" window would be a sliver: with an automatic deploy marker at
+    the second version's first span, before/after put a few requests against
+    a mix of both versions.
     """
     new, old = deploy.version, deploy.previous
-    if new is None or old is None or new == old:
+    lo, hi, _ = data
+    if new is None or old is None or new == old or lo is None or hi is None:
         return None, ""
-    rows = con.execute(
-        f"SELECT service_version, count(*) FILTER (WHERE start_ns >= {deploy.time_ns}), min(start_ns), max(start_ns) "
-        f"FROM spans WHERE {where} AND service_version IN ({quote(old)}, {quote(new)}) GROUP BY 1"
-    ).fetchall()
-    seen = {str(v): (int(n), int(first), int(last)) for v, n, first, last in rows}
-    if old not in seen or new not in seen:
+    # One version at a time and only after the deploy: on a store sorted by time, row groups of
+    # other versions or earlier times are skipped by their min/max, so a hot swap costs nothing.
+    after = f"{where} AND start_ns >= {deploy.time_ns} AND service_version = "
+    row = fetch_one(con.execute(f"SELECT count(*), max(start_ns) FROM spans WHERE {after}{quote(old)}"))
+    old_after, old_last = (int(row[0]), row[1]) if row else (0, None)
+    if old_after < MIN_REQUESTS or old_last is None:
         return None, ""
-    (old_after, old_first, old_last), (_, _, new_last) = seen[old], seen[new]
-    both_end = min(old_last, new_last) + 1
+    both_end = min(int(old_last), hi) + 1
     overlap = both_end - deploy.time_ns
-    if old_after < MIN_REQUESTS or overlap < SPLIT_MIN_OVERLAP * max(1, new_last - deploy.time_ns):
+    if overlap < SPLIT_MIN_OVERLAP * max(1, hi - deploy.time_ns):
         return None, ""
     serving = f"{old} and {new} serve at the same time ({old} served {old_after} requests after {new} appeared)"
-    if deploy.time_ns - old_first >= SPLIT_MIN_BEFORE * overlap:
+    if deploy.time_ns - lo >= SPLIT_MIN_BEFORE * overlap:
         return None, (
             f"{serving}: the candidate window mixes both versions; "
             f"--baseline-version {old} --candidate-version {new} compares them side by side"
         )
+    row = fetch_one(con.execute(f"SELECT count(*) FROM spans WHERE {after}{quote(new)}"))
+    if row is None or int(row[0]) < MIN_REQUESTS:
+        return None, ""
     end = both_end if window_ns is None else min(both_end, deploy.time_ns + window_ns)
     note = (
         f"{serving} and the data before {new} appeared is too short for before/after: comparing the two "

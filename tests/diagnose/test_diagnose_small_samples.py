@@ -79,3 +79,14 @@ def test_no_switch_is_reported_when_p99_itself_is_the_headline(tmp_path: Path) -
     assert report.regression.quantile == 0.99
     assert json.loads(report.render("json"))["regression"]["quantile_switch"] is None
     assert "instead of p99" not in report.render("text")
+
+
+def test_a_regression_without_tail_requests_says_it_is_unexplained_and_why(make_store) -> None:  # type: ignore[no-untyped-def]
+    path, _ = make_store("metrics_only")  # latency from metric histograms: no request to decompose
+    report = diagnose(path, Selection(mode="since_last_deploy"), rules=["stages"])
+    assert report.regression.significant
+    assert not report.findings
+    note = next(n for n in report.notes if n.startswith("unexplained"))
+    assert f"needs {stats.MIN_TAIL} per side" in note
+    assert "0 baseline / 0 candidate" in note
+    assert "No rule explains the regression" in report.render("text")
