@@ -180,10 +180,14 @@ class Report:
         ratio = f" ({r.ratio:.2f}x)" if r.ratio else ""
         ci = f", 95% CI of the change {r.ci[0]:+.3f}..{r.ci[1]:+.3f} s" if r.ci else ""
         verdict = "REGRESSED" if r.significant else "no significant regression"
-        line = f"{label}: {_fmt_s(r.baseline)} -> {_fmt_s(r.candidate)}{ratio}{ci} — {verdict}"
-        if r.switched_from is not None:
-            line += f"\n(p{round(r.quantile * 100)} instead of p{round(r.switched_from * 100)}: {r.switch_reason})"
-        return line
+        return f"{label}: {_fmt_s(r.baseline)} -> {_fmt_s(r.candidate)}{ratio}{ci} — {verdict}"
+
+    def _switch(self) -> list[str]:
+        """The line saying why the headline is below p99 (none when it is not)."""
+        r = self.regression
+        if r.switched_from is None:
+            return []
+        return [f"(p{round(r.quantile * 100)} instead of p{round(r.switched_from * 100)}: {r.switch_reason})"]
 
     def _windows(self) -> list[str]:
         return [
@@ -205,7 +209,7 @@ class Report:
         return rows
 
     def _text(self) -> str:
-        lines = ["sre-agent diagnosis", "", *self._windows(), "", self._headline(), ""]
+        lines = ["sre-agent diagnosis", "", *self._windows(), "", self._headline(), *self._switch(), ""]
         lines.append(f"{'metric':10s} {'baseline':>10s} {'candidate':>10s}  {'change CI (s)':>22s}  source")
         lines.extend(f"{a:10s} {b:>10s} {c:>10s}  {d:>22s}  {s}" for a, b, c, d, s in self._metric_rows())
         lines.append("")
@@ -226,7 +230,8 @@ class Report:
         return "\n".join(lines) + "\n"
 
     def _markdown(self) -> str:
-        lines = ["## Diagnosis", "", *(f"- {w}" for w in self._windows()), "", f"**{self._headline()}**", ""]
+        lines = ["## Diagnosis", "", *(f"- {w}" for w in self._windows()), "", f"**{self._headline()}**"]
+        lines += [*(f"\n{line}" for line in self._switch()), ""]
         lines += ["| metric | baseline | candidate | 95% CI of change (s) | source |", "|---|---|---|---|---|"]
         lines.extend(f"| {a} | {b} | {c} | {d} | {s.strip()} |" for a, b, c, d, s in self._metric_rows())
         lines += ["", "### Findings", ""]
