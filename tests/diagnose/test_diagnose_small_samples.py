@@ -22,6 +22,7 @@ from sre_agent import stats
 from sre_agent.compare import Comparison
 from sre_agent.decompose import stage_decomposition
 from sre_agent.diagnosis import diagnose
+from sre_agent.report import render_dict
 from sre_agent.selection import Selection
 
 VERSIONS = Selection(mode="versions", baseline_version="v1", candidate_version="v2")
@@ -72,6 +73,8 @@ def test_the_switch_from_p99_is_printed_and_carried_in_the_json(tmp_path: Path) 
     text = report.render("text")
     assert "p90 instead of p99: p99 needs 500 requests per side" in text
     assert "p90 instead of p99" in report.render("markdown")
+    # the --url path renders the JSON the server answered: the switch survives the round trip
+    assert "p90 instead of p99: p99 needs 500 requests per side" in render_dict(data, "text")
 
 
 def test_no_switch_is_reported_when_p99_itself_is_the_headline(tmp_path: Path) -> None:
