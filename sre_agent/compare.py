@@ -23,9 +23,8 @@ uses and every rule shares the same few scans.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -33,8 +32,19 @@ from sre_agent import stats
 from sre_agent.busy import BusyIntervals, Prefetch
 from sre_agent.compare_traces import MAX_DIMENSION_VALUES, TraceAggregates
 from sre_agent.compare_traces import NOT_DIMENSION_PREFIXES as _NOT_DIMENSION_PREFIXES
-from sre_agent.errors import InsufficientDataError, SelectionError
+from sre_agent.errors import EmptySelectionError, InsufficientDataError
 from sre_agent.metric_view import MetricView, fetch_one
+from sre_agent.resolve import (
+    SIDES,
+    DeployPoint,
+    Side,
+    SideWindow,
+    Windows,
+    describe_where,
+    quote,
+    resolve_windows,
+    service_sql,
+)
 from sre_agent.rules_api import SidePair
 from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
 from sre_agent.selection import Selection, format_time
@@ -58,8 +68,6 @@ __all__ = [
     "resolve_windows",
 ]
 
-Side = Literal["baseline", "candidate"]
-SIDES: Final[tuple[Side, Side]] = ("baseline", "candidate")
 
 #: Report name -> canonical column (after derivation of missing values).
 LATENCIES: Final[dict[str, str]] = {
@@ -87,11 +95,6 @@ _DIMENSION_COLUMNS: Final[dict[str, str]] = {
 }
 
 
-def _q(value: str) -> str:
-    """A SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
 def _valid(expr: str) -> str:
     """NULL for malformed latencies (negative, NaN, infinite) so they never skew a quantile."""
     return f"CASE WHEN {expr} >= 0 AND isfinite({expr}) THEN {expr} END"
@@ -111,202 +114,42 @@ def key_sql(key: str, maps: tuple[str, ...] = ("attributes", "resource_attribute
         return f'CAST("{key}" AS VARCHAR)'
     if key in _DIMENSION_COLUMNS:
         return f'CAST("{_DIMENSION_COLUMNS[key]}" AS VARCHAR)'
-    sources = [f"{m}[{_q(key)}]" for m in maps]
+    sources = [f"{m}[{quote(key)}]" for m in maps]
     if key in _ATTRIBUTE_COLUMN:
         sources.append(f'CAST("{_ATTRIBUTE_COLUMN[key]}" AS VARCHAR)')
     return sources[0] if len(sources) == 1 else f"coalesce({', '.join(sources)})"
 
 
-def _service_sql(selection: Selection) -> str:
-    """The WHERE fragment for ``--service`` alone (``TRUE`` without it)."""
-    return "TRUE" if selection.service is None else f"service_name = {_q(selection.service)}"
-
-
 def filter_sql(selection: Selection) -> str:
     """The WHERE fragment for ``--service`` and ``--where`` (always a valid boolean expression)."""
-    parts = [_service_sql(selection)]
-    parts.extend(f"{key_sql(key)} = {_q(value)}" for key, value in selection.where)
+    parts = [service_sql(selection)]
+    parts.extend(f"{key_sql(key)} = {quote(value)}" for key, value in selection.where)
     return " AND ".join(parts)
+
+
+#: metric_points columns that carry an attribute key; other keys are read from the point's attribute maps.
+_METRIC_KEY_COLUMNS: Final[dict[str, str]] = {
+    "service.name": "service_name",
+    "service.version": "service_version",
+    "service.instance.id": "service_instance",
+    "host.name": "host_name",
+    "gen_ai.request.model": "model",
+    "model_name": "model",
+    **{c: c for c in ("service_name", "service_version", "service_instance", "host_name", "model")},
+}
+
+
+def metric_key_sql(key: str) -> str:
+    """SQL for the value of ``key`` on a metric point, as VARCHAR (the metric twin of :func:`key_sql`)."""
+    if key in _METRIC_KEY_COLUMNS:
+        return f'CAST("{_METRIC_KEY_COLUMNS[key]}" AS VARCHAR)'
+    return f"coalesce(attributes[{quote(key)}], resource_attributes[{quote(key)}])"
 
 
 #: Queue seconds of a span, NULL when malformed.
 QUEUE_SQL: Final[str] = _valid("queue_s")
 #: End-to-end seconds of a span: ``e2e_s``, else the span duration; NULL when malformed.
 E2E_SQL: Final[str] = f"coalesce({_valid('e2e_s')}, {_valid('duration_s')})"
-
-
-@dataclass(frozen=True)
-class SideWindow:
-    """One side of the comparison.
-
-    Attributes:
-        side: ``baseline`` or ``candidate``.
-        start_ns / end_ns: the half-open window, Unix epoch ns.
-        version: the ``service.version`` the side is restricted to (``None`` = any).
-        requests: engine requests selected (all rows, not the sample).
-    """
-
-    side: Side
-    start_ns: int
-    end_ns: int
-    version: str | None = None
-    requests: int = 0
-
-    @property
-    def seconds(self) -> float:
-        """Window length in seconds."""
-        return (self.end_ns - self.start_ns) / _NS
-
-    def predicate(self) -> str:
-        """SQL boolean selecting this side's rows (on ``start_ns`` and ``service_version``)."""
-        sql = f"start_ns >= {self.start_ns} AND start_ns < {self.end_ns}"
-        if self.version is not None:
-            sql += f" AND service_version = {_q(self.version)}"
-        return sql
-
-    def describe(self, selection: Selection) -> dict[str, Any]:
-        """The CONTRACTS section 3 ``baseline``/``candidate`` object."""
-        flt: dict[str, Any] = {}
-        if selection.service is not None:
-            flt["service"] = selection.service
-        if self.version is not None:
-            flt["service.version"] = self.version
-        flt.update(dict(selection.where))
-        return {
-            "start": format_time(self.start_ns),
-            "end": format_time(self.end_ns),
-            "requests": self.requests,
-            "filter": flt,
-        }
-
-
-@dataclass(frozen=True)
-class DeployPoint:
-    """The deploy a before/after comparison is about.
-
-    Attributes:
-        time_ns: when it happened, Unix epoch ns.
-        version / previous: the ``service.version`` deployed and the one before, when known.
-    """
-
-    time_ns: int
-    version: str | None = None
-    previous: str | None = None
-
-
-class Windows(NamedTuple):
-    """A resolved selection: the two windows (request counts not yet filled), how they were chosen, the deploy."""
-
-    baseline: SideWindow
-    candidate: SideWindow
-    notes: list[str]
-    deploy: DeployPoint | None
-
-
-def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Windows:
-    """Turn a Selection into two windows; raises SelectionError with a useful message.
-
-    The one resolution behind the diagnosis, the canary and the console, so
-    they compare the same populations. ``deploy`` is set for the
-    ``deploy_at`` and ``since_last_deploy`` modes.
-    """
-    # Windows and deploys are properties of the service, not of a slice: --where narrows the
-    # populations inside the windows (Comparison's scans), it does not move them. Otherwise
-    # narrowing to a slice that started late would shift both windows, and the console's
-    # drill-down would no longer compare the same time ranges as the overview.
-    where = f"is_engine AND {_service_sql(selection)}"
-    notes: list[str] = []
-
-    def extent(extra: str = "TRUE") -> tuple[int | None, int | None, int]:
-        row = fetch_one(
-            con.execute(f"SELECT min(start_ns), max(start_ns), count(*) FROM spans WHERE {where} AND {extra}")
-        )
-        assert row is not None
-        return row[0], row[1], int(row[2])
-
-    if selection.mode == "windows":
-        b, c = selection.baseline, selection.candidate
-        assert b is not None
-        assert c is not None
-        return Windows(
-            SideWindow("baseline", b.start_ns, b.end_ns), SideWindow("candidate", c.start_ns, c.end_ns), notes, None
-        )
-    if selection.mode == "versions":
-        out: list[SideWindow] = []
-        for side, version in (("baseline", selection.baseline_version), ("candidate", selection.candidate_version)):
-            assert version is not None
-            explicit = getattr(selection, side)
-            if explicit is not None:
-                out.append(SideWindow(side, explicit.start_ns, explicit.end_ns, version))  # type: ignore[arg-type]
-                continue
-            lo, hi, n = extent(f"service_version = {_q(version)}")
-            if lo is None or hi is None or n == 0:
-                known = [r[0] for r in con.execute(
-                    f"SELECT DISTINCT service_version FROM spans WHERE {where} AND service_version IS NOT NULL "
-                    "ORDER BY 1 LIMIT 20").fetchall()]  # fmt: skip
-                raise SelectionError(
-                    f"no engine requests with service.version={version!r}; "
-                    f"versions present: {', '.join(known) or 'none'}"
-                )
-            out.append(SideWindow(side, lo, hi + 1, version))  # type: ignore[arg-type]
-        return Windows(out[0], out[1], notes, None)
-    if selection.mode == "since_last_deploy":
-        deploy, how = _last_deploy(con, selection, where)
-        notes.append(how)
-    else:
-        assert selection.deploy_at_ns is not None
-        deploy = DeployPoint(selection.deploy_at_ns)
-    deploy_ns = deploy.time_ns
-    window_ns = selection.window_ns
-    if window_ns is None:
-        lo, hi, n = extent()
-        if lo is None or hi is None or n == 0:
-            # No spans at all (metrics-only telemetry): size the windows by the metric stream instead.
-            query = f"SELECT min(time_ns), max(time_ns), count(*) FROM metric_points WHERE {_service_sql(selection)}"
-            row = fetch_one(con.execute(query))
-            lo, hi, n = (row[0], row[1], int(row[2])) if row else (None, None, 0)
-            if lo is None or hi is None or n == 0:
-                raise SelectionError("the store holds no engine request spans or metrics matching the filters")
-            notes.append("no engine request spans: windows sized by the metric stream")
-        window_ns = min(deploy_ns - lo, hi + 1 - deploy_ns)
-        if window_ns <= 0:
-            side = "before" if deploy_ns <= lo else "after"
-            raise SelectionError(
-                f"no engine requests {side} the deploy at {format_time(deploy_ns)} "
-                f"(data spans {format_time(lo)}..{format_time(hi)}); pick another time or use --baseline/--candidate"
-            )
-        notes.append(f"windows of {window_ns / _NS:.0f} s each side of the deploy (equal lengths, capped by the data)")
-    return Windows(
-        SideWindow("baseline", deploy_ns - window_ns, deploy_ns),
-        SideWindow("candidate", deploy_ns, deploy_ns + window_ns),
-        notes,
-        deploy,
-    )
-
-
-def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: str) -> tuple[DeployPoint, str]:
-    """The latest deploy marker, else the latest ``service.version`` change; and a note saying which."""
-    row = fetch_one(
-        con.execute(
-            "SELECT time_ns, service_name, version, previous_version FROM deploys "
-            f"WHERE {_service_sql(selection)} ORDER BY time_ns DESC LIMIT 1"
-        )
-    )
-    if row is not None:
-        at = int(row[0])
-        return DeployPoint(at, row[2], row[3]), f"deploy marker: {row[1]} {row[2]} at {format_time(at)}"
-    rows = con.execute(
-        f"SELECT service_version, min(start_ns) AS first FROM spans WHERE {where} AND service_version IS NOT NULL "
-        "GROUP BY 1 ORDER BY first"
-    ).fetchall()
-    if len(rows) < 2:
-        raise SelectionError(
-            "no deploy marker and no service.version change in the store; "
-            "use --deploy-at TIME, --baseline-version/--candidate-version or --baseline/--candidate"
-        )
-    version, first = rows[-1]
-    note = f"service.version change to {version} first seen at {format_time(int(first))}"
-    return DeployPoint(int(first), version, rows[-2][0]), note
 
 
 class Comparison(TraceAggregates):
@@ -614,6 +457,10 @@ class Comparison(TraceAggregates):
             if bad[side]:
                 self.notes.append(f"{bad[side]} {side} engine spans had no usable e2e latency and were ignored")
 
+        if self.selection.where:
+            for side in SIDES:
+                if counts[side] == 0 and not self.metrics.has_latency_histograms(side):
+                    raise EmptySelectionError(self._empty_filter_message(counts))
         if counts["baseline"] == 0 and counts["candidate"] == 0 and not self.metrics.has_latency_histograms():
             b, c = self.window("baseline"), self.window("candidate")
             raise InsufficientDataError(
@@ -632,6 +479,25 @@ class Comparison(TraceAggregates):
                 self.notes.append(f"only {counts[side]} {side} requests: estimates are unreliable")
             elif counts[side] == 0:
                 self.notes.append(f"no {side} engine requests: span-based rules cannot run")
+
+    def _empty_filter_message(self, counts: dict[str, int]) -> str:
+        """Which ``--where`` filter left a side empty, with the values the windows do hold."""
+        where = " OR ".join(f"({self._windows[s].predicate()})" for s in SIDES)
+        where = f"is_engine AND {service_sql(self.selection)} AND ({where})"
+        hints = []
+        for key, _ in self.selection.where:
+            values = self.con.execute(
+                f"SELECT v FROM (SELECT {key_sql(key)} AS v FROM spans WHERE {where}) "
+                "WHERE v IS NOT NULL GROUP BY v ORDER BY count(*) DESC LIMIT 10"
+            ).fetchall()
+            hints.append(f"{key} values there: {', '.join(str(v[0]) for v in values) or 'none'}")
+        b, c = counts["baseline"], counts["candidate"]
+        if b or c:
+            side = "baseline" if b == 0 else "candidate"
+            scope = f"no {side} engine request ({b} baseline, {c} candidate)"
+        else:
+            scope = "no engine request in either window"
+        return f"{describe_where(self.selection)} matches {scope}; {'; '.join(hints)}"
 
     def quality_notes(self) -> list[str]:
         """Notes on malformed rows (negative or NaN latencies), counted on :attr:`requests`."""
@@ -755,7 +621,37 @@ class Comparison(TraceAggregates):
     @cached_property
     def metrics(self) -> MetricView:
         """The metric stream, per side."""
-        return MetricView(self.con, self._windows["baseline"], self._windows["candidate"], self.selection)
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        return MetricView(self.con, b, c, self.selection, filter_sql=self._metric_filter)
+
+    @cached_property
+    def _metric_filter(self) -> str:
+        """The ``--where`` filters on metric_points; ``FALSE`` (metrics unused, with a note) when they cannot apply.
+
+        A filter on a key the metric stream does not carry (``tenant.id`` on
+        engine metrics) cannot narrow it, and metrics of every tenant would
+        pass for metrics of one: such a comparison reads no metrics at all.
+        """
+        if not self.selection.where:
+            return "TRUE"
+        lo, hi = self.bounds
+        in_windows = f"time_ns >= {lo} AND time_ns < {hi} AND {service_sql(self.selection)}"
+        present = fetch_one(self.con.execute(f"SELECT EXISTS (SELECT 1 FROM metric_points WHERE {in_windows})"))
+        if present is None or not present[0]:
+            return "FALSE"
+        missing = []
+        for key, _ in self.selection.where:
+            carried = f"{in_windows} AND {metric_key_sql(key)} IS NOT NULL"
+            row = fetch_one(self.con.execute(f"SELECT EXISTS (SELECT 1 FROM metric_points WHERE {carried})"))
+            if row is None or not row[0]:
+                missing.append(key)
+        if missing:
+            self.notes.append(
+                f"metrics not used: the metric stream carries no {', '.join(missing)}, so it cannot be narrowed to "
+                f"{describe_where(self.selection)}; findings rest on the filtered spans only"
+            )
+            return "FALSE"
+        return " AND ".join(f"{metric_key_sql(key)} = {quote(value)}" for key, value in self.selection.where)
 
 
 def _isnull(values: Any) -> Any:

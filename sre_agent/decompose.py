@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from sre_agent.compare import LATENCIES, SIDES
+from sre_agent.stats import MIN_TAIL
 
 if TYPE_CHECKING:
     import polars as pl
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
     from sre_agent.compare import Comparison
     from sre_agent.rules_api import Regression
 
-__all__ = ["STAGES_OF", "StageDecomposition", "queue_drivers", "stage_decomposition", "stage_drivers"]
+# MIN_TAIL (fewest tail requests per side) is the headline's own rule, so a reported quantile can be decomposed.
+__all__ = ["MIN_TAIL", "STAGES_OF", "StageDecomposition", "queue_drivers", "stage_decomposition", "stage_drivers"]
 
 #: Headline metric -> engine stages that make it up.
 STAGES_OF: Final[dict[str, tuple[str, ...]]] = {
@@ -38,8 +40,6 @@ STAGES_OF: Final[dict[str, tuple[str, ...]]] = {
     "prefill": ("prefill",),
     "decode": ("decode",),
 }
-#: Fewest tail requests per side for a decomposition.
-MIN_TAIL: Final[int] = 10
 
 
 @dataclass(frozen=True)

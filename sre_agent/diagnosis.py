@@ -41,6 +41,9 @@ QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.99)
 #: Smallest relative increase reported as a regression (10 %): smaller moves are within
 #: the run-to-run noise of serving stacks and not worth an incident.
 MIN_EFFECT: Final[float] = 1.10
+#: Chance, over the user-facing latencies together, that a deploy that changed nothing shows a
+#: significant rise in any of them (one-sided, family-wise; split evenly, Bonferroni).
+FAMILY_ALPHA: Final[float] = 0.025
 #: User-facing latencies that can be the headline; stages explain them, they are not headlines.
 HEADLINE_METRICS: Final[tuple[str, ...]] = ("trace", "e2e", "ttft", "tpot", "itl")
 #: Stages of the request path that can be the headline when no user-facing latency regressed...
@@ -73,6 +76,7 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
     names = list(LATENCIES)
     if have_spans and "trace_s" in comparison.requests.columns:
         names += ["trace", "dependency", "gateway"]
+    compared: list[tuple[str, stats.QuantileComparison]] = []
     for name in names:
         if not have_spans:
             continue
@@ -81,10 +85,22 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
             continue
         for q in QUANTILES:
             cq = stats.compare_quantile(b_hist, c_hist, q, resamples=resamples, seed=comparison.seed)
-            significant = bool(
-                cq.diff_ci is not None and cq.diff_ci[0] > 0 and cq.ratio is not None and cq.ratio >= MIN_EFFECT
-            )
-            out.append(MetricEstimate(name, q, cq.baseline, cq.candidate, cq.diff_ci, cq.ratio_ci, significant))
+            compared.append((name, cq))
+    # Every user-facing latency is a chance to find a regression by accident: each one's bar is
+    # the family's (Bonferroni over the headline latencies that have a CI; the quantiles of one
+    # latency are nearly the same test, so they count once), on a standard error that already
+    # covers time correlation (stats.compare_quantile).
+    family = len({name for name, cq in compared if cq.log_ratio_se is not None and name in HEADLINE_METRICS})
+    z_crit = stats.normal_isf(FAMILY_ALPHA / max(1, family))
+    for name, cq in compared:
+        significant = bool(
+            cq.diff_ci is not None
+            and cq.diff_ci[0] > 0
+            and cq.ratio is not None
+            and cq.ratio >= MIN_EFFECT
+            and (cq.log_ratio_se is None or math.log(cq.ratio) >= z_crit * cq.log_ratio_se)
+        )
+        out.append(MetricEstimate(name, cq.quantile, cq.baseline, cq.candidate, cq.diff_ci, cq.ratio_ci, significant))
     metrics = comparison.metrics
     for name, signal in _METRIC_HISTOGRAMS.items():
         if have_spans and name != "itl":
@@ -110,11 +126,11 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
 
 
 def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:
-    """The regression to explain: the user-facing quantile that rose most surely.
+    """The regression to explain: of the user-facing quantiles that surely rose, the one that rose most.
 
     Among significant trace/e2e/TTFT/TPOT/ITL estimates at the highest quantile
-    that has any, the one with the largest lower CI bound of the ratio (the
-    ratio itself when there is no CI); failing those, a stage (dependency,
+    that has any, the one with the largest ratio (half the ratio when it has
+    no CI, as metric-only estimates do); failing those, a stage (dependency,
     gateway, queue, prefill, decode) that grew by half and 10 ms; when
     none is significant, e2e p99 with ``significant=False``. The location
     (Mann-Whitney, Hodges-Lehmann) and tail tests are attached as evidence.
@@ -133,7 +149,9 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         ]
 
     def strength(e: MetricEstimate) -> float:
-        return e.ratio_ci[0] if e.ratio_ci is not None else (e.ratio or 0.0) / 2
+        # Among changes already judged real, the largest one: a CI's width says how noisy a
+        # latency is (time correlation widens some far more than others), not how much it rose.
+        return (e.ratio or 0.0) if e.ratio_ci is not None else (e.ratio or 0.0) / 2
 
     if not candidates:
         errors = _error_regression(comparison)
@@ -141,7 +159,7 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
             return errors
     if candidates:
         # The tail first (incidents are about p99), then p90, then the median; within a quantile,
-        # the metric whose ratio is surely largest.
+        # the metric whose ratio is largest.
         top_q = max(e.quantile for e in candidates)
         best = max((e for e in candidates if e.quantile == top_q), key=strength)
     else:
@@ -165,9 +183,50 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         )
         tail_p = tail[2] if tail else None
     note = "" if best.source == "spans" else "estimated from metric histograms (no spans): no confidence interval"
+    switched_from, reason = _quantile_switch(comparison, estimates, best)
     return Regression(
-        best.name, best.quantile, best.baseline, best.candidate, best.ci, best.significant, location_p, hl, tail_p, note
+        best.name,
+        best.quantile,
+        best.baseline,
+        best.candidate,
+        best.ci,
+        best.significant,
+        location_p,
+        hl,
+        tail_p,
+        note,
+        switched_from,
+        reason,
     )
+
+
+def _quantile_switch(
+    comparison: Comparison, estimates: list[MetricEstimate], best: MetricEstimate
+) -> tuple[float | None, str]:
+    """When the headline is below p99: the quantile it switched from and why (``(None, "")`` otherwise).
+
+    Incidents are about the tail, so a p90 or median headline is a choice the reader must see:
+    either p99 had too few requests beyond it to say anything (:func:`stats.min_samples_for_quantile`,
+    the same rule the stage decomposition uses), or it had enough and did not move significantly.
+    """
+    top = max(QUANTILES)
+    if not best.significant or best.quantile >= top:
+        return None, ""
+    need = stats.min_samples_for_quantile(top)
+    if best.source == "spans":
+        counts = [comparison.histogram(s, best.name).n for s in SIDES]
+    elif best.name in _METRIC_HISTOGRAMS:
+        hist = comparison.metrics.histogram(_METRIC_HISTOGRAMS[best.name])
+        counts = [h.count if h else 0 for h in (hist["baseline"], hist["candidate"])]
+    else:
+        counts = [0, 0]
+    label = f"p{round(top * 100)}"
+    if min(counts) < need:
+        return top, (
+            f"{label} needs {need} requests per side ({stats.MIN_TAIL} beyond it); "
+            f"{best.name} has {counts[0]} baseline and {counts[1]} candidate"
+        )
+    return top, f"{best.name} {label} did not change significantly"
 
 
 class RuleContext:
@@ -307,6 +366,21 @@ def _none_finding(regression: Regression) -> Finding:
     )
 
 
+def _unexplained(context: RuleContext, regression: Regression) -> list[str]:
+    """Why a reported regression has no explanation, when the reason is the sample size."""
+    if regression.metric == "error_rate":
+        return []
+    decomposition = context.get("stages")
+    tails = decomposition.tail_requests
+    if min(tails) >= stats.MIN_TAIL:
+        return []
+    label = f"{regression.metric} p{round(regression.quantile * 100)}"
+    return [
+        f"unexplained, too few tail requests ({tails[0]} baseline / {tails[1]} candidate beyond the {label}; "
+        f"needs {stats.MIN_TAIL} per side)"
+    ]
+
+
 def _connection(source: Any) -> tuple[duckdb.DuckDBPyConnection, bool]:
     """A DuckDB connection for ``source`` (Store, connection or path) and whether we own it."""
     import duckdb
@@ -384,6 +458,8 @@ def diagnose(
             )
         if regression.note:
             notes.append(regression.note)
+        if regression.significant and not findings:
+            notes.extend(_unexplained(context, regression))
         return Report(
             selection=selection,
             baseline=comparison.window("baseline").describe(selection),

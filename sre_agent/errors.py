@@ -61,6 +61,15 @@ class InsufficientDataError(SelectionError):
     """A window holds too few requests for the requested statistic."""
 
 
+class EmptySelectionError(SelectionError):
+    """A ``--service`` or ``--where`` filter matches nothing: the error names the filter.
+
+    Distinct from other selection errors so callers can tell "nothing to
+    evaluate" apart: ``diagnose`` exits 2 (usage), the canary answers
+    "could not evaluate".
+    """
+
+
 class RemoteError(SreAgentError):
     """The sre-agent HTTP API could not be reached or answered an error.
 

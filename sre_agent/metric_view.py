@@ -99,10 +99,21 @@ class MetricView:
     signal that has no points; nothing raises for absent metrics.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, baseline: _Window, candidate: _Window, selection: Selection):
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        baseline: _Window,
+        candidate: _Window,
+        selection: Selection,
+        *,
+        filter_sql: str = "TRUE",
+    ):
         self._con = con
         self._sides = {"baseline": baseline, "candidate": candidate}
         self._selection = selection
+        # The selection's --where filters as they apply to metric_points (built by the comparison):
+        # metrics are never read unfiltered when a filter is set.
+        self._filter_sql = filter_sql
         self._cache: dict[tuple[Any, ...], Any] = {}
 
     def _where(self, side: str, name: str) -> str:
@@ -112,6 +123,8 @@ class MetricView:
             parts.append(f"service_version = {_q(w.version)}")
         if self._selection.service is not None:
             parts.append(f"service_name = {_q(self._selection.service)}")
+        if self._filter_sql != "TRUE":
+            parts.append(f"({self._filter_sql})")
         return " AND ".join(parts)
 
     def _memo(self, key: tuple[Any, ...], compute: Callable[[], SidePair]) -> SidePair:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from sre_agent.rules_api import Evidence, Finding, MetricEstimate, Regression
@@ -111,6 +111,10 @@ class Report:
             str(r.get("metric", "e2e")), float(r.get("quantile") or 0.99), r.get("baseline"), r.get("candidate"),
             tuple(r["ci"]) if r.get("ci") else None, bool(r.get("significant")),
         )  # fmt: skip
+        switch = r.get("quantile_switch") or {}
+        if switch:
+            reason = str(switch.get("reason", ""))
+            regression = replace(regression, switched_from=switch.get("from"), switch_reason=reason)
         estimates = [
             MetricEstimate(str(m["name"]), float(m["quantile"]), m.get("baseline"), m.get("candidate"),
                            tuple(m["ci"]) if m.get("ci") else None)
@@ -155,6 +159,9 @@ class Report:
                 "ratio": r.ratio,
                 "ci": list(r.ci) if r.ci else None,
                 "significant": r.significant,
+                "quantile_switch": None
+                if r.switched_from is None
+                else {"from": r.switched_from, "to": r.quantile, "reason": r.switch_reason},
             },
             "metrics": [
                 {
@@ -229,6 +236,13 @@ class Report:
             return f"before vs after {self.candidate['start']}"
         return "two explicit windows"
 
+    def _switch(self) -> list[str]:
+        """The line saying why the headline is below p99 (none when it is not)."""
+        r = self.regression
+        if r.switched_from is None:
+            return []
+        return [f"(p{round(r.quantile * 100)} instead of p{round(r.switched_from * 100)}: {r.switch_reason})"]
+
     def _windows(self, code: bool = False) -> list[str]:
         return [
             f"{side:9s} {w['start']} .. {w['end']}  {w['requests']} requests"
@@ -258,7 +272,7 @@ class Report:
 
     def _text(self) -> str:
         lines = ["sre-agent diagnosis", "", f"compared: {self.comparison()}", *self._windows(), ""]
-        lines += [self._headline(), ""]
+        lines += [self._headline(), *self._switch(), ""]
         header, rows = self._metric_header(), self._metric_rows()
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         # Names and words left-aligned, figures right-aligned.
@@ -286,7 +300,8 @@ class Report:
 
     def _markdown(self) -> str:
         lines = ["## Diagnosis", "", f"Compared: {self.comparison()}", ""]
-        lines += [*(f"- {w}" for w in self._windows(code=True)), "", f"**{self._headline()}**", ""]
+        lines += [*(f"- {w}" for w in self._windows(code=True)), "", f"**{self._headline()}**"]
+        lines += [*(f"\n{line}" for line in self._switch()), ""]
         header = self._metric_header()
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines.extend("| " + " | ".join(row) + " |" for row in self._metric_rows())

@@ -171,7 +171,10 @@ class Regression:
     ``significant`` False means nothing regressed (the first finding is then
     ``none``). ``location_p`` is the Mann-Whitney p-value and
     ``hodges_lehmann_s`` the HL shift on the same metric; ``tail_p`` the tail
-    test's p-value (exceedances of the baseline quantile).
+    test's p-value (exceedances of the baseline quantile). ``switched_from``
+    is the quantile the headline would have been (0.99) when it is reported at
+    a lower one, and ``switch_reason`` says why (too few requests beyond p99,
+    or p99 did not move significantly).
     """
 
     metric: str
@@ -184,6 +187,8 @@ class Regression:
     hodges_lehmann_s: float | None = None
     tail_p: float | None = None
     note: str = ""
+    switched_from: float | None = None
+    switch_reason: str = ""
 
     @property
     def ratio(self) -> float | None:

@@ -11,7 +11,11 @@ diagnose and canary.
 * **Block bootstrap.** Requests in one engine batch share their fate, so
   requests are not independent; whole time slices are resampled with
   replacement (a moving-block-free, non-overlapping block bootstrap), which
-  keeps the within-slice correlation in every resample.
+  keeps the within-slice correlation in every resample. Correlation *between*
+  slices (load swings that outlast a slice) is measured per comparison
+  (:meth:`SliceHistogram.correlation_inflation`, an AR(1) variance factor)
+  and widens the bootstrap spread accordingly, so a 7-minute window's chance
+  swings are not mistaken for a regression.
 * **Location test.** Mann-Whitney U (normal approximation with tie
   correction) and the Hodges-Lehmann shift, as Kayenta uses them.
 * **Tail test.** A location test misses a variance-only change in the tail,
@@ -32,6 +36,7 @@ import numpy.typing as npt
 __all__ = [
     "BUCKETS_PER_E",
     "MIN_REQUESTS",
+    "MIN_TAIL",
     "ZERO_BUCKET",
     "QuantileComparison",
     "SliceHistogram",
@@ -40,6 +45,7 @@ __all__ = [
     "hodges_lehmann",
     "mann_whitney",
     "min_samples_for_quantile",
+    "normal_isf",
     "normal_sf",
     "quantile_ci",
     "tail_test",
@@ -54,15 +60,21 @@ BUCKETS_PER_E: Final[int] = 100
 ZERO_BUCKET: Final[int] = -1_000_000
 #: Fewest requests per side for any comparison at all.
 MIN_REQUESTS: Final[int] = 20
+#: Fewest requests beyond a quantile, per side, before anything is said about that quantile.
+#: The one minimum-sample rule of the diagnosis: the headline's CIs, the stage decomposition
+#: of the tail and the rules that read the tail all use it, so a quantile that can be reported
+#: as regressed always has a tail large enough to be explained.
+MIN_TAIL: Final[int] = 5
 
 
 def min_samples_for_quantile(q: float) -> int:
-    """Fewest requests for a usable estimate of quantile ``q``.
+    """Fewest requests per side for a usable estimate of quantile ``q``.
 
-    At least five observations must lie beyond the quantile (p99 needs 500),
-    and never fewer than :data:`MIN_REQUESTS`.
+    :data:`MIN_TAIL` observations must lie beyond the quantile (p99 needs
+    500, p90 50), and never fewer than :data:`MIN_REQUESTS`.
     """
-    return max(MIN_REQUESTS, math.ceil(5.0 / max(1e-9, min(q, 1.0 - q))))
+    # round() first: 5 / (1 - 0.99) is 500.00000000000045 in floating point
+    return max(MIN_REQUESTS, math.ceil(round(MIN_TAIL / max(1e-9, min(q, 1.0 - q)), 6)))
 
 
 def bucket_value(buckets: npt.ArrayLike) -> FloatArray:
@@ -124,6 +136,32 @@ class SliceHistogram:
         """Number of non-empty time slices (bootstrap blocks)."""
         return int(self.counts.shape[0])
 
+    def correlation_inflation(self, q: float = 0.5) -> float:
+        """How much correlation *between* time slices inflates the variance of quantile ``q`` (>= 1).
+
+        The block bootstrap resamples slices as if they were independent; load
+        swings that outlast a slice (a burst of arrivals fills every batch for a
+        minute) or phases of the workload make neighbouring slices alike, and
+        then a side's quantile varies more than the bootstrap says. Two per-slice
+        series are read, and the larger factor wins: the share of requests above
+        this side's quantile (``q`` clamped to 0.1..0.9, so every slice has a few
+        such requests; a quantile is where that share crosses ``1 - q``), and the
+        mean of ln(latency) (the swing of the whole distribution, which a sparse
+        tail share can miss). See :func:`_ar1_inflation`. 1 when there are fewer
+        than 8 slices.
+        """
+        k = self.slices
+        if k < 8:
+            return 1.0
+        totals = np.maximum(self.counts.sum(axis=1), 1).astype(np.float64)
+        values = bucket_value(self.buckets)
+        threshold = self.quantile(min(0.9, max(0.1, q))) or 0.0
+        above = self.counts[:, values > threshold].sum(axis=1)
+        p = float(above.sum() / totals.sum())
+        share = _ar1_inflation(above / totals, float(np.mean(p * (1.0 - p) / totals)))
+        mean_log = _ar1_inflation((self.counts @ np.log(np.maximum(values, 1e-9))) / totals, 0.0)
+        return max(share, mean_log)
+
     def quantile(self, q: float) -> float | None:
         """Quantile ``q`` in seconds, or ``None`` when empty."""
         if self.n == 0:
@@ -179,13 +217,18 @@ class SliceHistogram:
 
 @dataclass(frozen=True)
 class QuantileComparison:
-    """Quantile ``q`` on both sides with 95 % block-bootstrap CIs (``None`` = not estimable)."""
+    """Quantile ``q`` on both sides with 95 % block-bootstrap CIs (``None`` = not estimable).
+
+    ``log_ratio_se`` is the standard error of ``ln(candidate / baseline)``
+    (bootstrap, inflated for correlation between slices), for tests at other levels.
+    """
 
     quantile: float
     baseline: float | None
     candidate: float | None
     diff_ci: tuple[float, float] | None
     ratio_ci: tuple[float, float] | None
+    log_ratio_se: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -221,7 +264,10 @@ def compare_quantile(
 ) -> QuantileComparison:
     """Quantile ``q`` on both sides and CIs of their difference and ratio.
 
-    The two sides are resampled independently (each by its own slices).
+    The two sides are resampled independently (each by its own slices), and
+    both sides' bootstrap spreads are widened by the square root of the larger
+    :meth:`SliceHistogram.correlation_inflation` (in log space, around the
+    median draw), so time-correlated requests do not pass for independent ones.
     """
     b_est, c_est = baseline.quantile(q), candidate.quantile(q)
     need = min_samples_for_quantile(q)
@@ -230,16 +276,71 @@ def compare_quantile(
     if baseline.slices < 2 or candidate.slices < 2:
         return QuantileComparison(q, b_est, c_est, None, None)
     rng = np.random.default_rng(seed)
-    b_draws = baseline.bootstrap_quantiles(q, resamples, rng)
-    c_draws = candidate.bootstrap_quantiles(q, resamples, rng)
+    # One factor for both sides: how long load swings last is a property of the traffic, which
+    # both versions share, and one side's 40 slices estimate it poorly; the larger is the safe side.
+    inflation = max(baseline.correlation_inflation(q), candidate.correlation_inflation(q))
+    b_draws = _widen(baseline.bootstrap_quantiles(q, resamples, rng), inflation)
+    c_draws = _widen(candidate.bootstrap_quantiles(q, resamples, rng), inflation)
     alpha = (1.0 - level) / 2.0
     diff = c_draws - b_draws
     diff_ci = (float(np.quantile(diff, alpha)), float(np.quantile(diff, 1.0 - alpha)))
     ratio_ci: tuple[float, float] | None = None
-    if np.all(b_draws > 0):
+    log_se: float | None = None
+    if np.all(b_draws > 0) and np.all(c_draws > 0):
         ratio = c_draws / b_draws
         ratio_ci = (float(np.quantile(ratio, alpha)), float(np.quantile(ratio, 1.0 - alpha)))
-    return QuantileComparison(q, b_est, c_est, diff_ci, ratio_ci)
+        log_se = float(np.std(np.log(ratio), ddof=1))
+    return QuantileComparison(q, b_est, c_est, diff_ci, ratio_ci, log_se)
+
+
+def _ar1_inflation(series: FloatArray, noise: float) -> float:
+    """Variance inflation of the mean of ``series`` over independent draws, under AR(1) correlation.
+
+    ``noise`` is the part of the series' variance that is independent from
+    slice to slice (binomial sampling of a share); the rest gets the factor
+    ``(1 + rho) / (1 - rho)`` of first-order autocorrelation ``rho``, itself
+    corrected for that noise and, Kendall, for the short series
+    (``+ (1 + 3 rho) / n``), and capped at 0.9. A parametric factor rather than
+    a sum of sample autocorrelations: over 40 slices those are biased low and
+    the sum's truncation drops the long tail of a slow swing, and both made
+    chance moves look significant.
+    """
+    k = series.size
+    centred = series - series.mean()
+    signal = float(centred @ centred) / k - noise
+    if signal <= 0:
+        return 1.0
+    rho = float(centred[1:] @ centred[:-1]) / k / signal
+    rho = min(0.9, max(0.0, rho + (1.0 + 3.0 * rho) / k))
+    return (noise + signal * (1.0 + rho) / (1.0 - rho)) / (noise + signal)
+
+
+def _widen(draws: FloatArray, inflation: float) -> FloatArray:
+    """Bootstrap draws with their spread scaled by ``sqrt(inflation)`` around the median draw."""
+    if inflation <= 1.0:
+        return draws
+    scale = math.sqrt(inflation)
+    if np.all(draws > 0):
+        # in log space, so widened quantiles stay positive
+        logs = np.log(draws)
+        centre = float(np.median(logs))
+        out: FloatArray = np.exp(centre + (logs - centre) * scale)
+        return out
+    centre = float(np.median(draws))
+    widened: FloatArray = np.maximum(0.0, centre + (draws - centre) * scale)
+    return widened
+
+
+def normal_isf(p: float) -> float:
+    """The z with P(Z > z) = ``p`` for the standard normal (bisection on :func:`normal_sf`; 0 < p < 1)."""
+    lo, hi = -40.0, 40.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        if normal_sf(mid) > p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
 
 
 def mann_whitney(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> float | None:

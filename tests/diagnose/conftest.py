@@ -30,9 +30,12 @@ def make_store(tmp_path_factory: pytest.TempPathFactory, stores: dict[str, tuple
         "load": (_side(), _side(version="v2", rate_rps=28.0), Options()),
         "capacity": (_side(), _side(version="v2", replicas=3), Options()),
         "slow_host": (_side(), _side(version="v2", slow_hosts={"gpu-2": 3.0}), Options()),
+        # A decisive shift (50/50 -> 10/90): the case is about attribution. At 20/80, TTFT p50 rose
+        # 1.42x at z ~ 2.3 once the correlation of this store's queueing bursts is counted, below
+        # the family-wise bar, and the headline became a stage.
         "mix": (
             _side(tenant_input_scale={"globex": 4.0}),
-            _side(version="v2", tenants={"acme": 0.2, "globex": 0.8}, tenant_input_scale={"globex": 4.0}),
+            _side(version="v2", tenants={"acme": 0.1, "globex": 0.9}, tenant_input_scale={"globex": 4.0}),
             Options(),
         ),
         "spans_only": (_side(), _side(version="v2", rate_rps=28.0), Options(metrics=False)),

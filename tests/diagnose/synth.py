@@ -49,6 +49,11 @@ class Side:
     dependency_s: float = 0.05
     dependency_tail: float = 0.0  # probability of a 20x slower dependency call
     malformed: int = 0  # rows with negative / NaN latencies
+    # Time-correlated noise: the running batch swings with bursts of arrivals, so every request's
+    # TPOT shares a slowly varying factor exp(x), x an Ornstein-Uhlenbeck process with this standard
+    # deviation and correlation time (seconds). 0 = no such noise.
+    tpot_drift: float = 0.0
+    tpot_drift_s: float = 60.0
 
 
 @dataclass
@@ -60,6 +65,9 @@ class Options:
     metrics: bool = True
     deploy_marker: bool = True
     clock_skew_s: float = 0.0  # engine clocks ahead of the gateway's
+    # Both versions serve at once (a canary split): the candidate starts this many seconds after the
+    # baseline instead of when the baseline's window ends. None = a hot swap at the window boundary.
+    concurrent_after_s: float | None = None
     seed: int = 1
 
 
@@ -75,10 +83,15 @@ def _simulate(side: Side, start_s: float, rng: random.Random) -> list[dict[str, 
         heapq.heapify(heap)
     t = start_s
     out: list[dict[str, object]] = []
+    drift = rng.gauss(0.0, side.tpot_drift) if side.tpot_drift > 0 else 0.0
     while True:
-        t += rng.expovariate(side.rate_rps)
+        step = rng.expovariate(side.rate_rps)
+        t += step
         if t >= start_s + side.duration_s:
             break
+        if side.tpot_drift > 0:
+            decay = math.exp(-step / side.tpot_drift_s)
+            drift = drift * decay + side.tpot_drift * math.sqrt(1 - decay * decay) * rng.gauss(0.0, 1.0)
         replica = rng.randrange(side.replicas)
         host = f"gpu-{replica}"
         tenant = rng.choices(tenants, weights)[0]
@@ -87,7 +100,7 @@ def _simulate(side: Side, start_s: float, rng: random.Random) -> list[dict[str, 
         cached = int(inp * side.cache_hit * rng.uniform(0.6, 1.0))
         begin = max(t, heapq.heappop(free[replica]))
         prefill = (inp - cached) * side.prefill_s_per_token * rng.uniform(0.9, 1.1)
-        decode = (outp - 1) * side.tpot_s * side.slow_hosts.get(host, 1.0) * rng.uniform(0.9, 1.1)
+        decode = (outp - 1) * side.tpot_s * side.slow_hosts.get(host, 1.0) * rng.uniform(0.9, 1.1) * math.exp(drift)
         end = begin + prefill + decode
         heapq.heappush(free[replica], end)
         out.append(
@@ -319,7 +332,7 @@ def build_store(path: Path, baseline: Side, candidate: Side, opts: Options | Non
     opts = opts or Options()
     rng = random.Random(opts.seed)
     t0 = T0_NS / NS
-    deploy_s = t0 + baseline.duration_s
+    deploy_s = t0 + (baseline.duration_s if opts.concurrent_after_s is None else opts.concurrent_after_s)
     reqs_b = _simulate(baseline, t0, rng)
     reqs_c = _simulate(candidate, deploy_s, rng)
     con = duckdb.connect(str(path))

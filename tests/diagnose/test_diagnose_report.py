@@ -33,7 +33,8 @@ def test_json_matches_contracts_section_3(report: Report) -> None:
         assert data[side]["start"].endswith("Z")
         assert data[side]["requests"] > 0
     reg = data["regression"]
-    assert set(reg) == {"metric", "quantile", "baseline", "candidate", "ratio", "ci", "significant"}
+    # quantile_switch is additive (issue 12): null, or {from, to, reason} when the headline is below p99
+    assert set(reg) == {"metric", "quantile", "baseline", "candidate", "ratio", "ci", "significant", "quantile_switch"}
     assert reg["significant"] is True
     assert reg["ratio"] == pytest.approx(reg["candidate"] / reg["baseline"], rel=1e-3)
     assert len(reg["ci"]) == 2

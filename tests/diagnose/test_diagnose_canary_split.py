@@ -1,0 +1,89 @@
+"""Automatic deploy detection and a canary split (issue 12 item 10).
+
+When both versions serve at once, the last "deploy" is just the moment the
+second version's first span arrived: comparing before/after it put a few
+seconds of traffic against a mix of both versions. The default selection
+now becomes the version pair over the time both served, and says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from synth import T0_NS, Options, Side, build_store
+
+from sre_agent.compare import Comparison, resolve_windows
+from sre_agent.diagnosis import diagnose
+from sre_agent.selection import Selection
+
+NS = 1_000_000_000
+SINCE = Selection(mode="since_last_deploy")
+
+
+def _split_store(tmp_path: Path, name: str, candidate_tpot_s: float, marker: bool) -> Path:
+    """v1 takes 80 % of the traffic for 10 minutes; the v2 canary takes 20 %, starting 20 s in."""
+    baseline = Side(rate_rps=16.0, duration_s=600.0)
+    candidate = Side(version="v2", rate_rps=4.0, duration_s=580.0, tpot_s=candidate_tpot_s)
+    path = tmp_path / f"{name}.duckdb"
+    build_store(path, baseline, candidate, Options(deploy_marker=marker, concurrent_after_s=20.0))
+    return path
+
+
+@pytest.mark.parametrize("marker", [True, False], ids=["deploy-marker", "version-change"])
+def test_versions_serving_at_once_become_the_version_pair(tmp_path: Path, marker: bool) -> None:
+    path = _split_store(tmp_path, "split", 0.02, marker)
+    with duckdb.connect(str(path), read_only=True) as con:
+        baseline, candidate, notes, deploy = resolve_windows(con, SINCE)
+        assert (baseline.version, candidate.version) == ("v1", "v2")
+        assert deploy is not None
+        assert deploy.time_ns == baseline.start_ns == candidate.start_ns
+        assert baseline.end_ns == candidate.end_ns
+        assert candidate.end_ns - candidate.start_ns > 500 * NS  # the time both served, not 20 s
+        assert any("v1 and v2 serve at the same time" in n for n in notes)
+        comparison = Comparison.open(con, SINCE)
+        counts = comparison.request_counts
+        totals = dict(con.execute("SELECT service_version, count(*) FROM spans GROUP BY 1").fetchall())
+    # Each side is (nearly) all of its version's traffic while both served, not 20 s of it.
+    assert counts["baseline"] > 0.9 * totals["v1"] * 560 / 600
+    assert counts["candidate"] > 0.95 * totals["v2"]
+
+
+def test_a_slower_canary_is_diagnosed_against_its_concurrent_baseline(tmp_path: Path) -> None:
+    report = diagnose(_split_store(tmp_path, "slow", 0.04, True), SINCE)
+    assert report.baseline["filter"] == {"service.version": "v1"}
+    assert report.candidate["filter"] == {"service.version": "v2"}
+    assert report.regression.significant
+    assert report.findings[0].cause == "decode_slowdown"
+    assert any("serve at the same time" in n for n in report.notes)
+
+
+def test_a_healthy_canary_is_not_a_regression(tmp_path: Path) -> None:
+    report = diagnose(_split_store(tmp_path, "healthy", 0.02, True), SINCE)
+    assert report.findings[0].cause == "none"
+
+
+def test_a_hot_swap_stays_a_before_after_comparison(make_store) -> None:  # type: ignore[no-untyped-def]
+    path, deploy = make_store("none")
+    with duckdb.connect(str(path), read_only=True) as con:
+        baseline, candidate, notes, _ = resolve_windows(con, SINCE)
+    assert baseline.version is None
+    assert candidate.version is None
+    assert baseline.end_ns == candidate.start_ns == deploy
+    assert not any("serve at the same time" in n for n in notes)
+    assert deploy > T0_NS
+
+
+def test_a_canary_after_ample_old_only_data_stays_before_after_and_says_both_serve(tmp_path: Path) -> None:
+    """Ten minutes of v1 alone, then a one-in-five v2 canary: before/after has a full baseline, and the
+    slice localiser can find the new version in the mix; the note says how to compare side by side."""
+    baseline = Side(rate_rps=16.0, duration_s=1200.0)
+    candidate = Side(version="v2", rate_rps=4.0, duration_s=600.0)
+    path = tmp_path / "late_canary.duckdb"
+    deploy = build_store(path, baseline, candidate, Options(concurrent_after_s=600.0))
+    with duckdb.connect(str(path), read_only=True) as con:
+        b, c, notes, _ = resolve_windows(con, SINCE)
+    assert (b.version, c.version) == (None, None)
+    assert b.end_ns == c.start_ns == deploy
+    assert any("--baseline-version v1 --candidate-version v2 compares them side by side" in n for n in notes)
