@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from sre_agent.canary import CanarySpec, QuantileEstimate, QuantileNeed, SideStats, ladder_ranks
 from sre_agent.compare import SIDES, Comparison, SideWindow, filter_sql, resolve_windows
+from sre_agent.errors import EmptySelectionError
 from sre_agent.exceedance import DENSITY_WINDOW, TIME_BLOCKS, ShareCounts
 from sre_agent.sequential import histogram_quantile_cs, point_rank
 
@@ -363,6 +364,8 @@ def gather(
     if missed:  # the expected counts were off (malformed or derived values): ask again with the exact ones
         _, again, _ = _scan(con, spec, _Plan(missed, counts), source)
         found.update(again)
+    if selection.where and not counts["baseline"]["requests"] and not counts["candidate"]["requests"]:
+        raise EmptySelectionError(comparison.empty_filter_message({side: 0 for side in SIDES}))
     complete = {k: v for k, v in found.items() if v is not None}
     histograms = {
         (n.side, n.key): _histogram_quantile(comparison, n, metric_source[n.metric])

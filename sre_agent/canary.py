@@ -471,20 +471,24 @@ def evaluate(con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanaryS
 
     Raises:
         CannotEvaluateError: the selection names a ``service.version`` or a
-            ``service.name`` the store has never seen (a typo in a rollout
-            template must not poll forever as "inconclusive").
+            ``service.name`` the store has never seen, or a ``--where``
+            filter matches nothing (a typo in a rollout template must not
+            poll forever as "inconclusive").
         StoreError: the store cannot be read.
     """
     import duckdb
 
     from sre_agent._canary_store import gather, top_findings, unknown_names
-    from sre_agent.errors import CannotEvaluateError, SelectionError, StoreError
+    from sre_agent.errors import CannotEvaluateError, EmptySelectionError, SelectionError, StoreError
 
     try:
         unknown = unknown_names(con, selection)
         if unknown:
             raise CannotEvaluateError(unknown)
         baseline, candidate, notes = gather(con, selection, spec)
+    except EmptySelectionError as exc:
+        # A filter that matches nothing is a template error, not "no traffic yet".
+        raise CannotEvaluateError(str(exc)) from exc
     except SelectionError as exc:
         # Early in a rollout the canary may have no traffic yet: that is "not yet", not an error.
         empty = SideStats(requests=0, window={"selection": selection.to_dict()})

@@ -460,7 +460,7 @@ class Comparison(TraceAggregates):
         if self.selection.where:
             for side in SIDES:
                 if counts[side] == 0 and not self.metrics.has_latency_histograms(side):
-                    raise EmptySelectionError(self._empty_filter_message(counts))
+                    raise EmptySelectionError(self.empty_filter_message(counts))
         if counts["baseline"] == 0 and counts["candidate"] == 0 and not self.metrics.has_latency_histograms():
             b, c = self.window("baseline"), self.window("candidate")
             raise InsufficientDataError(
@@ -480,7 +480,7 @@ class Comparison(TraceAggregates):
             elif counts[side] == 0:
                 self.notes.append(f"no {side} engine requests: span-based rules cannot run")
 
-    def _empty_filter_message(self, counts: dict[str, int]) -> str:
+    def empty_filter_message(self, counts: dict[str, int]) -> str:
         """Which ``--where`` filter left a side empty, with the values the windows do hold."""
         where = " OR ".join(f"({self._windows[s].predicate()})" for s in SIDES)
         where = f"is_engine AND {service_sql(self.selection)} AND ({where})"

@@ -56,11 +56,17 @@ def run(args: argparse.Namespace) -> int:
         import json
 
         from sre_agent.client import post_json
+        from sre_agent.errors import RemoteError, UsageError
 
         payload: dict[str, Any] = {"selection": selection.to_dict()}
         if args.rule:
             payload["rules"] = list(args.rule)
-        data = post_json(config, "/api/v1/diagnose", payload)
+        try:
+            data = post_json(config, "/api/v1/diagnose", payload)
+        except RemoteError as exc:
+            if exc.status in (400, 422):  # the server refused the selection: a usage error, as locally
+                raise UsageError(str(exc)) from exc
+            raise
         if args.format == "json":
             print(json.dumps(data, indent=2))
         else:

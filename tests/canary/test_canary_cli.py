@@ -111,3 +111,12 @@ def test_require_equivalence_is_stricter(regression_store: Path, capsys: pytest.
     doc = json.loads(capsys.readouterr().out)
     assert doc["method"]["pass_rule"] == "equivalence"
     assert code == {"pass": 0, "inconclusive": 3}[doc["verdict"]]
+
+
+def test_a_where_filter_that_matches_nothing_cannot_be_evaluated(
+    regression_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*_canary(regression_store, "--slo", "ttft_p99=3s"), "--where", "tenant.id=nobody"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not evaluate")
+    assert "tenant.id=nobody" in err
