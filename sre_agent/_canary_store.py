@@ -365,7 +365,7 @@ def gather(
         _, again, _ = _scan(con, spec, _Plan(missed, counts), source)
         found.update(again)
     if selection.where and not counts["baseline"]["requests"] and not counts["candidate"]["requests"]:
-        raise EmptySelectionError(comparison.empty_filter_message({side: 0 for side in SIDES}))
+        raise EmptySelectionError(comparison.empty_filter_message(dict.fromkeys(SIDES, 0)))
     complete = {k: v for k, v in found.items() if v is not None}
     histograms = {
         (n.side, n.key): _histogram_quantile(comparison, n, metric_source[n.metric])
