@@ -13,11 +13,11 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policy_fakes import FakeClock, Fault, ScriptedTransport
+from test_policy_properties import _engine
 
-from sre_agent.policy import BudgetLimits, ChatRequest, PolicyEngine, PolicyResult, Pricing, Target, wait_full_jitter
+from sre_agent.policy import BudgetLimits, ChatRequest, PolicyResult, Target
 from sre_agent.policy.wire import call_template
 
-PRICING = Pricing(input_per_mtok=3.0, output_per_mtok=15.0)
 REQUEST = ChatRequest(({"role": "user", "content": "why is p99 up?"},), max_output_tokens=256)
 # No tool calls: every decision the planner takes then leads to exactly one next attempt.
 KINDS = ("ok", "rate_limit", "server_error", "truncate", "refusal", "context_overflow", "empty", "timeout")
@@ -25,14 +25,7 @@ KINDS = ("ok", "rate_limit", "server_error", "truncate", "refusal", "context_ove
 
 def _run(script: list[Fault], limits: BudgetLimits, targets: int = 1) -> PolicyResult:
     clock = FakeClock()
-    engine = PolicyEngine(
-        [Target(f"http://fake/{i}/v1", f"model-{i}", pricing=PRICING) for i in range(targets)],
-        limits,
-        clock=clock,
-        sleep=clock.sleep,
-        wait=wait_full_jitter(0.5, 8.0),
-        attempt_timeout_s=30.0,
-    )
+    engine = _engine(clock, limits, targets)  # the engine the budget properties run
     with httpx.Client(transport=ScriptedTransport(script, clock)) as client:
         return engine.run(client, REQUEST)
 
