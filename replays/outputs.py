@@ -20,6 +20,8 @@ import gzip
 import io
 import json
 import logging
+import socket
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode
 
-from sre_agent.errors import SreAgentError
+from sre_agent.errors import RemoteError, SreAgentError
 
 __all__ = [
     "JsonLinesOutput",
@@ -281,7 +283,10 @@ class JsonLinesOutput:
         self.lines = 0
         # The file stays open across export calls until shutdown(), so no with-block.
         gz = self.path.suffix == ".gz"
-        raw: io.BufferedIOBase = gzip.open(self.path, "wb", compresslevel=3) if gz else open(self.path, "wb")  # noqa: SIM115
+        try:
+            raw: io.BufferedIOBase = gzip.open(self.path, "wb", compresslevel=3) if gz else open(self.path, "wb")  # noqa: SIM115
+        except OSError as exc:  # a missing directory, a directory, no permission
+            raise SreAgentError(f"cannot write {self.path}: {exc.strerror or exc}") from exc
         self._fh: io.BufferedIOBase | None = raw
 
     def _write(self, text: str) -> None:
@@ -361,18 +366,27 @@ class OtlpEndpointOutput:
         else:
             raise SreAgentError(f"endpoint {url!r}: use http://HOST:PORT or grpc://HOST:PORT")
         self.failed_batches = 0
+        _check_reachable(url, min(timeout_s, 5.0))
 
     def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
-        """Send spans; a failed batch is logged and counted (the SDK exporter already retried)."""
-        if spans and self.spans.export(spans) != self._span_ok:
-            self.failed_batches += 1
-            log.warning("span export to %s failed (%d spans)", self.url, len(spans))
+        """Send spans.
+
+        Raises:
+            RemoteError: the batch was not delivered (the SDK exporter already retried
+                transient failures); the replay stops rather than lose the rest too.
+        """
+        if spans and not self.failed_batches and self.spans.export(spans) != self._span_ok:
+            self._failed(f"{len(spans)} spans")
 
     def export_metrics(self, data: MetricsData) -> None:
-        """Send one scrape."""
-        if data.resource_metrics and self.metrics.export(data) != self._metric_ok:
-            self.failed_batches += 1
-            log.warning("metric export to %s failed", self.url)
+        """Send one scrape; raises :class:`RemoteError` as :meth:`export_spans` does."""
+        if data.resource_metrics and not self.failed_batches and self.metrics.export(data) != self._metric_ok:
+            self._failed("a metric scrape")
+
+    def _failed(self, what: str) -> None:
+        # Later exports (the emitter's final flush among them) are skipped: one failure is the answer.
+        self.failed_batches += 1
+        raise RemoteError(f"export of {what} to {self.url} failed (see the exporter's message above); replay stopped")
 
     def shutdown(self) -> None:
         """Shut both exporters down."""
@@ -380,6 +394,33 @@ class OtlpEndpointOutput:
             self._closed = True
             self.spans.shutdown()
             self.metrics.shutdown()
+
+
+def _check_reachable(url: str, timeout_s: float) -> None:
+    """Connect once to the endpoint's port so that nothing listening fails in milliseconds.
+
+    The SDK exporters would otherwise retry each batch with backoff for their whole
+    timeout and log every attempt, for every batch of the replay.
+
+    Raises:
+        RemoteError: the host does not resolve or refuses or ignores the connection.
+    """
+    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    default = 443 if parts.scheme == "https" else 4317 if parts.scheme == "grpc" else 80
+    try:
+        port = parts.port or default
+    except ValueError:
+        raise RemoteError(f"endpoint {url!r}: the port is not a number from 1 to 65535") from None
+    host = parts.hostname or "127.0.0.1"
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise RemoteError(
+            f"cannot reach the OTLP endpoint {url} ({host}:{port}: {reason}); start `sre-agent serve` "
+            "or a collector there, or write to --out FILE or --db PATH instead"
+        ) from None
 
 
 class StoreOutput:

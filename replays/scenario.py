@@ -293,6 +293,10 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"{file}: no such scenario (see `sre-agent replay --list`)") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{file}: invalid TOML: {exc}") from exc
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{file}: not a scenario file (not UTF-8 text)") from None
+    except OSError as exc:  # a directory, no permission
+        raise ScenarioError(f"{file}: cannot read the scenario: {exc.strerror or exc}") from exc
     top = _Table(data, "", file)
     name = top.take("name", str, p.stem)
     description = top.take("description", str, "")

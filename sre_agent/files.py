@@ -42,6 +42,13 @@ __all__ = ["FileResult", "ProgressCallback", "Sink", "ingest_files", "read_files
 
 MiB = 1024 * 1024
 MAX_REPORTED = 20  # bad lines listed per file; the count is always exact
+NOT_TELEMETRY = (
+    "not a telemetry file (expected OTLP JSON lines, one OTLP JSON document or "
+    "length-prefixed OTLP protobuf, each optionally gzip-compressed)"
+)
+# Both ExportTraceServiceRequest and ExportMetricsServiceRequest start with their
+# field 1 (resource_spans / resource_metrics), length-delimited: tag byte 0x0A.
+_OTLP_REQUEST_TAG = 0x0A
 _PROTOBUF = "application/x-protobuf"
 _WHITESPACE = b" \t\r\n"
 
@@ -233,12 +240,19 @@ class _StoreSink:
 
 @dataclass
 class _Context:
-    """What every reader of one file needs."""
+    """What every reader of one file needs.
+
+    ``json_lines`` counts lines that parsed as JSON and ``not_a_document`` says the
+    whole file, read within the cap, is no JSON document either: a file starting
+    with ``{`` for which both hold is no telemetry file, only text that looks like it.
+    """
 
     result: FileResult
     sink: Sink
     cap: int
     report: _Progress
+    json_lines: int = 0
+    not_a_document: bool = False
 
 
 def read_files(
@@ -286,6 +300,8 @@ def _read_one(path: Path, result: FileResult, sink: Sink, *, progress: ProgressC
             else:
                 result.format = "protobuf"
                 _read_length_prefixed(stream, ctx)
+            if ctx.not_a_document and ctx.json_lines == 0 and result.rejected:
+                _not_telemetry(result)
         finally:
             # Whatever was decoded before a read error is still committed.
             sink.flush(result)
@@ -315,6 +331,7 @@ def _read_json(stream: IO[bytes], ctx: _Context) -> str:
         if document is not None:
             ctx.sink.document(document, 1, ctx.result)
             return "json"
+        ctx.not_a_document = True
     # Not one document either: treat it as JSON lines and report the bad ones.
     _read_lines(_chain_lines(buffer, stream, cap), ctx)
     return "jsonl"
@@ -386,6 +403,7 @@ def _read_lines(lines: Iterator[bytes | None], ctx: _Context) -> None:
         except (ValueError, RecursionError) as exc:
             ctx.result.bad(number, f"invalid JSON: {exc}")
             continue
+        ctx.json_lines += 1
         ctx.sink.document(document, number, ctx.result)
         if number % 64 == 0:
             ctx.report()
@@ -406,6 +424,10 @@ def _read_length_prefixed(stream: IO[bytes], ctx: _Context) -> None:
             result.bad(number, "truncated length prefix at end of file")
             return
         length = int.from_bytes(header, "big")
+        if number == 1 and not _plausible_first_message(stream, length, cap):
+            # Text, random bytes or another binary format: its first bytes make no OTLP message.
+            _not_telemetry(result)
+            return
         if length == 0 or length > cap:
             # The stream cannot be resynchronised after a bad length: stop here.
             reason = "zero-length message" if length == 0 else f"message of {length} bytes exceeds the cap of {cap}"
@@ -417,6 +439,27 @@ def _read_length_prefixed(stream: IO[bytes], ctx: _Context) -> None:
             return
         ctx.sink.message(payload, number, result)
         ctx.report()
+
+
+def _plausible_first_message(stream: IO[bytes], length: int, cap: int) -> bool:
+    """Whether a length prefix and the byte after it can start an OTLP export request.
+
+    Any text's first four bytes read as a length over 500 MB, past the cap;
+    random bytes fail the length or the tag test all but about once in 20,000.
+    """
+    if length == 0 or length > cap:
+        return False
+    peek = getattr(stream, "peek", None)
+    first = peek(1)[:1] if peek is not None else b""
+    return not first or first[0] == _OTLP_REQUEST_TAG
+
+
+def _not_telemetry(result: FileResult) -> None:
+    """Mark the whole file as not telemetry: one reason instead of a list of bad lines."""
+    result.error = NOT_TELEMETRY
+    result.format = None
+    result.rejected = 0
+    result.bad_lines.clear()
 
 
 def _decode_message(payload: bytes, norm: Normaliser) -> DecodedSpans | DecodedMetrics:

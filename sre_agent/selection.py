@@ -7,6 +7,7 @@ is resolved against a store into two concrete populations elsewhere
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,6 +29,12 @@ Mode = Literal["deploy_at", "versions", "windows", "since_last_deploy"]
 _NS = 1_000_000_000
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 _UNIT_NS = {"ms": 1_000_000, "s": _NS, "m": 60 * _NS, "min": 60 * _NS, "h": 3600 * _NS, "d": 86400 * _NS}
+# Times are accepted from 1970 to 2200-01-01: epoch nanoseconds are stored as signed 64-bit
+# integers, which end in 2262, and a window is added on top. A number past it is almost
+# always Unix ms, µs or ns.
+_MAX_TIME_S = 7_258_118_400
+# Longest duration: ten years, so that a time plus a window still fits 64-bit nanoseconds.
+_MAX_DURATION_NS = 10 * 365 * 86400 * _NS
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,9 @@ class Selection:
             raise UsageError("--baseline START..END and --candidate START..END go together")
         if self.window_ns is not None and self.window_ns <= 0:
             raise UsageError("--window must be positive")
+        if self.window_ns is not None and self.mode not in ("deploy_at", "since_last_deploy"):
+            # The version and explicit-window modes have no deploy to size a window around.
+            raise UsageError("--window sizes each side of a deploy: use it with --deploy-at or --since-last-deploy")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (used by the HTTP API and in reports)."""
@@ -132,7 +142,7 @@ class Selection:
             raise UsageError(f"unknown selection mode {mode!r}")
         window_ns: int | None = None
         if "window_s" in data:
-            window_ns = int(float(data["window_s"]) * _NS)
+            window_ns = _seconds_ns(data["window_s"])
         elif "window" in data:
             window_ns = parse_duration(str(data["window"]))
         where = data.get("where") or {}
@@ -154,7 +164,9 @@ class Selection:
 def parse_time(text: str) -> int:
     """Parse ISO 8601 (with offset or ``Z``) or Unix seconds into epoch ns.
 
-    A naive ISO time (no offset) is taken as UTC.
+    A naive ISO time (no offset) is taken as UTC. Times before 1970 or after
+    2200 are usage errors; a number that large is named as the
+    Unix milliseconds, microseconds or nanoseconds it most likely is.
 
     >>> parse_time("1700000000")
     1700000000000000000
@@ -163,16 +175,47 @@ def parse_time(text: str) -> int:
     """
     s = text.strip()
     try:
-        return round(float(s) * _NS)
+        seconds = float(s)
     except ValueError:
-        pass
+        seconds = None
+    if seconds is not None:
+        if not math.isfinite(seconds):
+            raise UsageError(f"cannot read time {text!r}: use ISO 8601 (2026-12-02T15:00:00Z) or Unix seconds")
+        _check_time_range(text, seconds)
+        return round(seconds * _NS)
     try:
         dt = datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise UsageError(f"cannot read time {text!r}: use ISO 8601 (2026-12-02T15:00:00Z) or Unix seconds") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
+    _check_time_range(text, dt.timestamp())
     return int(dt.timestamp()) * _NS + dt.microsecond * 1000
+
+
+def _check_time_range(text: str, seconds: float) -> None:
+    """Reject times outside 1970..2200, naming the unit a too-large number probably has."""
+    if seconds < 0:
+        raise UsageError(f"time {text!r} is before 1970: give ISO 8601 or Unix seconds")
+    if seconds <= _MAX_TIME_S:
+        return
+    for unit, factor in (("milliseconds", 1e3), ("microseconds", 1e6), ("nanoseconds", 1e9)):
+        if seconds / factor <= _MAX_TIME_S:
+            raise UsageError(
+                f"time {text!r} looks like Unix {unit}; give Unix seconds ({seconds / factor:.0f}) or ISO 8601"
+            )
+    raise UsageError(f"time {text!r} is after 2200: give ISO 8601 or Unix seconds")
+
+
+def _seconds_ns(value: Any) -> int:
+    """A JSON number of seconds (``window_s``) as ns, checked like :func:`parse_duration`."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"window_s {value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds * _NS > _MAX_DURATION_NS:
+        raise UsageError(f"window_s {value!r} is not a usable number of seconds")
+    return round(seconds * _NS)
 
 
 def parse_duration(text: str) -> int:
@@ -185,7 +228,10 @@ def parse_duration(text: str) -> int:
     if not m:
         raise UsageError(f"cannot read duration {text!r}: use e.g. 250ms, 30s, 15m, 2h, 1d")
     value, unit = float(m.group(1)), m.group(2) or "s"
-    return round(value * _UNIT_NS[unit])
+    duration_ns = round(value * _UNIT_NS[unit])
+    if duration_ns > _MAX_DURATION_NS:
+        raise UsageError(f"duration {text!r} is longer than ten years")
+    return duration_ns
 
 
 def parse_window(text: str) -> Window:

@@ -55,6 +55,10 @@ _VERSIONS_DDL = """CREATE TABLE IF NOT EXISTS service_versions (
 )"""
 
 
+# The tables every store has from its first open; a file without them is not a store.
+_STORE_TABLES = ("spans", "metric_points", "deploys")
+
+
 @dataclass(frozen=True)
 class Deploy:
     """A deploy marker.
@@ -165,6 +169,7 @@ class Store:
         self._closed = False
         self._versions: dict[tuple[str, str], int] = {}
         self._stage_dir: str | None = None  # created on the first staged append
+        self._check_is_store()
         if not read_only:
             self._create()
         self._hash_key = self._load_hash_key()
@@ -201,6 +206,9 @@ class Store:
             raise StoreError(f"cannot open the store {text}: {exc}") from exc
         try:
             return cls(connection, text, read_only=read_only)
+        except StoreError:
+            connection.close()
+            raise
         except duckdb.Error as exc:
             connection.close()
             raise StoreError(f"cannot initialise the store {text}: {exc}") from exc
@@ -237,6 +245,31 @@ class Store:
         return self._hash_key
 
     # ------------------------------------------------------------ schema
+
+    def _check_is_store(self) -> None:
+        """Refuse a DuckDB file that is not a store, before any query or DDL touches it.
+
+        Without this a read-only open fails later with DuckDB's catalog error on
+        the first query, and a writable open adds the store's tables to someone
+        else's database. A new or empty file is fine to write: it becomes a store.
+
+        Raises:
+            StoreError: the file lacks the store's tables (``spans``, ``metric_points``, ``deploys``).
+        """
+        tables = {
+            row[0]
+            for row in self._con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
+            ).fetchall()
+        }
+        missing = [name for name in _STORE_TABLES if name not in tables]
+        if not missing or (not self.read_only and not tables):
+            return
+        held = f"it holds the tables {', '.join(sorted(tables)[:5])}" if tables else "the database is empty"
+        raise StoreError(
+            f"not an sre-agent store: {self.path} (no {missing[0]} table; {held}). Give --db a file written by "
+            "`sre-agent serve`, `ingest`, `replay --db` or `demo --db`, or a new path to create one."
+        )
 
     def _create(self) -> None:
         con = self._con

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from sre_agent.config import Config, load_config
@@ -38,7 +39,7 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     """The SELECTION of CONTRACTS section 2, plus ``--service`` and ``--where``."""
     group = parser.add_argument_group("selection (one of)")
     group.add_argument("--deploy-at", metavar="TIME", help="baseline before TIME, candidate after (ISO 8601 or Unix s)")
-    group.add_argument("--window", metavar="DURATION", help="length of each side with --deploy-at, e.g. 15m")
+    group.add_argument("--window", metavar="DURATION", help="per side, with --deploy-at or --since-last-deploy")
     group.add_argument("--baseline-version", metavar="V", help="service.version of the baseline")
     group.add_argument("--candidate-version", metavar="W", help="service.version of the candidate")
     group.add_argument("--baseline", metavar="START..END", help="explicit baseline window")
@@ -86,11 +87,18 @@ def selection_from_args(args: argparse.Namespace) -> Selection:
 
 
 def config_from_args(args: argparse.Namespace, **extra: Any) -> Config:
-    """Config with the store flags (and any ``extra`` flags) applied on top."""
-    flags: dict[str, Any] = {
-        "db": getattr(args, "db", None),
-        "url": getattr(args, "url", None),
-        "token": getattr(args, "token", None),
-    }
+    """Config with the store flags (and any ``extra`` flags) applied on top.
+
+    ``--db`` and ``--url`` name two different stores, so giving both is a usage
+    error. A ``--db`` flag also outranks a URL from the environment or the
+    config file (flags > environment > file), which would otherwise win silently.
+    """
+    db, url = getattr(args, "db", None), getattr(args, "url", None)
+    if db is not None and url is not None:
+        raise UsageError("give --db PATH (a store file here) or --url URL (a running `sre-agent serve`), not both")
+    flags: dict[str, Any] = {"db": db, "url": url, "token": getattr(args, "token", None)}
     flags.update(extra)
-    return load_config(flags)
+    config = load_config(flags)
+    if db is not None and config.url is not None:
+        config = dataclasses.replace(config, url=None)
+    return config

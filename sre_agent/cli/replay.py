@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -15,6 +16,9 @@ EPILOG = """examples:
   sre-agent replay kv_pressure_fewer_blocks --db incident.duckdb   straight into a store
   sre-agent replay load_rate_up_at_deploy --endpoint http://127.0.0.1:4318 --speed 20
 """
+
+# Longest replay, as a multiple of the scenario's duration: far beyond it a typo runs for hours.
+MAX_SCALE = 10.0
 
 SUMMARY_METRICS = (
     "e2e_p50",
@@ -70,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
         return _list()
     if not args.scenario:
         raise UsageError("replay: give a SCENARIO (or --list)")
-    if args.speed is not None and args.speed <= 0:
-        raise UsageError("--speed must be positive")
-    if args.scale <= 0:
-        raise UsageError("--scale must be positive")
+    if args.speed is not None and not (0 < args.speed < math.inf):
+        raise UsageError("--speed must be a positive number")
+    if not 0 < args.scale <= MAX_SCALE:
+        raise UsageError(f"--scale must be above 0 and at most {MAX_SCALE:g}")
     from sre_agent.replays.outputs import JsonLinesOutput, OtlpEndpointOutput, StoreOutput, TelemetryOutput
     from sre_agent.replays.replay import replay
     from sre_agent.replays.scenario import load_scenario

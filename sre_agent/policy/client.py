@@ -244,6 +244,8 @@ class PolicyEngine:
         if reservation is None:
             plan.budget_refused = True
             return None
+        if not hedge:  # a hedge duplicates the attempt its decision already started
+            plan.started()
         # Retries of one request on one target differ only in the output cap: build URL,
         # headers and body once and fill the cap in per attempt.
         template = extra.get("call_template")
@@ -391,6 +393,7 @@ class PolicyEngine:
 
     def _result(self, state: AttemptState) -> PolicyResult:
         plan: Plan = state.extra["plan"]
+        plan.finished()
         budget = state.budget
         return PolicyResult(
             outcome=state.last,

@@ -63,7 +63,8 @@ class ChatRequest:
         reasoning_effort: None leaves the provider default.
         tools: OpenAI-style function tool definitions, or None.
         request_id: scopes the tool ledger; None uses a fresh id per call.
-        stream: ask for server-sent events (OpenAI chat and Responses formats; ignored for Anthropic).
+        stream: ask for server-sent events (OpenAI Chat, OpenAI Responses and Anthropic Messages); the
+            events are folded into the body they stand for and classified like it.
     """
 
     messages: tuple[dict[str, Any], ...]
@@ -98,6 +99,25 @@ class Plan:
     pending_tool_turn: bool = False
     budget_refused: bool = False
     history: list[str] = field(default_factory=list)
+    # The planner decides before the stop strategy and the budget have had their say, so a
+    # decision waits here until an attempt acts on it (``started``) or the loop ends (``finished``).
+    pending: str | None = None
+
+    def decide(self, note: str) -> None:
+        """Record what the next attempt changes; it enters ``history`` when that attempt starts."""
+        self.pending = note
+
+    def started(self) -> None:
+        """An attempt started: the decision that led to it is now history."""
+        if self.pending is not None:
+            self.history.append(self.pending)
+            self.pending = None
+
+    def finished(self) -> None:
+        """The loop ended: a decision no attempt acted on is recorded as not taken."""
+        if self.pending is not None:
+            self.history.append(f"give up: budget exhausted ({self.pending} not attempted)")
+            self.pending = None
 
 
 _SUCCESS = OutcomeClass.SUCCESS  # a member read off the Enum class costs about four global lookups
@@ -145,13 +165,13 @@ class RecoveryPlanner:
             if plan.tool_repairs >= self.config.tool_repairs:
                 return False
             plan.tool_repairs += 1
-            plan.history.append("tool repair")
+            plan.decide("tool repair")
             return True  # the engine already appended the repair turn to the request
         if cls is OutcomeClass.INVALID_OUTPUT:
             if plan.invalid_retries >= self.config.invalid_output_retries:
                 return self._fallback(state, plan, "invalid_output")
             plan.invalid_retries += 1
-            plan.history.append("resample")
+            plan.decide("resample")
             return True
         return False  # client_error and anything new: never guess
 
@@ -165,7 +185,7 @@ class RecoveryPlanner:
         plan.same_target_failures += 1
         if plan.same_target_failures >= self.config.max_same_target_failures:
             return self._fallback(state, plan, f"{plan.same_target_failures} failures in a row")
-        plan.history.append(_RETRY_NOTES[outcome.cls])
+        plan.decide(_RETRY_NOTES[outcome.cls])
         return True
 
     def _exhausted(self, state: AttemptState, plan: Plan) -> bool:
@@ -178,13 +198,13 @@ class RecoveryPlanner:
         affordable = _affordable_output_tokens(state, target)
         if wanted > request.max_output_tokens and affordable > request.max_output_tokens:
             plan.request = replace(request, max_output_tokens=min(wanted, affordable))
-            plan.history.append(f"raise cap to {plan.request.max_output_tokens}")
+            plan.decide(f"raise cap to {plan.request.max_output_tokens}")
             return True
         effort = _lower_effort(request.reasoning_effort)
         if effort is None:
             return False  # nothing left to change: never resend unchanged
         plan.request = replace(request, reasoning_effort=effort)
-        plan.history.append(f"lower effort to {effort}")
+        plan.decide(f"lower effort to {effort}")
         return True
 
     def _fallback(self, state: AttemptState, plan: Plan, reason: str) -> bool:
@@ -195,7 +215,7 @@ class RecoveryPlanner:
         plan.same_target_failures = 0
         plan.exhausted_recovered = False
         state.skip_wait = True
-        plan.history.append(f"fallback to {self.targets[plan.target_index].model}: {reason}")
+        plan.decide(f"fallback to {self.targets[plan.target_index].model}: {reason}")
         return True
 
 
