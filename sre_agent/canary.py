@@ -268,6 +268,12 @@ def _tail(test: ShareTest, counts: ShareCounts) -> dict[str, Any]:
             "z": round(test.z, 3), "bad": counts.total_hits, "n": counts.n}  # fmt: skip
 
 
+def _reason(name: str, told: str, status: Status, decided: tuple[str, str], undecided: str) -> str:
+    """``NAME: what was measured: what it means``; ``decided`` is the (pass, fail) wording."""
+    ending = {"pass": decided[0], "fail": decided[1], "inconclusive": undecided}[status]
+    return f"{name}: {told}: {ending}"
+
+
 def _why_undecided(n: int, bad_share: float, spec: CanarySpec) -> str:
     if n < spec.min_samples:
         return f"{n} values, fewer than the minimum {spec.min_samples}; no decision yet"
@@ -299,11 +305,8 @@ def _absolute_quantile(s: SloSpec, base: SideStats, cand: SideStats, spec: Canar
     told = (f"{_fmt(test.estimate, '')} of candidate requests ({counts.total_hits}/{counts.n}) exceed "
             f"{_fmt(s.threshold, 's')}, against at most {_fmt(test.limit, '')}; candidate {s.name} "
             f"{_fmt(c.estimate, 's')} (CI {_fmt(ci[0], 's')}–{_fmt(ci[1], 's')})")  # fmt: skip
-    reason = {
-        "fail": f"{s.name}: {told}: the SLO is missed",
-        "pass": f"{s.name}: {told}: within the SLO",
-        "inconclusive": f"{s.name}: {told}: {_why_undecided(counts.n, test.limit, spec)}",
-    }[status]
+    reason = _reason(s.name, told, status, ("within the SLO", "the SLO is missed"),
+                     _why_undecided(counts.n, test.limit, spec))  # fmt: skip
     return CheckResult(**row, candidate=c.estimate, ci=ci, status=status, reason=reason, n_candidate=counts.n,
                        tail=_tail(test, counts))  # fmt: skip
 
@@ -345,11 +348,9 @@ def _rate(s: SloSpec, base: SideStats, cand: SideStats, spec: CanarySpec) -> Che
     bound = "at most" if is_error else "at least"
     told = (f"candidate {_fmt(value, '')} (CI {_fmt(ci[0], '')}–{_fmt(ci[1], '')}, {counts.total_hits} of "
             f"{counts.n} {'failed' if is_error else 'not good'}) against {bound} {_fmt(s.threshold, '')}")  # fmt: skip
-    reason = {
-        "fail": f"{s.name}: {told}: the SLO is missed",
-        "pass": f"{s.name}: {told}: meets the SLO",
-        "inconclusive": f"{s.name}: {told}: {_why_undecided(counts.n, limit, spec)}",
-    }[status]
+    reason = _reason(
+        s.name, told, status, ("meets the SLO", "the SLO is missed"), _why_undecided(counts.n, limit, spec)
+    )
     return CheckResult(**row, candidate=value, ci=ci, status=status, reason=reason, n_candidate=counts.n,
                        tail=_tail(test, counts))  # fmt: skip
 
@@ -382,11 +383,9 @@ def _relative(r: RegressionSpec, base: SideStats, cand: SideStats, spec: CanaryS
     told = (f"candidate/baseline {_fmt(ratio, 'ratio')} (CI {_fmt(ci[0], 'ratio')}–{_fmt(ci[1], 'ratio')}; "
             f"{_fmt(c.estimate, 's')} vs {_fmt(b.estimate, 's')}) "
             f"against the allowed +{r.max_increase * 100:.0f}%")  # fmt: skip
-    reason = {
-        "fail": f"{r.name} regression: {told}: regressed beyond the allowed margin",
-        "pass": f"{r.name} regression: {told}: no significant regression beyond the margin",
-        "inconclusive": f"{r.name} regression: {told}: {_why_undecided(n, tail, spec)}",
-    }[status]
+    reason = _reason(f"{r.name} regression", told, status,
+                     ("no significant regression beyond the margin", "regressed beyond the allowed margin"),
+                     _why_undecided(n, tail, spec))  # fmt: skip
     details = {"log_ratio": test.estimate, "se": test.se, "z": round(test.z, 3), "limit": test.limit}
     return CheckResult(**row, ci=ci, status=status, reason=reason, tail=details)
 
