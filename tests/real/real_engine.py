@@ -143,7 +143,17 @@ class Incident:
     after: EngineConfig
     rate_multiplier: float = 1.0
     note: str = ""
+    workload: tuple[tuple[str, float], ...] = ()  # Workload fields changed on both sides
 
+    def workload_for(self, base: Workload) -> Workload:
+        """The workload both sides of this incident run."""
+        return dataclasses.replace(base, **dict(self.workload))
+
+
+# The default mix keeps only 1-2 requests running (e2e ~0.2 s at 2.8/s): a cut to 2 slots or to 10 KV
+# blocks changes nothing there (measured: TTFT p99 1.11x and 1.05x, no preemption). Longer outputs at a
+# higher rate keep 4-8 requests and ~1,500 KV tokens in flight.
+BUSY = (("rate_scale", 2.5), ("input_scale", 0.25), ("output_scale", 0.6), ("max_output_tokens", 128))
 
 INCIDENTS: tuple[Incident, ...] = (
     Incident(
@@ -157,12 +167,14 @@ INCIDENTS: tuple[Incident, ...] = (
         ("capacity", "batch_composition"),
         dataclasses.replace(BASELINE, max_num_seqs=2),
         note="--max-num-seqs 8 -> 2 under load",
+        workload=BUSY,
     ),
     Incident(
         "kv_cache_cut",
         ("kv_pressure",),
         dataclasses.replace(BASELINE, kv_cache_bytes=20 * MiB),
         note="--kv-cache-memory-bytes 256 MiB -> 20 MiB (128 -> 10 blocks)",
+        workload=BUSY,
     ),
     Incident("arrival_rate_doubled", ("load",), BASELINE, rate_multiplier=2.0, note="same config, twice the arrivals"),
     Incident("noop_config_change", ("none",), dataclasses.replace(BASELINE, seed=7), note="--seed 0 -> 7"),
@@ -455,7 +467,7 @@ class IncidentResult:
 
 def run_incident(incident: Incident, workdir: Path, workload: Workload | None = None) -> IncidentResult:
     """Baseline on ``v1``, a deploy to ``v2`` with the incident's config, then the default diagnosis."""
-    workload = workload or Workload()
+    workload = incident.workload_for(workload or Workload())
     workdir.mkdir(parents=True, exist_ok=True)
     db = workdir / f"{incident.name}.duckdb"
     for stale in workdir.glob(f"{incident.name}.duckdb*"):
@@ -487,7 +499,7 @@ def run_incident(incident: Incident, workdir: Path, workload: Workload | None = 
         incident=incident,
         sides=sides,
         top1=findings[0]["cause"] if findings else None,
-        top1_since_last_deploy=(since.get("findings") or [{}])[0].get("cause"),
+        top1_since_last_deploy=(since.get("findings") or [{}])[0].get("cause") or "error: " + since.get("error", "?"),
         findings=findings,
         raw=raw_figures(db, sides),
         db=db,

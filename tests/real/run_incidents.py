@@ -23,6 +23,11 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
 
+def _short(text: str | None, limit: int = 60) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def summary_line(result: IncidentResult) -> str:
     """``incident | expected | top-1 | TTFT p99 ratio | e2e p99 ratio | engine counters``, Markdown."""
     raw = result.raw
@@ -30,7 +35,9 @@ def summary_line(result: IncidentResult) -> str:
 
     def rate(side: dict[str, float | None]) -> str:
         hits, queries = side.get("prefix_cache_hits"), side.get("prefix_cache_queries")
-        return _fmt(hits / queries if hits is not None and queries else None)
+        if not queries:
+            return "– (no queries: caching off)" if queries == 0 else "–"
+        return _fmt(hits / queries if hits is not None else None)
 
     engine = (
         f"hit rate {rate(base)} → {rate(cand)}; preemptions {_fmt(base['num_preemptions'], '.0f')} → "
@@ -40,7 +47,7 @@ def summary_line(result: IncidentResult) -> str:
     )
     return (
         f"| {result.incident.name} ({result.incident.note}) | {'/'.join(result.incident.expected)} | "
-        f"{result.top1} {'✓' if result.correct else '✗'} | {result.top1_since_last_deploy} | "
+        f"{result.top1} {'✓' if result.correct else '✗'} | {_short(result.top1_since_last_deploy)} | "
         f"{_fmt(raw['ttft_p99_ratio'])}× | {_fmt(raw['e2e_p99_ratio'])}× | {engine} |"
     )
 
