@@ -13,6 +13,16 @@ Example ``sre-agent.toml``::
     grpc_port = 4317
     keep_content = false
     retention_days = 14
+    scrape_interval_s = 5
+
+    [[scrape]]                       # engine /metrics pulled by `serve` (repeatable)
+    url = "http://127.0.0.1:8000/metrics"
+    service = "vllm"                 # service.name (default: the metric prefix, vllm or sglang)
+    instance = "vllm-0"              # service.instance.id (default: host:port of the URL)
+    host = "node-1"                  # host.name (default: the URL's host)
+    version = "v1"                   # service.version (default: none)
+
+``SRE_AGENT_SCRAPE`` takes comma-separated URLs (defaults for the rest).
 """
 
 from __future__ import annotations
@@ -25,12 +35,97 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sre_agent.errors import ConfigError
 
-__all__ = ["Config", "load_config"]
+__all__ = ["Config", "ScrapeTarget", "load_config", "scrape_targets"]
 
 MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """A Prometheus ``/metrics`` endpoint that ``serve`` pulls engine metrics from.
+
+    The points land labelled like a Collector's would: the resource carries
+    ``service.name``, ``service.instance.id`` and ``host.name`` (and
+    ``service.version`` when given), so they join the engine's spans when
+    those carry the same values.
+
+    Attributes:
+        url: ``http://`` or ``https://`` URL of the exposition text.
+        service: ``service.name`` (``None`` = the metric prefix, ``vllm`` or ``sglang``).
+        instance: ``service.instance.id`` (``None`` = ``host:port`` of the URL, as a Collector sets it).
+        host: ``host.name`` (``None`` = the URL's host).
+        version: ``service.version`` (``None`` = not set).
+    """
+
+    url: str
+    service: str | None = None
+    instance: str | None = None
+    host: str | None = None
+    version: str | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the URL (the port defaults to the scheme's)."""
+        parts = urlsplit(self.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = parts.hostname or ""
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def instance_id(self) -> str:
+        """The ``service.instance.id`` the points carry."""
+        return self.instance or self.address
+
+    @property
+    def host_name(self) -> str:
+        """The ``host.name`` the points carry."""
+        return self.host or (urlsplit(self.url).hostname or "")
+
+
+_SCRAPE_KEYS = frozenset(f.name for f in fields(ScrapeTarget))
+
+
+def _scrape_target(value: Any, source: str) -> ScrapeTarget:
+    """One target from a URL string or a ``[[scrape]]`` table; rejects what cannot be scraped."""
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{source}: scrape = {value!r} is neither a URL nor a table with url = ...")
+    unknown = sorted(set(value) - _SCRAPE_KEYS)
+    if unknown:
+        hint = difflib.get_close_matches(unknown[0], sorted(_SCRAPE_KEYS), n=1)
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ConfigError(f"{source}: unknown [[scrape]] setting {unknown[0]!r}{suggestion}")
+    if "url" not in value:
+        raise ConfigError(f"{source}: a [[scrape]] table needs url = ...")
+    items = {k: str(v) for k, v in value.items()}
+    url = items["url"].strip()
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{source}: scrape URL {url!r} is not an http:// or https:// URL with a host")
+    items["url"] = url
+    return ScrapeTarget(**items)
+
+
+def scrape_targets(value: Any, source: str) -> tuple[ScrapeTarget, ...]:
+    """Targets from a TOML value (a table, a URL or a list of either) or comma-separated URLs."""
+    if isinstance(value, ScrapeTarget):
+        return (value,)
+    if isinstance(value, str):
+        value = [item for item in value.replace("\n", ",").split(",") if item.strip()]
+    elif isinstance(value, Mapping):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{source}: scrape = {value!r} is not a list of URLs or [[scrape]] tables")
+    return tuple(t if isinstance(t, ScrapeTarget) else _scrape_target(t, source) for t in value)
 
 
 @dataclass(frozen=True)
@@ -53,6 +148,8 @@ class Config:
         flush_interval_s: longest time a span waits in the queue before commit.
         retention_days: delete data older than this many days (``None`` = keep).
         hash_key: key for content hashes (``None`` = a random key kept in the store).
+        scrape: Prometheus endpoints ``serve`` pulls engine metrics from (``[[scrape]]``).
+        scrape_interval_s: seconds between two scrapes of a target.
     """
 
     db: str = "./sre-agent.duckdb"
@@ -70,6 +167,12 @@ class Config:
     flush_interval_s: float = 0.05
     retention_days: float | None = None
     hash_key: str | None = None
+    scrape: tuple[ScrapeTarget, ...] = ()
+    scrape_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.scrape_interval_s > 0:  # also rejects NaN
+            raise ConfigError(f"scrape_interval_s = {self.scrape_interval_s!r} must be a positive number of seconds")
 
     def replace(self, **changes: Any) -> Config:
         """A copy with some fields changed (``None`` values are ignored)."""
@@ -82,6 +185,8 @@ def _field_types() -> dict[str, str]:
 
 def _coerce(key: str, value: Any, source: str) -> Any:
     kind = _field_types()[key]
+    if key == "scrape":
+        return scrape_targets(value, source)
     try:
         if kind.startswith("dict"):
             if isinstance(value, Mapping):

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     from sre_agent.decode_pool import DecodePool
     from sre_agent.normalise import Normaliser
+    from sre_agent.scrape import Scraper
     from sre_agent.store import Store
 
 __all__ = [
@@ -110,6 +111,7 @@ class ApiContext:
         stats: receiver counters (``/metrics``).
         normaliser: the ingest normaliser shared by the receivers.
         decode_pool: worker processes decoding OTLP bodies (None = decode in-process).
+        scraper: pulls engine ``/metrics`` targets (``--scrape``); None when there are none.
     """
 
     config: Config
@@ -118,6 +120,7 @@ class ApiContext:
     stats: ReceiverStats
     normaliser: Normaliser
     decode_pool: DecodePool | None = None
+    scraper: Scraper | None = None
     # Read cursors are derived from one connection that nothing else uses, under a
     # lock: DuckDB connection objects are not thread-safe, and the store's own
     # connection belongs to the writer thread.
@@ -427,6 +430,8 @@ def build_app(
 
     async def metrics(request: Request) -> Response:
         text = ctx.stats.render_prometheus(queued_rows=ctx.writer.queued_rows, queue_max_rows=ctx.writer.queue_max_rows)
+        if ctx.scraper is not None:
+            text += ctx.scraper.render_prometheus()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     routes: list[BaseRoute] = [
@@ -467,7 +472,8 @@ class ServeAddresses:
     db: str
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, what: str = "") -> socket.socket:
+    """A bound (not yet listening) TCP socket; ConfigError naming ``what`` (e.g. "gRPC") when the port is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -477,7 +483,8 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         from sre_agent.errors import ConfigError
 
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        purpose = f" for {what}" if what else ""
+        raise ConfigError(f"cannot listen{purpose} on {host}:{port}: {exc.strerror or exc}") from exc
     sock.set_inheritable(True)
     return sock
 
@@ -508,12 +515,14 @@ def open_context(config: Config, *, decode_workers: int = 0) -> Iterator[ApiCont
     """
     from sre_agent.decode_pool import DecodePool
     from sre_agent.normalise import Normaliser
+    from sre_agent.scrape import Scraper
     from sre_agent.store import Store
 
     store = Store.open(config.db)
     writer: Writer | None = None
     ctx: ApiContext | None = None
     pool: DecodePool | None = None
+    scraper: Scraper | None = None
     try:
         stats = ReceiverStats()
         writer = Writer(
@@ -536,12 +545,31 @@ def open_context(config: Config, *, decode_workers: int = 0) -> Iterator[ApiCont
                 hash_key=normaliser.hash_key,
             )
             pool.warm_up()
+        if config.scrape:
+            active_writer = writer
+            scraper = Scraper(
+                config.scrape,
+                interval_s=config.scrape_interval_s,
+                submit=lambda table: active_writer.submit("metric_points", table),
+                normaliser=normaliser,
+                max_body_bytes=config.max_body_bytes,
+            )
         ctx = ApiContext(
-            config=config, store=store, writer=writer, stats=stats, normaliser=normaliser, decode_pool=pool
+            config=config,
+            store=store,
+            writer=writer,
+            stats=stats,
+            normaliser=normaliser,
+            decode_pool=pool,
+            scraper=scraper,
         )
         writer.start()
+        if scraper is not None:
+            scraper.start()
         yield ctx
     finally:
+        if scraper is not None:
+            scraper.close()  # before the writer: a scrape in progress still gets its commit
         if pool is not None:
             pool.close()
         if writer is not None:
@@ -604,39 +632,46 @@ def serve(
     queued, close the store. A second signal stops waiting for in-flight requests.
     """
     grpc_server: Any = None
-    with open_context(config, decode_workers=decode_workers) as ctx:
-        try:
-            app = build_app(ctx, route_modules)
-            http_sock = _bind(config.host, config.http_port)
-            grpc_target = None
-            if config.grpc_port:
-                from sre_agent.grpc_server import start_grpc_server
+    # Ports first: a busy port must fail before the store file is created, and a busy gRPC port
+    # must be one readable line rather than gRPC's own C++ log line.
+    http_sock = _bind(config.host, config.http_port)
+    try:
+        if config.grpc_port:
+            _bind(config.host, config.grpc_port, "gRPC").close()  # gRPC binds it again itself
+        with open_context(config, decode_workers=decode_workers) as ctx:
+            try:
+                app = build_app(ctx, route_modules)
+                grpc_target = None
+                if config.grpc_port:
+                    from sre_agent.grpc_server import start_grpc_server
 
-                grpc_server, grpc_port = start_grpc_server(ctx, config.host, config.grpc_port)
-                grpc_target = f"{config.host}:{grpc_port}"
-            host = f"[{config.host}]" if ":" in config.host else config.host
-            addresses = ServeAddresses(
-                http_url=f"http://{host}:{http_sock.getsockname()[1]}", grpc_target=grpc_target, db=config.db
-            )
+                    grpc_server, grpc_port = start_grpc_server(ctx, config.host, config.grpc_port)
+                    grpc_target = f"{config.host}:{grpc_port}"
+                host = f"[{config.host}]" if ":" in config.host else config.host
+                addresses = ServeAddresses(
+                    http_url=f"http://{host}:{http_sock.getsockname()[1]}", grpc_target=grpc_target, db=config.db
+                )
 
-            def stop_grpc() -> None:
-                # gRPC stops taking new calls; its in-flight calls finish (each waits for its commit).
+                def stop_grpc() -> None:
+                    # gRPC stops taking new calls; its in-flight calls finish (each waits for its commit).
+                    if grpc_server is not None:
+                        grpc_server.stop(grace=10.0).wait(11.0)
+
+                server = _Server(
+                    uvicorn.Config(
+                        app,
+                        log_level="warning",
+                        lifespan="off",
+                        timeout_graceful_shutdown=30,
+                        access_log=False,
+                    ),
+                    on_ready=lambda: on_ready(addresses) if on_ready is not None else None,
+                    on_signal=stop_grpc,
+                )
+                server.run(sockets=[http_sock])
+                stop_grpc()
+            finally:
                 if grpc_server is not None:
-                    grpc_server.stop(grace=10.0).wait(11.0)
-
-            server = _Server(
-                uvicorn.Config(
-                    app,
-                    log_level="warning",
-                    lifespan="off",
-                    timeout_graceful_shutdown=30,
-                    access_log=False,
-                ),
-                on_ready=lambda: on_ready(addresses) if on_ready is not None else None,
-                on_signal=stop_grpc,
-            )
-            server.run(sockets=[http_sock])
-            stop_grpc()
-        finally:
-            if grpc_server is not None:
-                grpc_server.stop(grace=None)
+                    grpc_server.stop(grace=None)
+    finally:
+        http_sock.close()

@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from sre_agent.cli._common import add_store_options, config_from_args
-from sre_agent.errors import StoreLockedError
+from sre_agent.config import scrape_targets
+from sre_agent.errors import ConfigError, StoreLockedError, UsageError
 
 __all__ = ["register"]
 
@@ -20,6 +21,9 @@ EPILOG = """examples:
 
   # then point vLLM at it (gRPC is vLLM's default protocol):
   OTEL_EXPORTER_OTLP_TRACES_INSECURE=true vllm serve MODEL --otlp-traces-endpoint grpc://127.0.0.1:4317
+
+  sre-agent serve --scrape http://127.0.0.1:8000/metrics --scrape-interval 5
+      also pull vLLM's (or SGLang's) Prometheus /metrics every 5 s into the store, no Collector needed
 """
 
 
@@ -55,19 +59,50 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="decode OTLP bodies in N worker processes (default 0: in the server process)",
     )
+    scrape = parser.add_argument_group("engine metrics")
+    scrape.add_argument(
+        "--scrape",
+        action="append",
+        metavar="URL",
+        help="pull Prometheus text from URL (vLLM /metrics, SGLang --enable-metrics); repeatable; "
+        "labels and more targets: [[scrape]] in the config file (env SRE_AGENT_SCRAPE, comma-separated)",
+    )
+    scrape.add_argument(
+        "--scrape-interval",
+        type=_seconds,
+        metavar="SECONDS",
+        help="seconds between scrapes of a target (default 5, env SRE_AGENT_SCRAPE_INTERVAL_S)",
+    )
     parser.set_defaults(func=run)
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds ("5", "0.5", "5s")."""
+    try:
+        value = float(text.removesuffix("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; exit 0 on a clean shutdown, 1 on a startup error."""
     from sre_agent.server import ServeAddresses, serve
 
+    try:
+        targets = scrape_targets(args.scrape, "--scrape") if args.scrape else None
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     config = config_from_args(
         args,
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         keep_content=args.keep_content,
+        scrape=targets,
+        scrape_interval_s=args.scrape_interval,
     )
 
     def announce(addresses: ServeAddresses) -> None:
@@ -75,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"sre-agent serve: OTLP/HTTP and API on {addresses.http_url}", file=sys.stderr)
         if addresses.grpc_target is not None:
             print(f"sre-agent serve: OTLP/gRPC on {addresses.grpc_target}", file=sys.stderr)
+        for target in config.scrape:
+            print(
+                f"sre-agent serve: scraping {target.url} every {config.scrape_interval_s:g} s "
+                f"(service.instance.id={target.instance_id})",
+                file=sys.stderr,
+            )
         print("sre-agent serve: ready (Ctrl-C or SIGTERM to stop)", file=sys.stderr, flush=True)
 
     try:
