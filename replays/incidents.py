@@ -588,6 +588,8 @@ def _apply_style(rng: random.Random, s: Scenario, style: str) -> Scenario:
         return s
     removed = {str(c.params["replica"]) for c in s.changes if c.kind == "remove_replica"}
     names = [n for n in names if n not in removed]
+    if len(names) < 2:  # one replica left: restarting it would leave nobody serving, so it is swapped hot
+        return replace(s, deploy=replace(s.deploy, replicas=None))
     stagger = rng.uniform(5.0, 20.0)
     down = min(stagger * 0.8, rng.uniform(2.0, 10.0))
     at = s.deploy.at_s
@@ -698,3 +700,26 @@ def write_incident(incident: Incident, directory: str | Path) -> dict[str, Any]:
     info["simulated_requests"] = len(result.records)
     (out / "truth.json").write_text(json.dumps(info, indent=2, sort_keys=True), encoding="utf-8")
     return info
+
+
+def replay_into_store(incident: Incident, db: str | Path) -> tuple[dict[str, Any], Any]:
+    """Replay ``incident`` straight into a DuckDB store (no files); returns (effect summary, the Selection).
+
+    The in-process twin of :func:`write_incident` + ``sre-agent ingest`` for tests.
+    """
+    from sre_agent.replays.outputs import StoreOutput
+    from sre_agent.replays.replay import epoch_ns
+    from sre_agent.selection import Selection
+
+    result = replay(incident.scenario, ShapedOutput(StoreOutput.open(db), incident.shape))
+    info = incident.describe()
+    info["effect"] = _effect(result, incident)
+    info["visible"] = _visible(incident.truth.cause, info["effect"])
+    deploy = incident.scenario.deploy
+    if incident.deploy_style == "canary_split":
+        selection = Selection(
+            mode="versions", baseline_version=deploy.old_version, candidate_version=deploy.new_version
+        )
+    else:
+        selection = Selection(mode="deploy_at", deploy_at_ns=epoch_ns(incident.scenario) + int(deploy.at_s * 1e9))
+    return info, selection
