@@ -645,7 +645,11 @@ def _effect(result: ReplayResult, incident: Incident) -> dict[str, float]:
     else:
         (b_lo, b_hi), (c_lo, c_hi) = result.windows()
         base, cand = result._select(b_lo, b_hi, scope), result._select(c_lo, c_hi, scope)
-    out: dict[str, float] = {"requests_baseline": len(base), "requests_candidate": len(cand)}
+    out: dict[str, float] = {
+        "requests_baseline": len(base),
+        "requests_candidate": len(cand),
+        "baseline_ttft_p99_s": result.value("ttft_p99", base),
+    }
     for metric in ("e2e_p99", "ttft_p99", "tpot_p99", "tpot_p50", "queue_p99", "prefill_p99", "dependency_p99"):
         b, c = result.value(metric, base), result.value(metric, cand)
         out[metric] = c / b if b > 0 else float("nan")
@@ -655,12 +659,16 @@ def _effect(result: ReplayResult, incident: Incident) -> dict[str, float]:
 
 
 def _visible(cause: str, e: dict[str, float]) -> bool:
-    """Whether the simulated effect is large enough that the truth is not a guess (a cause must show)."""
+    """Whether the truth is not a guess: the cause's effect shows, and the baseline was not saturated."""
 
     def ratio(*names: str) -> float:
         return max((e[n] for n in names if e[n] == e[n]), default=1.0)
 
     latency = ratio("e2e_p99", "ttft_p99", "tpot_p99")
+    if not e["baseline_ttft_p99_s"] < 30.0:
+        # the baseline fleet is already saturated (first tokens after half a minute): no operator
+        # would call that a healthy baseline, so no cause can be told apart from the backlog
+        return False
     if cause == "none":
         return True
     if cause in ("capacity", "load", "batch_composition", "traffic_mix"):
