@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 import polars as pl
 
 from sre_agent.compare import LATENCIES, SIDES
+from sre_agent.decompose import MIN_TAIL, stage_decomposition
 from sre_agent.rules_api import Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
@@ -315,6 +316,27 @@ def other_spans_sql(comparison: Comparison) -> str:
     )"""
 
 
+def wide_enough(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> StageDecomposition:
+    """The stage decomposition, at a lower quantile when the headline's tail is too small to split.
+
+    At p99 a side of 600 requests has 6 tail requests, fewer than the decomposition's minimum
+    (``decompose.MIN_TAIL``), and every stage-based rule would fall silent although the headline
+    regressed. The widest tail that holds the minimum on the smaller side (quantile
+    ``1 - MIN_TAIL / n``, never below p50) is then decomposed instead; its ``quantile`` says
+    which, so a finding can state it.
+    """
+    if stages.shares or regression.metric == "error_rate" or not regression.significant:
+        return stages
+    counts = comparison.requests.group_by("side").len()
+    n = min((int(r["len"]) for r in counts.to_dicts()), default=0)
+    if n == 0 or len(counts) < 2:
+        return stages
+    q = max(0.5, 1.0 - MIN_TAIL / n)
+    if q >= stages.quantile:
+        return stages
+    return stage_decomposition(comparison, replace(regression, quantile=q))
+
+
 __all__ = [
     "MIN_BUCKET",
     "PER_TOKEN_METRICS",
@@ -336,6 +358,7 @@ __all__ = [
     "significance",
     "stage_share",
     "tail_shares",
+    "wide_enough",
     "windows_overlap",
     "z_change",
 ]

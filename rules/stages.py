@@ -25,6 +25,7 @@ from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import engine_cost
+from sre_agent.rules._mechanism import wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
 #: How much a stage-only explanation is trusted relative to a mechanism.
@@ -93,6 +94,7 @@ def stages(
     stages: StageDecomposition, regression: Regression, comparison: Comparison, metrics: MetricView | None = None
 ) -> Finding | None:
     """Name the driver of the stage that holds most of the tail excess, with the full decomposition as evidence."""
+    stages = wide_enough(stages, regression, comparison)
     if not regression.significant or not stages.shares:
         return None
     dominant = stages.dominant
