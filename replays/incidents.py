@@ -230,6 +230,9 @@ def _tenants(rng: random.Random, n: int, long_inputs: bool) -> tuple[Tenant, ...
 def _pick_shape_style_cause(rng: random.Random) -> tuple[str, str, str]:
     style = rng.choices(DEPLOY_STYLES, weights=(0.55, 0.25, 0.2))[0]
     shape = rng.choices(tuple(SHAPES), weights=(0.4, 0.15, 0.15, 0.1, 0.1, 0.1))[0]
+    if style == "canary_split" and not SHAPES[shape][1]:
+        # a version pair is told apart by the engine spans' service.version: without them it is a hot swap
+        style = "hot_swap"
     causes = SHAPE_CAUSES[shape]
     if style == "canary_split":
         causes = tuple(c for c in causes if c in _CANARY_CAUSES)
