@@ -668,6 +668,8 @@ def _visible(cause: str, e: dict[str, float]) -> bool:
         return max((e[n] for n in names if e[n] == e[n]), default=1.0)
 
     latency = ratio("e2e_p99", "ttft_p99", "tpot_p99")
+    if min(e["requests_baseline"], e["requests_candidate"]) < 150:
+        return False  # a side too thin to compare (a bursty trace slice that went quiet)
     if not e["baseline_ttft_p99_s"] < 30.0:
         # the baseline fleet is already saturated (first tokens after half a minute): no operator
         # would call that a healthy baseline, so no cause can be told apart from the backlog

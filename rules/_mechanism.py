@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final
 import polars as pl
 
 from sre_agent.compare import LATENCIES, SIDES
-from sre_agent.decompose import MIN_TAIL, stage_decomposition
+from sre_agent.decompose import DRIVER_MIN_CHANGE, MIN_TAIL, stage_decomposition
 from sre_agent.rules_api import Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
@@ -337,6 +337,38 @@ def wide_enough(stages: StageDecomposition, regression: Regression, comparison: 
     return stage_decomposition(comparison, replace(regression, quantile=q))
 
 
+def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[str, float]:
+    """Queue drivers with ``load`` and ``capacity`` netted into the offered load *per replica*.
+
+    Queueing follows arrivals per replica (Little's law per replica). ``queue_drivers`` credits
+    more arrivals to ``load`` and fewer replicas to ``capacity`` separately and drops falls, so a
+    version pair where the canary serves 1 of 3 replicas with a third of the traffic would get a
+    ``capacity`` term although each replica carries the same load. Here the two log terms are
+    summed with their signs; when the per-replica load rose by 10 % or more, the rise is split
+    between ``load`` and ``capacity`` in proportion to their rises, else both are dropped.
+    """
+    counts, seconds = comparison.request_counts, comparison.window_seconds()
+    reps = (
+        comparison.requests.group_by("side")
+        .agg(pl.coalesce("service_instance", "host_name").drop_nulls().n_unique().alias("r"))
+        .to_dicts()
+    )
+    r = {row["side"]: int(row["r"]) for row in reps}
+    if not (r.get("baseline") and r.get("candidate") and counts.get("baseline") and counts.get("candidate")):
+        return dict(drivers)
+    if not (seconds.get("baseline") and seconds.get("candidate")):
+        return dict(drivers)
+    log_rate = math.log((counts["candidate"] / seconds["candidate"]) / (counts["baseline"] / seconds["baseline"]))
+    log_reps = math.log(r["baseline"] / r["candidate"])
+    out = {k: v for k, v in drivers.items() if k not in ("load", "capacity")}
+    net = log_rate + log_reps
+    rises = {"load": max(0.0, log_rate), "capacity": max(0.0, log_reps)}
+    total = sum(rises.values())
+    if net >= math.log(1 + DRIVER_MIN_CHANGE) and total > 0:
+        out.update({k: net * v / total for k, v in rises.items() if v > 0})
+    return out
+
+
 __all__ = [
     "MIN_BUCKET",
     "PER_TOKEN_METRICS",
@@ -349,6 +381,7 @@ __all__ = [
     "latency_share",
     "metric_hit_rate",
     "other_spans_sql",
+    "per_replica",
     "per_request",
     "pow2_bucket",
     "ratio_estimate",

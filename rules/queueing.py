@@ -25,7 +25,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition, queue_drivers
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._mechanism import wide_enough
+from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
 #: Relative change below which a driver is treated as unchanged (10 %).
@@ -98,7 +98,9 @@ def queueing(
     if at_stake <= 0.05:
         return []
 
-    drivers = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
+    drivers = per_replica(
+        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+    )
     load_term = drivers.get("load", 0.0)
     replica_term = drivers.get("capacity", 0.0)
     slot_term = 0.0

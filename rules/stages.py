@@ -25,7 +25,7 @@ from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import engine_cost
-from sre_agent.rules._mechanism import wide_enough
+from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
 #: How much a stage-only explanation is trusted relative to a mechanism.
@@ -59,7 +59,9 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
     if metrics is None:
         return drivers
     out = dict(drivers)
-    growth = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
+    growth = per_replica(
+        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+    )
     grew = [d for d in ("capacity", "load") if growth.get(d, 0.0) > 0]
     batch_driver = max(grew, key=lambda d: growth[d], default=None)
     for driver, stage in (("decode_slowdown", "decode"), ("prefill_slowdown", "prefill")):
@@ -103,7 +105,9 @@ def stages(
     if dominant == "queue":
         # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
         drivers = _at_equal_batch(
-            queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts),
+            per_replica(
+                queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+            ),
             comparison,
             metrics,
         )

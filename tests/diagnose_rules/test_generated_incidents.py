@@ -68,3 +68,15 @@ def test_small_sample_queueing_is_still_explained(seed: int, cause: str, tmp_pat
     assert findings, "no finding at all"
     assert findings[0][0] == cause, findings
     assert all(c != "decode_slowdown" for c, _, _ in findings[:3]), findings
+
+
+def test_canary_split_is_not_capacity_when_each_replica_carries_the_same_load(tmp_path: Path) -> None:
+    # A version pair on a canary split: 2 of 6 replicas run the new version (prefill x2.2) and
+    # get their share of the traffic. The candidate side has fewer replicas *and* fewer
+    # arrivals, so the load per replica is unchanged; crediting the replica count alone
+    # called it capacity. Queueing follows arrivals per replica (Little's law per replica).
+    incident, findings = _diagnosed(98, tmp_path)
+    assert incident.deploy_style == "canary_split"  # type: ignore[attr-defined]
+    assert incident.truth.cause == "prefill_slowdown"  # type: ignore[attr-defined]
+    assert findings[0][0] == "prefill_slowdown", findings
+    assert all(cause not in ("capacity", "load") for cause, _, _ in findings), findings
