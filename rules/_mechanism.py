@@ -345,7 +345,8 @@ def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[st
     version pair where the canary serves 1 of 3 replicas with a third of the traffic would get a
     ``capacity`` term although each replica carries the same load. Here the two log terms are
     summed with their signs; when the per-replica load rose by 10 % or more, the rise is split
-    between ``load`` and ``capacity`` in proportion to their rises, else both are dropped.
+    between ``load`` and ``capacity`` in proportion to their own rises (each counted only from
+    10 %), else both are dropped.
     """
     counts, seconds = comparison.request_counts, comparison.window_seconds()
     reps = (
@@ -362,7 +363,9 @@ def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[st
     log_reps = math.log(r["baseline"] / r["candidate"])
     out = {k: v for k, v in drivers.items() if k not in ("load", "capacity")}
     net = log_rate + log_reps
-    rises = {"load": max(0.0, log_rate), "capacity": max(0.0, log_reps)}
+    # a driver that moved less than 10 % on its own is unchanged (as in queue_drivers); it only nets
+    floor = math.log(1 + DRIVER_MIN_CHANGE)
+    rises = {"load": log_rate if log_rate >= floor else 0.0, "capacity": log_reps if log_reps >= floor else 0.0}
     total = sum(rises.values())
     if net >= math.log(1 + DRIVER_MIN_CHANGE) and total > 0:
         out.update({k: net * v / total for k, v in rises.items() if v > 0})
