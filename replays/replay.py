@@ -165,7 +165,34 @@ def _runtime_changes(scenario: Scenario) -> tuple[list[tuple[float, Callable[[Si
                 sim.gateway.retry = replace(sim.gateway.retry, **p)  # type: ignore[arg-type]
 
             events.append((change.at_s, set_retry))
+        elif change.kind == "rollout":
+            events.extend(_rollout(change, scenario))
     return events, faults
+
+
+def _rollout(change: Change, scenario: Scenario) -> list[tuple[float, Callable[[Simulation], None]]]:
+    """One step of a rolling restart: the replica leaves the pool for ``down_s``, then serves the new version.
+
+    A restarted process starts with an empty prefix cache (``cold_cache``, default true); requests
+    already running on it finish first (a graceful drain), new ones go elsewhere meanwhile.
+    """
+    p = _params(change, scenario, ("replica", "down_s", "cold_cache"))
+    name = str(p["replica"])
+    down_s = float(p.get("down_s", 0.0))  # type: ignore[arg-type]
+    cold = bool(p.get("cold_cache", True))
+
+    def leave(sim: Simulation) -> None:
+        sim.replica(name).routable = False
+
+    def back(sim: Simulation) -> None:
+        replica = sim.replica(name)
+        replica.reconfigure(scenario.engine_after, scenario.deploy.new_version)
+        if cold:
+            replica.pool.set_caching(False)
+            replica.pool.set_caching(scenario.engine_after.enable_prefix_caching)
+        replica.routable = True
+
+    return [(change.at_s, leave), (change.at_s + down_s, back)]
 
 
 @dataclass
@@ -313,6 +340,7 @@ def run_scenario(scenario: Scenario, sink: TelemetrySink | None = None) -> Repla
         sink=sink,
         changes=events,
         faults=faults,
+        metric_interval_s=scenario.scrape_interval_s,
     )
     records = sim.run()
     return ReplayResult(

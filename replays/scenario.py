@@ -44,7 +44,7 @@ SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
 # The closed cause vocabulary of CONTRACTS section 3, as the rules know it.
 CAUSES = frozenset(RULE_CAUSES)
-CHANGE_KINDS = frozenset({"rate", "mix", "dependency", "remove_replica", "fault", "retry", "template_break"})
+CHANGE_KINDS = frozenset({"rate", "mix", "dependency", "remove_replica", "fault", "retry", "template_break", "rollout"})
 # Metrics a scenario may claim; "<stage>_p50|p99" are ratios, "error_rate" is an absolute delta.
 REGRESSION_METRICS = frozenset(
     {
@@ -148,6 +148,7 @@ class Scenario:
     expected: Expected
     attribute_set: str = "v1"
     start_time: str = "2026-01-15T09:00:00Z"
+    scrape_interval_s: float = 5.0
 
     def scaled(self, factor: float) -> Scenario:
         """The same scenario over ``factor`` of its duration (deploy and change times scale too)."""
@@ -305,6 +306,9 @@ def load_scenario(path: str | Path) -> Scenario:
     if attribute_set not in ATTRIBUTE_SETS:
         raise ScenarioError(f"{file}: attribute_set must be one of {', '.join(map(repr, ATTRIBUTE_SETS))}")
     start_time = top.take("start_time", str, "2026-01-15T09:00:00Z")
+    scrape_interval_s = top.take("scrape_interval_s", float, 5.0)
+    if not 1.0 <= scrape_interval_s <= 60.0:
+        raise ScenarioError(f"{file}: scrape_interval_s must be between 1 and 60 seconds")
 
     wl = top.sub("workload")
     tenants_raw = wl.take("tenants", list, None)
@@ -407,8 +411,8 @@ def load_scenario(path: str | Path) -> Scenario:
     if expected.min_regression is None and expected.max_regression is None:
         raise ScenarioError(f"{file}: expected needs min_regression (or max_regression for cause 'none')")
     top.done(
-        ("name", "description", "seed", "attribute_set", "start_time", "workload", "routes", "gateway", "topology",
-         "engine", "deploy", "changes", "expected")
+        ("name", "description", "seed", "attribute_set", "start_time", "scrape_interval_s", "workload", "routes",
+         "gateway", "topology", "engine", "deploy", "changes", "expected")
     )  # fmt: skip
     return Scenario(
         name=name,
@@ -430,6 +434,7 @@ def load_scenario(path: str | Path) -> Scenario:
         expected=expected,
         attribute_set=attribute_set,
         start_time=start_time,
+        scrape_interval_s=scrape_interval_s,
     )
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 import polars as pl
 
 from sre_agent.compare import LATENCIES, SIDES
+from sre_agent.decompose import DRIVER_MIN_CHANGE, MIN_TAIL, stage_decomposition
 from sre_agent.rules_api import Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
@@ -315,6 +316,62 @@ def other_spans_sql(comparison: Comparison) -> str:
     )"""
 
 
+def wide_enough(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> StageDecomposition:
+    """The stage decomposition, at a lower quantile when the headline's tail is too small to split.
+
+    At p99 a side of 600 requests has 6 tail requests, fewer than the decomposition's minimum
+    (``decompose.MIN_TAIL``), and every stage-based rule would fall silent although the headline
+    regressed. The widest tail that holds the minimum on the smaller side (quantile
+    ``1 - MIN_TAIL / n``, never below p50) is then decomposed instead; its ``quantile`` says
+    which, so a finding can state it.
+    """
+    if stages.shares or regression.metric == "error_rate" or not regression.significant:
+        return stages
+    counts = comparison.requests.group_by("side").len()
+    n = min((int(r["len"]) for r in counts.to_dicts()), default=0)
+    if n == 0 or len(counts) < 2:
+        return stages
+    q = max(0.5, 1.0 - MIN_TAIL / n)
+    if q >= stages.quantile:
+        return stages
+    return stage_decomposition(comparison, replace(regression, quantile=q))
+
+
+def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[str, float]:
+    """Queue drivers with ``load`` and ``capacity`` netted into the offered load *per replica*.
+
+    Queueing follows arrivals per replica (Little's law per replica). ``queue_drivers`` credits
+    more arrivals to ``load`` and fewer replicas to ``capacity`` separately and drops falls, so a
+    version pair where the canary serves 1 of 3 replicas with a third of the traffic would get a
+    ``capacity`` term although each replica carries the same load. Here the two log terms are
+    summed with their signs; when the per-replica load rose by 10 % or more, the rise is split
+    between ``load`` and ``capacity`` in proportion to their own rises (each counted only from
+    10 %), else both are dropped.
+    """
+    counts, seconds = comparison.request_counts, comparison.window_seconds()
+    reps = (
+        comparison.requests.group_by("side")
+        .agg(pl.coalesce("service_instance", "host_name").drop_nulls().n_unique().alias("r"))
+        .to_dicts()
+    )
+    r = {row["side"]: int(row["r"]) for row in reps}
+    if not (r.get("baseline") and r.get("candidate") and counts.get("baseline") and counts.get("candidate")):
+        return dict(drivers)
+    if not (seconds.get("baseline") and seconds.get("candidate")):
+        return dict(drivers)
+    log_rate = math.log((counts["candidate"] / seconds["candidate"]) / (counts["baseline"] / seconds["baseline"]))
+    log_reps = math.log(r["baseline"] / r["candidate"])
+    out = {k: v for k, v in drivers.items() if k not in ("load", "capacity")}
+    net = log_rate + log_reps
+    # a driver that moved less than 10 % on its own is unchanged (as in queue_drivers); it only nets
+    floor = math.log(1 + DRIVER_MIN_CHANGE)
+    rises = {"load": log_rate if log_rate >= floor else 0.0, "capacity": log_reps if log_reps >= floor else 0.0}
+    total = sum(rises.values())
+    if net >= math.log(1 + DRIVER_MIN_CHANGE) and total > 0:
+        out.update({k: net * v / total for k, v in rises.items() if v > 0})
+    return out
+
+
 __all__ = [
     "MIN_BUCKET",
     "PER_TOKEN_METRICS",
@@ -327,6 +384,7 @@ __all__ = [
     "latency_share",
     "metric_hit_rate",
     "other_spans_sql",
+    "per_replica",
     "per_request",
     "pow2_bucket",
     "ratio_estimate",
@@ -336,6 +394,7 @@ __all__ = [
     "significance",
     "stage_share",
     "tail_shares",
+    "wide_enough",
     "windows_overlap",
     "z_change",
 ]

@@ -25,6 +25,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition, queue_drivers
 from sre_agent.metric_view import MetricView
+from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
 #: Relative change below which a driver is treated as unchanged (10 %).
@@ -83,6 +84,7 @@ def queueing(
     windows: dict[str, tuple[int, int, float, int]],
 ) -> list[Finding]:
     """``load`` and/or ``capacity`` findings when queueing (or load-grown batches) carries the regression."""
+    stages = wide_enough(stages, regression, comparison)
     if not regression.significant or not stages.shares:
         return []
     replicas = _replicas(requests, metrics)
@@ -96,7 +98,9 @@ def queueing(
     if at_stake <= 0.05:
         return []
 
-    drivers = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
+    drivers = per_replica(
+        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+    )
     load_term = drivers.get("load", 0.0)
     replica_term = drivers.get("capacity", 0.0)
     slot_term = 0.0
@@ -135,7 +139,12 @@ def queueing(
             "tail_mean_queue_s",
             _r(stages.baseline.get("queue")),
             _r(stages.candidate.get("queue")),
-            f"{queue_share:.0%} of the tail excess is queueing",
+            f"{queue_share:.0%} of the tail excess is queueing"
+            + (
+                f" (p{stages.quantile * 100:.0f} tail: the p{regression.quantile * 100:.0f} tail is too small to split)"
+                if stages.quantile < regression.quantile
+                else ""
+            ),
         ),
     ]
     if waiting.baseline is not None:

@@ -7,13 +7,26 @@ gateway or dependency spans -> dependency). A stage is not a mechanism,
 so this finding's confidence is damped: the specific rules (prefix cache,
 batch composition, queueing, traffic mix, ...) outrank it whenever they can
 name the mechanism, and it remains as the honest "where" when none can.
+
+Stage is not cause (docs/causes.md): the finding's cause is the *driver* of
+the stage's extra time, and its title names that mechanism first, with the
+stage share after it. Seconds per token only count as an engine slowdown for
+the part of their rise that remains at equal running batch and prompt length
+(``_engine_cost.engine_cost``): a TPOT that rose because each replica now runs
+more requests (fewer replicas, more arrivals) is that batch growth's doing,
+and its term moves to the capacity or load driver that made the batch grow.
 """
 
 from __future__ import annotations
 
+import math
+
 from sre_agent.compare import Comparison
-from sre_agent.decompose import StageDecomposition, queue_drivers, stage_drivers
-from sre_agent.rules_api import Evidence, Finding, Regression
+from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
+from sre_agent.metric_view import MetricView
+from sre_agent.rules._engine_cost import engine_cost
+from sre_agent.rules._mechanism import per_replica, wide_enough
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
 #: How much a stage-only explanation is trusted relative to a mechanism.
 STAGE_ONLY_CONFIDENCE = 0.25
@@ -26,8 +39,64 @@ _CAUSE_OF_STAGE = {
 }
 
 
-def stages(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> Finding | None:
-    """Name the stage that holds most of the tail excess, with the full decomposition as evidence."""
+#: What each driver means, for the title (the mechanism comes first, the stage second).
+_MECHANISM = {
+    "load": "more arrivals per second",
+    "capacity": "fewer replicas for the offered load",
+    "traffic_mix": "more work per request",
+    "prefix_cache": "fewer prompt tokens served from the prefix cache",
+    "prefill_slowdown": "prefill seconds per uncached token rose at equal batch",
+    "decode_slowdown": "seconds per output token rose at equal batch",
+}
+
+
+def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: MetricView | None) -> dict[str, float]:
+    """Keep of each slowdown term only the part that remains at equal running batch; hand the rest to batch growth.
+
+    The moved part goes to ``capacity`` or ``load``, whichever driver of queueing is larger
+    (the batch grew because each replica got more requests); without either it is dropped.
+    """
+    if metrics is None:
+        return drivers
+    out = dict(drivers)
+    growth = per_replica(
+        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+    )
+    grew = [d for d in ("capacity", "load") if growth.get(d, 0.0) > 0]
+    batch_driver = max(grew, key=lambda d: growth[d], default=None)
+    for driver, stage in (("decode_slowdown", "decode"), ("prefill_slowdown", "prefill")):
+        term = out.get(driver)
+        if not term:
+            continue
+        try:
+            shift = engine_cost(comparison, metrics, stage).shift  # type: ignore[arg-type]
+        except RuleSkipped:
+            continue
+        if shift is None:
+            continue
+        kept = term * shift.explained_share if shift.z >= 2 else 0.0
+        out[driver] = kept
+        if batch_driver is not None:
+            out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept)
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _slower_at_equal_batch(comparison: Comparison, metrics: MetricView | None, stage: str) -> bool:
+    """Whether the stage's per-token cost rose at equal running batch (True when it cannot be measured)."""
+    if metrics is None:
+        return True
+    try:
+        shift = engine_cost(comparison, metrics, stage).shift  # type: ignore[arg-type]
+    except RuleSkipped:
+        return True
+    return shift is None or (shift.z >= 2 and shift.rise >= DRIVER_MIN_CHANGE)
+
+
+def stages(
+    stages: StageDecomposition, regression: Regression, comparison: Comparison, metrics: MetricView | None = None
+) -> Finding | None:
+    """Name the driver of the stage that holds most of the tail excess, with the full decomposition as evidence."""
+    stages = wide_enough(stages, regression, comparison)
     if not regression.significant or not stages.shares:
         return None
     dominant = stages.dominant
@@ -35,16 +104,32 @@ def stages(stages: StageDecomposition, regression: Regression, comparison: Compa
     share = stages.shares[dominant]
     if dominant == "queue":
         # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
-        drivers = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
+        drivers = _at_equal_batch(
+            per_replica(
+                queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+            ),
+            comparison,
+            metrics,
+        )
         cause = max(drivers, key=lambda d: drivers[d]) if drivers else "capacity"
         check = "compare arrival rate, replica count, tokens per request and seconds per token before and after"
     elif dominant in ("prefill", "decode"):
         # A stage took longer because requests asked for more, the cache helped less, or the engine slowed.
         drivers = stage_drivers(comparison.requests, dominant, comparison.window_seconds(), comparison.request_counts)
+        drivers = _at_equal_batch(drivers, comparison, metrics)
+        if not drivers and not _slower_at_equal_batch(comparison, metrics, dominant):
+            # Nothing measured drives the stage and its per-token cost did not rise at equal batch:
+            # naming the stage's slowdown would name a mechanism the data contradicts.
+            return None
         cause = max(drivers, key=lambda d: drivers[d]) if drivers else _CAUSE_OF_STAGE[dominant][0]
         check = _CAUSE_OF_STAGE[dominant][1]
     else:
         cause, check = _CAUSE_OF_STAGE[dominant]
+        drivers = {}
+    driver_evidence = tuple(
+        Evidence(f"driver_{d}", None, round(math.exp(t), 4), f"x{math.exp(t):.2f} of the {dominant} time's drivers")
+        for d, t in sorted(drivers.items(), key=lambda kv: -kv[1])
+    )
     evidence = tuple(
         Evidence(
             f"tail_mean_{s}_s",
@@ -55,12 +140,14 @@ def stages(stages: StageDecomposition, regression: Regression, comparison: Compa
         for s in stages.baseline
     )
     label = f"{stages.metric} p{round(stages.quantile * 100)}"
+    where = f"{share:.0%} of the {label} tail excess is {dominant} time"
+    mechanism = _MECHANISM.get(cause) if cause in drivers else None
     return Finding(
         cause=cause,
-        title=f"{share:.0%} of the {label} tail excess is {dominant} time",
+        title=f"{mechanism[0].upper()}{mechanism[1:]} ({where})" if mechanism else where,
         explained=share,
         confidence=STAGE_ONLY_CONFIDENCE,
         stage=dominant,
-        evidence=evidence,
+        evidence=driver_evidence + evidence,
         next_check=check,
     )

@@ -83,12 +83,20 @@ def traffic_mix(regression: Regression, requests: pl.LazyFrame, dimensions: list
     n_b, n_c = base.height, cand.height
     cells = cells.with_columns(((pl.col("nc") / n_c) / (pl.col("nb") / n_b)).clip(upper_bound=MAX_WEIGHT).alias("w"))
     weighted = frame.filter(pl.col("side") == "baseline").join(cells.select("_cell", "w"), on="_cell", how="left")
-    unmatched = float(cells.filter(pl.col("nb") == 0)["nc"].sum()) / n_c
+    weighted = _new_values_by_length(frame, cells, weighted, n_b, n_c) if categorical else weighted
+    unmatched = _unmatched(frame, cells, n_c, bool(categorical))
     tv_cells = 0.5 * float(((cells["nc"] / n_c) - (cells["nb"] / n_b)).abs().sum())
 
     base_q = float(base[col].quantile(q, interpolation="linear") or 0.0)
     cand_q = float(cand[col].quantile(q, interpolation="linear") or 0.0)
-    counterfactual = _weighted_quantile(weighted[col], weighted["w"].fill_null(0.0), q)
+    values, weights = weighted[col], weighted["w"].fill_null(0.0)
+    if unmatched > 0.01:
+        # Requests longer (or shorter) than anything the baseline served have no twin to reweight;
+        # their baseline-stack latency is extrapolated from the baseline's cost per token instead.
+        orphans = _extrapolated(frame, base, col, n_b, n_c, bool(categorical))
+        values = pl.concat([values, orphans["v"]])
+        weights = pl.concat([weights, orphans["w"]])
+    counterfactual = _weighted_quantile(values, weights, q)
     change = cand_q - base_q
     if change <= 0:
         return None
@@ -131,6 +139,101 @@ def traffic_mix(regression: Regression, requests: pl.LazyFrame, dimensions: list
         next_check="replay the baseline version with the candidate's request mix (lengths, models, tenants); "
         "if it is as slow, the deploy is not the cause",
     )
+
+
+def _new_values_by_length(
+    frame: pl.DataFrame, cells: pl.DataFrame, weighted: pl.DataFrame, n_b: int, n_c: int
+) -> pl.DataFrame:
+    """Add the candidate requests of cells the baseline never had (a new tenant, route or model) by length.
+
+    A request of a category the baseline did not serve has no baseline twin in its full cell, so
+    DFL weights would drop it and the counterfactual would miss exactly the new traffic. Its best
+    stand-in is the baseline's requests of the same input and output lengths: each baseline request
+    in length cell L gains ``(new candidate requests in L / n_c) / (baseline requests in L / n_b)``.
+    """
+    unseen = cells.filter(pl.col("nb") == 0)["_cell"]
+    if unseen.len() == 0:
+        return weighted
+    length_cell = pl.concat_str([pl.col("_in").cast(pl.String), pl.col("_out").cast(pl.String)], separator="|")
+    new_by_length = (
+        frame.filter((pl.col("side") == "candidate") & pl.col("_cell").is_in(unseen.implode()))
+        .group_by(length_cell.alias("_len"))
+        .agg(pl.len().alias("nc_new"))
+    )
+    base_by_length = weighted.group_by(length_cell.alias("_len")).agg(pl.len().alias("nb_len"))
+    extra = new_by_length.join(base_by_length, on="_len", how="inner").with_columns(
+        ((pl.col("nc_new") / n_c) / (pl.col("nb_len") / n_b)).alias("w_new")
+    )
+    return (
+        weighted.with_columns(length_cell.alias("_len"))
+        .join(extra.select("_len", "w_new"), on="_len", how="left")
+        .with_columns(
+            (pl.col("w").fill_null(0.0) + pl.col("w_new").fill_null(0.0)).clip(upper_bound=MAX_WEIGHT).alias("w")
+        )
+        .drop("_len", "w_new")
+    )
+
+
+#: Which token count a latency scales with, for extrapolating beyond the baseline's lengths.
+_SCALES_WITH = {"ttft_s": "input_tokens", "e2e_s": "output_tokens"}
+
+
+def _orphan_filter(frame: pl.DataFrame, by_length: bool) -> pl.Expr:
+    """Candidate requests without a baseline twin: in no baseline cell (by length when categories are new)."""
+    key = "_cell"
+    if by_length:
+        key = "_len"
+    base_keys = frame.filter(pl.col("side") == "baseline")[key].unique()
+    return (pl.col("side") == "candidate") & ~pl.col(key).is_in(base_keys.implode())
+
+
+def _extrapolated(  # noqa: PLR0917 - the reweighting's own state, passed once
+    frame: pl.DataFrame, base: pl.DataFrame, col: str, n_b: int, n_c: int, by_length: bool
+) -> pl.DataFrame:
+    """Baseline-stack values for candidate requests with no twin: the baseline's latency per token x their tokens.
+
+    The rate is the baseline's median of ``latency / tokens`` over its requests in the two length
+    buckets nearest the orphan's (per token of input for TTFT, of output for e2e); TPOT does not
+    scale with length and keeps the baseline's median. Each orphan weighs ``n_b / n_c``, as a
+    candidate request does in the reweighted baseline.
+    """
+    length_cell = pl.concat_str([pl.col("_in").cast(pl.String), pl.col("_out").cast(pl.String)], separator="|")
+    frame = frame.with_columns(length_cell.alias("_len"))
+    orphans = frame.filter(_orphan_filter(frame, by_length))
+    tokens = _SCALES_WITH.get(col)
+    if orphans.height == 0:
+        return pl.DataFrame({"v": [], "w": []}, schema={"v": pl.Float64, "w": pl.Float64})
+    if tokens is None:
+        value = float(base[col].median() or 0.0)  # type: ignore[arg-type]
+        v = pl.Series("v", [value] * orphans.height, dtype=pl.Float64)
+    else:
+        bucket = "_in" if tokens == "input_tokens" else "_out"
+        per_token = base.filter(pl.col(tokens) > 0).with_columns((pl.col(col) / pl.col(tokens)).alias("_r"))
+        rates = {}
+        for b in orphans[bucket].unique().to_list():
+            near = per_token.filter((pl.col(bucket) - b).abs() <= 1)
+            if near.height < 20:  # too few neighbours: the baseline's largest requests stand in
+                near = per_token.sort(tokens).tail(max(20, per_token.height // 10))
+            rates[b] = float(near["_r"].median() or 0.0)  # type: ignore[arg-type]
+        v = orphans.select(
+            (pl.col(tokens).cast(pl.Float64) * pl.col(bucket).replace_strict(rates, default=0.0)).alias("v")
+        )["v"]
+    return pl.DataFrame({"v": v, "w": pl.Series([n_b / n_c] * orphans.height, dtype=pl.Float64)})
+
+
+def _unmatched(frame: pl.DataFrame, cells: pl.DataFrame, n_c: int, by_length: bool) -> float:
+    """Share of candidate requests with no baseline twin (by full cell, or by length for unseen categories)."""
+    unseen = cells.filter(pl.col("nb") == 0)["_cell"]
+    if not by_length or unseen.len() == 0:
+        return float(cells.filter(pl.col("nb") == 0)["nc"].sum()) / n_c
+    length_cell = pl.concat_str([pl.col("_in").cast(pl.String), pl.col("_out").cast(pl.String)], separator="|")
+    base_lengths = frame.filter(pl.col("side") == "baseline").select(length_cell.alias("_len")).unique()["_len"]
+    orphans = frame.filter(
+        (pl.col("side") == "candidate")
+        & pl.col("_cell").is_in(unseen.implode())
+        & ~length_cell.is_in(base_lengths.implode())
+    )
+    return orphans.height / n_c
 
 
 def _mean(frame: pl.DataFrame, column: str) -> float | None:

@@ -1,0 +1,54 @@
+"""The incident generator (issue 12, build 2): seeded, varied, and every incident carries a checked truth."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+from sre_agent.replays.incidents import SHAPE_CAUSES, SHAPES, generate, write_incident
+from sre_agent.replays.replay import run_scenario
+from sre_agent.rules_api import CAUSES
+
+
+def test_same_seed_same_incident_and_seeds_vary_what_fleets_vary() -> None:
+    assert generate(7).describe() == generate(7).describe()
+    drawn = [generate(seed) for seed in range(300)]
+    causes = Counter(i.truth.cause for i in drawn)
+    assert set(causes) == set(CAUSES), causes  # every cause of the vocabulary, none included
+    assert {i.deploy_style for i in drawn} == {"hot_swap", "rolling_restart", "canary_split"}
+    assert {i.shape for i in drawn} == set(SHAPES)
+    assert {i.scenario.routing for i in drawn} >= {"least_loaded", "round_robin", "random", "prefix_affinity"}
+    assert min(i.scenario.replicas for i in drawn) == 2
+    assert max(i.scenario.replicas for i in drawn) >= 8
+    assert {i.scenario.scrape_interval_s for i in drawn} == {5.0, 10.0, 15.0, 30.0}
+    assert any(i.truth.scope.get("tenant.id") for i in drawn)
+    assert any(i.truth.scope.get("host.name") for i in drawn)
+    assert any(i.truth.second_change for i in drawn)
+    for i in drawn:
+        assert i.truth.cause in SHAPE_CAUSES[i.shape]
+        assert 300 <= i.window_s <= 1800
+
+
+def test_without_a_traces_dir_only_the_bundled_sample_is_read() -> None:
+    assert {generate(s).trace for s in range(40)} == {"azure-conv-sample"}
+
+
+def test_rolling_restart_brings_every_replica_to_the_new_version() -> None:
+    seed = next(s for s in range(200) if generate(s).deploy_style == "rolling_restart")
+    incident = generate(seed)
+    result = run_scenario(incident.scenario)
+    assert {r.version for r in result.replicas} == {incident.scenario.deploy.new_version}
+
+
+def test_write_incident_keeps_only_what_the_shape_carries(tmp_path: Path) -> None:
+    seed = next(s for s in range(200) if generate(s).shape == "metrics-only" and generate(s).window_s <= 600)
+    info = write_incident(generate(seed, max_per_side=300), tmp_path)
+    with gzip.open(tmp_path / "telemetry.jsonl.gz", "rt") as handle:
+        lines = [json.loads(line) for line in handle]
+    assert lines
+    assert all("resourceMetrics" in line for line in lines)
+    truth = json.loads((tmp_path / "truth.json").read_text())
+    assert truth["truth"]["cause"] == info["truth"]["cause"]
+    assert truth["effect"]["requests_baseline"] > 0
