@@ -316,28 +316,23 @@ def _histogram_quantile(comparison: Comparison, need: QuantileNeed, signal: str)
 
 
 def unknown_names(con: duckdb.DuckDBPyConnection, selection: Selection) -> str | None:
-    """Why the selection names something the store has never seen (a service or version), or ``None``."""
-    if selection.service is not None:
-        row = con.execute("SELECT count(*) FROM spans WHERE service_name = ?", [selection.service]).fetchone()
-        metrics = con.execute(
-            "SELECT count(*) FROM metric_points WHERE service_name = ?", [selection.service]
-        ).fetchone()
-        if not (row and row[0]) and not (metrics and metrics[0]):
-            known = [r[0] for r in con.execute(
-                "SELECT DISTINCT service_name FROM spans WHERE service_name IS NOT NULL ORDER BY 1 LIMIT 20"
+    """Why a version pair names a ``service.version`` the store has never seen, or ``None``.
+
+    An unknown ``--service`` needs no check here: resolving the windows
+    already raises :class:`~sre_agent.errors.EmptySelectionError` for it.
+    """
+    if selection.mode != "versions":
+        return None
+    for version in (selection.baseline_version, selection.candidate_version):
+        row = con.execute("SELECT EXISTS (SELECT 1 FROM spans WHERE service_version = ?)", [version]).fetchone()
+        if row != (True,):
+            present = [r[0] for r in con.execute(
+                "SELECT DISTINCT service_version FROM spans WHERE service_version IS NOT NULL ORDER BY 1 LIMIT 20"
             ).fetchall()]  # fmt: skip
-            return f"no spans or metrics for service {selection.service!r} (services: {', '.join(known) or 'none'})"
-    if selection.mode == "versions":
-        for version in (selection.baseline_version, selection.candidate_version):
-            row = con.execute("SELECT count(*) FROM spans WHERE service_version = ?", [version]).fetchone()
-            if not (row and row[0]):
-                known = [r[0] for r in con.execute(
-                    "SELECT DISTINCT service_version FROM spans WHERE service_version IS NOT NULL ORDER BY 1 LIMIT 20"
-                ).fetchall()]  # fmt: skip
-                return (
-                    f"no spans with service.version={version!r} in the store "
-                    f"(versions present: {', '.join(known) or 'none'})"
-                )
+            return (
+                f"no spans with service.version={version!r} in the store "
+                f"(versions present: {', '.join(present) or 'none'})"
+            )
     return None
 
 

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from sre_agent.canary_sides import LADDER, QuantileEstimate, SideStats, ladder_ranks, summarise
+from sre_agent.canary_sides import QuantileEstimate, SideStats, ladder_ranks, summarise
 from sre_agent.canary_spec import (
     DEFAULT_ALPHA,
     LATENCY_METRICS,
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
     from sre_agent.selection import Selection
 
 __all__ = [
-    "LADDER",
     "LATENCY_METRICS",
     "MIN_EXPECTED_BAD",
     "SCHEMA",
@@ -481,14 +480,15 @@ def evaluate(con: duckdb.DuckDBPyConnection, selection: Selection, spec: CanaryS
     from sre_agent.errors import CannotEvaluateError, EmptySelectionError, SelectionError, StoreError
 
     try:
-        unknown = unknown_names(con, selection)
-        if unknown:
-            raise CannotEvaluateError(unknown)
         baseline, candidate, notes = gather(con, selection, spec)
     except EmptySelectionError as exc:
         # A filter that matches nothing is a template error, not "no traffic yet".
         raise CannotEvaluateError(str(exc)) from exc
     except SelectionError as exc:
+        # Only a failed resolution asks whether the names exist at all: polls that resolve pay nothing.
+        unknown = unknown_names(con, selection)
+        if unknown:
+            raise CannotEvaluateError(unknown) from exc
         # Early in a rollout the canary may have no traffic yet: that is "not yet", not an error.
         empty = SideStats(requests=0, window={"selection": selection.to_dict()})
         result = judge(replace(spec, dry_run=False), empty, empty)

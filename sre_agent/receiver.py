@@ -43,11 +43,18 @@ __all__ = [
     "decode_payload",
     "export_response_bytes",
     "media_type_of",
+    "prometheus_family",
     "status_bytes",
     "table_for_signal",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def prometheus_family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> list[str]:
+    """One metric family in the Prometheus text format; each sample is (``{labels}`` or ``""``, value)."""
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *(f"{name}{lb} {v:g}" for lb, v in samples)]
+
 
 TableKind = Literal["spans", "metric_points"]
 
@@ -106,9 +113,7 @@ class ReceiverStats:
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP {prefix}_{name} {help_text}")
-            lines.append(f"# TYPE {prefix}_{name} {kind}")
-            lines.extend(f"{prefix}_{name}{labels} {value:g}" for labels, value in samples)
+            lines.extend(prometheus_family(f"{prefix}_{name}", kind, help_text, samples))
 
         with self.lock:
             metric(

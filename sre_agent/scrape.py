@@ -46,6 +46,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from sre_agent.config import ScrapeTarget
 from sre_agent.errors import BadPayloadError, IngestError, StoreError
+from sre_agent.receiver import prometheus_family
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -477,9 +478,8 @@ class Scraper:
         lines: list[str] = []
 
         def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP sre_agent_scrape_{name} {help_text}")
-            lines.append(f"# TYPE sre_agent_scrape_{name} {kind}")
-            lines.extend(f"sre_agent_scrape_{name}{{{labels}}} {value:g}" for labels, value in samples)
+            labelled = [(f"{{{labels}}}", value) for labels, value in samples]
+            lines.extend(prometheus_family(f"sre_agent_scrape_{name}", kind, help_text, labelled))
 
         with self._lock:
             rows = [(_label_value(url), s) for url, s in self._stats.items()]

@@ -25,10 +25,6 @@ Ville's inequality gives ``P(exists t: M_t(p) >= 1/alpha) <= alpha``. The
 exact Bernoulli likelihood is used, so no sub-Gaussian approximation is
 needed (that matters for p = 0.99, where the increments are very skewed).
 
-* **Proportions** (error rate, goodput): the CS is ``{p : M_t(p) < 1/alpha}``
-  with a fixed prior of mean ``prior_mean`` (the gate uses the SLO
-  threshold, where the decision is made). ``log M_t(p)`` is convex in
-  ``p``, so the set is an interval, found by bisection.
 * **Quantiles** (Howard & Ramdas 2022, "Sequential estimation of quantiles
   with applications to A/B-testing and best-arm identification", Thm 1):
   for the true p-quantile ``q`` of a continuous distribution the count
@@ -72,13 +68,11 @@ __all__ = [
     "histogram_quantile_cs",
     "log_mixture_wealth",
     "point_rank",
-    "proportion_cs",
     "quantile_cs_ranks",
     "rank_bounds",
 ]
 
 DEFAULT_PRIOR_STRENGTH = 100.0
-_BISECT_STEPS = 60
 
 
 def _log_beta(a: float, b: float) -> float:
@@ -152,54 +146,6 @@ def quantile_cs_ranks(
 def point_rank(n: int, p: float) -> int:
     """1-based rank of the empirical p-quantile (the inverse-CDF definition), for ``n >= 1``."""
     return min(n, max(1, math.ceil(n * p - 1e-9)))
-
-
-def proportion_cs(
-    successes: float,
-    n: float,
-    alpha: float,
-    prior_mean: float = 0.5,
-    prior_strength: float = DEFAULT_PRIOR_STRENGTH,
-) -> tuple[float, float]:
-    """Confidence sequence ``[lo, hi]`` for a Bernoulli rate after ``successes`` in ``n`` trials.
-
-    Valid at all ``n`` simultaneously with probability ``>= 1 - alpha``
-    whatever ``prior_mean`` is; the prior only decides where the interval is
-    tightest. ``n == 0`` gives ``(0.0, 1.0)``. Counts may be fractional:
-    with a design effect ``d`` pass ``successes / d`` and ``n / d``.
-    """
-    if n <= 0:
-        return 0.0, 1.0
-    prior_mean = min(max(prior_mean, 1e-6), 1 - 1e-6)
-    a, b = prior_mean * prior_strength, (1.0 - prior_mean) * prior_strength
-    threshold = math.log(1.0 / alpha)
-    p_hat = successes / n
-
-    def wealth(p: float) -> float:
-        return log_mixture_wealth(successes, n, p, a, b)
-
-    # log M_t(p) is convex in p with its minimum at p_hat, so each side is monotone.
-    lo = 0.0
-    if successes > 0:
-        left, right = 0.0, p_hat  # wealth(left) -> inf, wealth(right) minimal
-        for _ in range(_BISECT_STEPS):
-            mid = (left + right) / 2
-            if mid <= 0.0 or wealth(mid) >= threshold:
-                left = mid
-            else:
-                right = mid
-        lo = left
-    hi = 1.0
-    if successes < n:
-        left, right = p_hat, 1.0
-        for _ in range(_BISECT_STEPS):
-            mid = (left + right) / 2
-            if mid >= 1.0 or wealth(mid) >= threshold:
-                right = mid
-            else:
-                left = mid
-        hi = right
-    return lo, hi
 
 
 def histogram_quantile_cs(

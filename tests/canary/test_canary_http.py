@@ -87,7 +87,7 @@ def test_could_not_evaluate_is_an_error_for_argo_and_flagger(server: ServeProces
     unknown_service = client.get(f"{server.url}/api/v1/canary", params={**VERSIONS, "service": "nope",
                                                                          "slo": "ttft_p99=3s"})  # fmt: skip
     assert unknown_service.status_code == 422
-    assert "service 'nope'" in unknown_service.json()["error"]
+    assert "service nope (services: vllm)" in unknown_service.json()["error"]
     flagger = client.post(f"{server.url}/api/v1/canary/webhook", json=_flagger("Progressing", unknown_version))
     assert flagger.status_code == 422
     assert not flagger_advances(flagger)

@@ -10,7 +10,6 @@ import pytest
 from sre_agent.sequential import (
     histogram_quantile_cs,
     point_rank,
-    proportion_cs,
     quantile_cs_ranks,
     rank_bounds,
 )
@@ -62,23 +61,6 @@ def test_fixed_n_intervals_polled_repeatedly_do_inflate_misses() -> None:
     assert _any_poll_misses(data, p, truth, sequential) < naive_rate / 2
 
 
-def test_proportion_cs_covers_at_every_poll() -> None:
-    rng = np.random.default_rng(11)
-    rate, n = 0.01, 5000
-    hits = np.cumsum(rng.random((STREAMS, n)) < rate, axis=1)
-    missed = np.zeros(STREAMS, dtype=bool)
-    for t in range(50, n + 1, 50):
-        # rate is inside proportion_cs(S, t) exactly when S is inside rank_bounds(t, rate) (same prior)
-        k_lo, k_hi = rank_bounds(t, rate, ALPHA)
-        missed |= (hits[:, t - 1] < k_lo) | (hits[:, t - 1] > k_hi)
-    assert missed.mean() <= ALPHA + SLACK
-    for i in range(0, STREAMS, 40):
-        for t in (300, 3000):
-            lo, hi = proportion_cs(int(hits[i, t - 1]), t, ALPHA, prior_mean=rate)
-            k_lo, k_hi = rank_bounds(t, rate, ALPHA)
-            assert (lo <= rate <= hi) == (k_lo <= hits[i, t - 1] <= k_hi)
-
-
 def test_rank_bounds_narrow_with_more_data_and_bracket_the_point() -> None:
     widths = []
     for n in (100, 1000, 10_000, 100_000):
@@ -94,14 +76,6 @@ def test_too_few_samples_leave_the_upper_bound_open() -> None:
     assert upper is None  # 100 samples can never show that p99 is below anything
     assert lower is not None
     assert quantile_cs_ranks(0, 0.5, ALPHA) == (None, None)
-
-
-def test_proportion_cs_with_no_events_shrinks_like_one_over_n() -> None:
-    his = [proportion_cs(0, n, ALPHA, prior_mean=0.01)[1] for n in (100, 1000, 10_000)]
-    assert his[0] > 0.01 > his[1] > his[2]
-    assert proportion_cs(0, 0, ALPHA) == (0.0, 1.0)
-    lo, hi = proportion_cs(500, 1000, ALPHA)
-    assert lo < 0.5 < hi
 
 
 def test_histogram_cs_is_the_sample_cs_widened_to_bucket_edges() -> None:
