@@ -270,6 +270,10 @@ def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape 
         return None
     work = 1.0
     prompt = metrics.counter_delta("prompt_tokens")
+    if not (requests.get("baseline") and requests.get("candidate")):
+        # No request spans: count requests by the engine's latency histogram instead.
+        finished = metrics.finished_requests()
+        requests = {"baseline": int(finished.baseline or 0), "candidate": int(finished.candidate or 0)}
     hit = metric_hit_rate(metrics, requests)
     per_b, per_c = (
         per_request(prompt.baseline, requests["baseline"]),
@@ -277,8 +281,9 @@ def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape 
     )
     if per_b and per_c:
         work = per_c / per_b
-        if hit is not None and hit[0].baseline is not None and hit[0].candidate is not None and hit[0].baseline < 1:
-            work *= max(1e-3, 1 - hit[0].candidate) / (1 - hit[0].baseline)
+    # The uncached share moves prefill work per request whether or not requests can be counted.
+    if hit is not None and hit[0].baseline is not None and hit[0].candidate is not None and hit[0].baseline < 1:
+        work *= max(1e-3, 1 - hit[0].candidate) / (1 - hit[0].baseline)
     return BatchShape(
         SidePair(b.mean, c.mean),
         SidePair(b.quantile(0.9), c.quantile(0.9)),
@@ -469,6 +474,32 @@ def load_per_replica(comparison: Comparison, metrics: MetricView) -> tuple[SideP
     return SidePair(values[0], values[1]), "tokens/s per replica (counters)"
 
 
+#: KV usage (p90) from which the running batch counts as held down by free blocks.
+KV_FULL: Final[float] = 0.9
+#: Rise of preemptions per request that counts as KV pressure.
+PREEMPTION_RISE: Final[float] = 0.002
+
+
+def kv_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
+    """Whether the candidate's running batch is held down by KV blocks rather than by a slot cap.
+
+    A lower ``max_num_seqs`` plateaus the running gauge with blocks to spare; a smaller KV
+    cache caps it too, but with the cache full (usage p90 >= 90 %) or requests preempted
+    (>= 0.002 more per request). Both look like "max running fell while requests wait",
+    so the slot-cap reading of capacity needs this to be false.
+    """
+    usage = metrics.gauge("kv_cache_usage", "p90")
+    if (usage.candidate or 0.0) >= KV_FULL and (usage.baseline or 0.0) < KV_FULL:
+        return True
+    if not (requests.get("baseline") and requests.get("candidate")):
+        finished = metrics.finished_requests()
+        requests = {"baseline": int(finished.baseline or 0), "candidate": int(finished.candidate or 0)}
+    preemptions = metrics.counter_delta("preemptions")
+    per_b = per_request(preemptions.baseline, requests.get("baseline", 0))
+    per_c = per_request(preemptions.candidate, requests.get("candidate", 0))
+    return per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE
+
+
 def service_time_queue_share(
     comparison: Comparison, stages: StageDecomposition, regression: Regression, metrics: MetricView
 ) -> float:
@@ -508,6 +539,7 @@ __all__ = [
     "batch_shape",
     "conditional_log_shift",
     "engine_cost",
+    "kv_limited",
     "load_per_replica",
     "running_batch",
     "service_time_queue_share",

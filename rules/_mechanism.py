@@ -253,12 +253,17 @@ def confined_slice(
 def metric_hit_rate(metrics: MetricView, requests: Mapping[str, int]) -> tuple[SidePair, str] | None:
     """Hit rate per side from the counters (else the SGLang gauge) and how it was read."""
     hits, queries = metrics.counter_delta("prefix_cache_hits"), metrics.counter_delta("prefix_cache_queries")
+    # Served: engine request spans, else prompt tokens processed (metrics without spans).
+    prompt = metrics.counter_delta("prompt_tokens")
     rates: list[float | None] = []
     how = "prefix_cache_hits / prefix_cache_queries counter deltas per window"
-    for h, q, s in ((hits.baseline, queries.baseline, SIDES[0]), (hits.candidate, queries.candidate, SIDES[1])):
+    for h, q, s, p in (
+        (hits.baseline, queries.baseline, SIDES[0], prompt.baseline),
+        (hits.candidate, queries.candidate, SIDES[1], prompt.candidate),
+    ):
         if h is not None and q:
             rates.append(h / q)
-        elif q == 0 and requests[s] > 0:
+        elif q == 0 and (requests[s] > 0 or (p or 0) > 0):
             # Requests were served but the cache was never queried: prefix caching is off.
             rates.append(0.0)
             how += f"; no queries at all on the {s} side (caching off)"
@@ -284,7 +289,8 @@ def other_spans_sql(comparison: Comparison) -> str:
     Columns: ``side``, ``slice`` (the comparison's time slices), ``trace_id``,
     ``span_id``, ``service_name``, ``name``, ``kind``, ``duration_s``,
     ``status_code``, ``error_type``, ``attempt``, ``is_root`` (no parent),
-    ``wraps_engine`` (an engine request span is its child: a gateway attempt).
+    ``wraps_engine`` (an engine request span is its child, or it is a client span naming a
+    model, ``gen_ai.request.model``: a gateway's inference call even when the engine sends no spans).
     The ``--service`` filter is not applied: dependencies live in other services.
     """
     b, c = comparison.window("baseline"), comparison.window("candidate")
@@ -309,7 +315,7 @@ def other_spans_sql(comparison: Comparison) -> str:
         SELECT {side_sql} AS side, {slice_sql} AS slice, s.trace_id, s.span_id, s.service_name, s.name, s.kind,
           CASE WHEN s.duration_s >= 0 AND isfinite(s.duration_s) THEN s.duration_s END AS duration_s,
           s.status_code, s.error_type, s.attempt, s.parent_span_id IS NULL AS is_root,
-          eng.trace_id IS NOT NULL AS wraps_engine
+          eng.trace_id IS NOT NULL OR (s.kind = 'client' AND s.model IS NOT NULL) AS wraps_engine
         FROM spans s LEFT JOIN eng ON eng.trace_id = s.trace_id AND eng.parent_span_id = s.span_id
         WHERE NOT coalesce(s.is_engine, false) AND s.start_ns >= {lo} AND s.start_ns < {hi}
           AND {side_sql} IS NOT NULL

@@ -25,7 +25,13 @@ metric for engine categories); 0 when failing requests are not in the tail
 (fast rejections, truncations shorten latency). When the headline is the
 error rate itself (``error_rate``), ``explained`` is 1.
 
-``confidence``: significance of z x ``min(1, rise / 0.05)``.
+``confidence``: significance of z x ``min(1, rise / 0.05)``; x 0.5 when the
+moved category is a timeout of logical requests while no engine category
+moved (the gateway's deadline cut requests the engine was serving: the
+attempt policy, ``retry_amplification``, made those errors). When engine
+failures rose but the logical error rate rose less (the gateway recovered
+them), the engine categories' ``explained`` is scaled by the share of the
+rise that reached users.
 Scope: the attribute value holding >= 70 % of the rise and 20 points more
 of it than of the traffic (engine categories, on the sampled requests' dimensions).
 
@@ -63,6 +69,8 @@ MIN_FACTOR: Final[float] = 1.5
 MIN_Z: Final[float] = 3.0
 #: Rise counted as unmistakable.
 FULL_RISE: Final[float] = 0.05
+#: Confidence factor for timeouts the gateway made while the engine's failures stayed flat.
+GATEWAY_MADE_DAMPING: Final[float] = 0.5
 
 NEXT_CHECK: Final[str] = (
     "group the candidate's failed requests by error.type, finish reason, route and replica; diff max_model_len, "
@@ -132,9 +140,17 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
         raise RuleSkipped("no engine spans and no root spans to count errors on")
     scope: dict[str, str] = {}
     scope_evidence: list[Evidence] = []
+    engine_moved: list[tuple[float, str, Evidence, float]] = []
     if engine.height:
         categorised = _categories(engine, {"engine_error_rate": "status_code", "finish_reason": "finish_reason"})
         engine_moved = _moved(categorised, headline_column(regression, categorised.columns), q, "engine requests")
+        if engine_moved and roots_seen:
+            reached = _reached_users(roots, categorised)
+            if reached is not None and reached[0] < 1.0:
+                # The gateway recovered the failed engine calls (retries, fallbacks): what users
+                # felt is the recovery's time, retry_amplification's mechanism, not these errors.
+                engine_moved = [(m[0], m[1], m[2], m[3] * reached[0]) for m in engine_moved]
+                scope_evidence.append(reached[1])
         moved += engine_moved
         if engine_moved:
             top = max(engine_moved, key=lambda m: m[0])
@@ -147,6 +163,17 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
         return None
     moved.sort(key=lambda m: -m[0])
     confidence, label, _, _ = moved[0]
+    if roots_seen and not engine_moved and any("timeout" in m[1] for m in moved):
+        # Logical requests timed out while the engine's own failures did not rise: the gateway's
+        # deadline cut requests the engine was still serving. Its attempt policy (per-attempt
+        # timeouts and retries, retry_amplification) made these errors; they are its symptom.
+        confidence *= GATEWAY_MADE_DAMPING
+        scope_evidence.append(
+            Evidence(
+                "engine_error_share_moved", None, False,
+                "timeouts made by the gateway: the engine's own error share did not rise",
+            )
+        )  # fmt: skip
     # When the headline is the failed share itself, a moved error share is the whole regression.
     explained = 1.0 if regression.metric == "error_rate" else max(m[3] for m in moved)
     first = moved[0][2]
@@ -161,6 +188,27 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
         evidence=tuple(m[2] for m in moved[:6]) + tuple(scope_evidence),
         next_check=NEXT_CHECK,
     )
+
+
+def _reached_users(roots: pl.DataFrame, engine: pl.DataFrame) -> tuple[float, Evidence] | None:
+    """Share of the engine's error-rate rise that reached logical requests (root spans), 0..1, with evidence.
+
+    ``None`` when the engine's failed share did not rise. Both frames carry ``cat:`` columns
+    from :func:`_categories` (``error_rate`` on roots, ``engine_error_rate`` on engine spans).
+    """
+    shares = {}
+    for name, frame, col in (("root", roots, "cat:error_rate"), ("engine", engine, "cat:engine_error_rate")):
+        if col not in frame.columns:
+            return None
+        shares[name] = [float(side(frame, s)[col].mean() or 0.0) for s in ("baseline", "candidate")]  # type: ignore[arg-type]
+    engine_rise = shares["engine"][1] - shares["engine"][0]
+    if engine_rise <= 0:
+        return None
+    root_rise = shares["root"][1] - shares["root"][0]
+    reached = clip01(root_rise / engine_rise)
+    evidence = Evidence("logical_error_rate", rnd(shares["root"][0]), rnd(shares["root"][1]),
+                        f"root spans; {reached:.0%} of the engine's error-rate rise reached users")  # fmt: skip
+    return reached, evidence
 
 
 def _pct(x: object) -> str:

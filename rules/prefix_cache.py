@@ -39,6 +39,7 @@ Quiet (``None``) when the hit rate fell by less than 5 points or 10 %;
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 import polars as pl
@@ -105,6 +106,29 @@ def _expected_hit_rate(frame: pl.DataFrame, with_cache: pl.DataFrame | None, bas
     return baseline_rate
 
 
+def _counter_share(metrics: MetricView, rate: SidePair, drop: float, regression: Regression) -> float:
+    """Without request spans: how much of the headline the extra prefill work accounts for, 0..1.
+
+    From the candidate's counter deltas, tokens the engine computes are
+    ``P (1 - hit) + G``; the drop adds ``drop x P``. For a TPOT/ITL headline every
+    computed token shares the steps; for TTFT/e2e/queue only the uncached prompt
+    tokens do. The share is ``log(1 + added / computed) / log(headline ratio)``.
+    """
+    prompt, generated = (
+        metrics.counter_delta("prompt_tokens").candidate,
+        metrics.counter_delta("generation_tokens").candidate,
+    )
+    ratio = regression.ratio
+    if not prompt or ratio is None or ratio <= 1 or rate.baseline is None:
+        return 0.0
+    computed = prompt * (1 - rate.baseline)
+    if regression.metric in ("tpot", "itl", "decode"):
+        computed += generated or 0.0
+    if computed <= 0:
+        return 1.0
+    return clip01(math.log1p(drop * prompt / computed) / math.log(ratio))
+
+
 def prefix_cache(
     comparison: Comparison, regression: Regression, metrics: MetricView, dimensions: list[str]
 ) -> Finding | None:
@@ -152,7 +176,7 @@ def prefix_cache(
     cand = side(frame, "candidate").filter(pl.col(col).is_not_null())
     excess = regression.excess
     explained = 0.0
-    if regression.metric in ("tpot", "itl", "decode"):
+    if regression.metric in ("tpot", "itl", "decode") and frame.height:
         # Decode steps share the engine with prefill chunks: they now carry this much more work.
         base_tokens = float(cand.select((pl.col("input_tokens") * (1 - rate.baseline)).sum()).item()) + float(
             cand["output_tokens"].fill_null(0).sum()
@@ -163,6 +187,12 @@ def prefix_cache(
             Evidence("tokens_computed_per_request", rnd(base_tokens / max(1, cand.height), 1),
                      rnd((base_tokens + extra_tokens) / max(1, cand.height), 1),
                      "uncached prompt + output tokens: the extra prefill shares steps with decodes")
+        )  # fmt: skip
+    elif not frame.height:
+        explained = _counter_share(metrics, rate, drop, regression)
+        evidence.append(
+            Evidence("explained_by_counters", None, rnd(explained),
+                     "log rise of tokens computed (uncached prompt + output) over the log headline ratio")
         )  # fmt: skip
     elif cand.height and seconds_per_token is not None and excess is not None and excess > 0:
         threshold = cand[col].quantile(regression.quantile, interpolation="lower")

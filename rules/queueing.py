@@ -25,6 +25,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition, queue_drivers
 from sre_agent.metric_view import MetricView
+from sre_agent.rules._engine_cost import kv_limited
 from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
@@ -108,6 +109,7 @@ def queueing(
         running_max.ratio is not None
         and running_max.ratio <= 1 - MIN_CHANGE
         and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
+        and not kv_limited(metrics, comparison.request_counts)
     ):
         slot_term = _log_up(1 / running_max.ratio)  # a lower cap on running requests while requests wait
     work_term = drivers.get("traffic_mix", 0.0)

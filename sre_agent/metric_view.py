@@ -9,6 +9,7 @@ with resets handled), never a raw value.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -76,10 +77,30 @@ class HistogramDelta:
 
     def quantile(self, q: float) -> float | None:
         """Quantile by linear interpolation inside the bucket (Prometheus style); ``None`` when empty."""
+        return self.value_at_rank(q * self.count)
+
+    def quantile_interval(self, q: float, z: float = 1.96) -> tuple[float, float] | None:
+        """Distribution-free interval for the ``q`` quantile: the values at the ranks ``n q -+ z sqrt(n q (1-q))``.
+
+        The rank of the sample quantile is binomial (order statistics), so this needs no
+        assumption about the latency distribution; read through the buckets it is as wide as
+        their resolution too. ``None`` when empty.
+        """
+        n = self.count
+        if n == 0:
+            return None
+        half = z * math.sqrt(n * q * (1 - q))
+        hi_rank = min(float(n), n * q + half)
+        lo, hi = self.value_at_rank(max(0.0, n * q - half)), self.value_at_rank(hi_rank)
+        if hi_rank > n - self.counts[-1]:
+            hi = math.inf  # the rank falls in the +Inf bucket: no finite upper bound is known
+        return None if lo is None or hi is None else (lo, hi)
+
+    def value_at_rank(self, rank: float) -> float | None:
+        """The observation of rank ``rank`` (0..count), interpolated inside its bucket; ``None`` when empty."""
         total = self.count
         if total == 0:
             return None
-        rank = q * total
         seen = 0
         for i, c in enumerate(self.counts):
             if seen + c >= rank and c > 0:
@@ -245,6 +266,19 @@ class MetricView:
             None if delta.baseline is None else delta.baseline / b,
             None if delta.candidate is None else delta.candidate / c,
         )
+
+    def finished_requests(self) -> SidePair:
+        """Requests that finished within each window: the count of the e2e (else TTFT) latency histogram.
+
+        The engine observes one value per finished request, so this counts requests when no
+        request spans do; ``None`` for a side without that histogram.
+        """
+        for signal in ("e2e_seconds", "ttft_seconds"):
+            hist = self.histogram(signal)
+            b, c = hist["baseline"], hist["candidate"]
+            if b is not None and c is not None and b.count and c.count:
+                return SidePair(float(b.count), float(c.count))
+        return SidePair(None, None)
 
     def histogram(self, signal: str) -> dict[str, HistogramDelta | None]:
         """side -> observations of a histogram metric that arrived within the window."""

@@ -1,0 +1,230 @@
+"""Load, capacity or a slower engine step, read from the engine's own metric stream.
+
+For telemetry without engine request spans (metrics only, or gateway spans plus
+engine metrics) the span rules cannot split stages or compare costs at equal
+batch; the metric stream still carries the three quantities Little's law needs
+per replica. Per side:
+
+* arrivals ``lambda``: requests finished per second (the count of the e2e
+  latency histogram, else the TTFT histogram, over the window's seconds);
+* replicas ``R``: distinct instances reporting the running gauge; the peak of
+  that gauge is the effective running-request cap (``max_num_seqs``);
+* work per request: prompt + generation tokens (counter deltas) per request;
+* step time: the mean inter-token latency (ITL histogram).
+
+Mechanisms, each with what must stay flat:
+
+* ``load``: ``lambda`` rose (>= 15 %, Poisson z >= 3 with an over-dispersion
+  of 4 for bursty arrivals) with replicas unchanged;
+* ``capacity``: replicas fell by >= 10 % (or the running cap fell while
+  requests waited) with ``lambda`` within 15 %;
+* ``decode_slowdown``: mean ITL rose >= 15 % while the offered load per replica
+  (``lambda / R``), work per request (within 20 %), preemptions per request and
+  the prefix-cache hit rate stayed flat (those rises are ``load``/``capacity``,
+  ``traffic_mix``, ``kv_pressure`` and ``prefix_cache``, whose own rules read
+  them). A slower step raises the running batch too (Little's law), so the
+  running gauge is evidence, not a test.
+
+``explained`` (0..1): the finding's log driver (``log lambda ratio``,
+``-log R ratio``, ``log ITL ratio``) over the sum of every driver that moved;
+the driver is not compared with the headline's ratio, because queueing is
+convex (15 % more arrivals can triple a p99). ``confidence``: 0.8 x
+``min(1, relative change / 0.3)``; exact metric totals have no per-request
+variance, so this rule never outranks a span rule that measured the same
+mechanism: it runs only when no engine request spans exist on either side.
+
+Quiet when the headline did not regress or nothing moved; :class:`RuleSkipped`
+when engine request spans exist (the span rules decide) or the metric stream
+lacks the running gauge and latency histograms.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from sre_agent.compare import SIDES, Comparison
+from sre_agent.metric_view import MetricView
+from sre_agent.rules._engine_cost import kv_limited
+from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
+from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
+
+#: Relative change of arrivals (or of mean ITL) that counts as a rise.
+MIN_RISE: Final[float] = 0.15
+#: Relative fall of replicas or of the running cap that counts as less capacity.
+MIN_FALL: Final[float] = 0.10
+#: Work per request may move this much before a step-time rise is left to ``traffic_mix``.
+SAME_WORK: Final[float] = 0.20
+#: Poisson z needed for an arrival-rate change, after over-dispersion.
+MIN_Z: Final[float] = 3.0
+#: Variance inflation of request counts: arrivals come in bursts (Azure code: CV 13).
+DISPERSION: Final[float] = 4.0
+#: Hit-rate fall (points) and preemptions per request rise that belong to other mechanisms.
+HIT_RATE_FALL: Final[float] = 0.05
+PREEMPTION_RISE: Final[float] = 0.002
+CONFIDENCE: Final[float] = 0.8
+
+
+def _requests(metrics: MetricView, windows: dict[str, tuple[int, int, float, int]]) -> tuple[SidePair, SidePair]:
+    """(finished requests, requests per second) per side from the metric stream."""
+    counts = metrics.finished_requests()
+    if counts.baseline is None or counts.candidate is None:
+        return counts, SidePair(None, None)
+    return counts, SidePair(counts.baseline / windows["baseline"][2], counts.candidate / windows["candidate"][2])
+
+
+def _per(total: SidePair, count: SidePair) -> SidePair:
+    values = [
+        None if t is None or not n else t / n
+        for t, n in ((total.baseline, count.baseline), (total.candidate, count.candidate))
+    ]
+    return SidePair(values[0], values[1])
+
+
+def _log(ratio: float | None) -> float:
+    return math.log(ratio) if ratio is not None and ratio > 0 else 0.0
+
+
+def engine_metrics(
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    windows: dict[str, tuple[int, int, float, int]],
+) -> list[Finding]:
+    """``load``, ``capacity`` or ``decode_slowdown`` from the metric stream alone (see module docstring)."""
+    if any(comparison.request_counts.get(s, 0) > 0 for s in SIDES):
+        raise RuleSkipped("engine request spans present: the span rules read these mechanisms")
+    if not metrics.has("running_requests") or not metrics.has_latency_histograms():
+        raise RuleSkipped("no running gauge or latency histograms in the metric stream")
+    if not regression.significant or regression.metric == "error_rate":
+        return []
+    counts, rate = _requests(metrics, windows)
+    replicas = metrics.series_count("running_requests")
+    if rate.ratio is None or replicas.ratio is None or counts.baseline is None or counts.candidate is None:
+        return []
+    running, running_max = metrics.gauge("running_requests"), metrics.gauge("running_requests", "max")
+    waiting = metrics.gauge("waiting_requests")
+    tokens = SidePair(
+        *(
+            None if p is None or g is None else p + g
+            for p, g in zip(
+                (metrics.counter_delta("prompt_tokens").baseline, metrics.counter_delta("prompt_tokens").candidate),
+                (
+                    metrics.counter_delta("generation_tokens").baseline,
+                    metrics.counter_delta("generation_tokens").candidate,
+                ),
+                strict=True,
+            )
+        )
+    )
+    work = _per(tokens, counts)
+    preempt = _per(metrics.counter_delta("preemptions"), counts)
+    itl = metrics.histogram("itl_seconds")
+    itl_mean = SidePair(*(h.mean if h is not None else None for h in (itl["baseline"], itl["candidate"])))
+    served = {"baseline": int(counts.baseline or 0), "candidate": int(counts.candidate or 0)}
+    hit = metric_hit_rate(metrics, served)
+
+    secs = [windows[s][2] for s in SIDES]
+    se = math.sqrt(DISPERSION * (counts.baseline / secs[0] ** 2 + counts.candidate / secs[1] ** 2))
+    rate_z = ((rate.candidate or 0.0) - (rate.baseline or 0.0)) / se if se > 0 else 0.0
+    rate_moved = rate.ratio >= 1 + MIN_RISE and rate_z >= MIN_Z
+    rate_flat = abs(rate.ratio - 1) < MIN_RISE or abs(rate_z) < MIN_Z
+    load_per_replica = rate.ratio / replicas.ratio
+    cap_fell = (
+        running_max.ratio is not None
+        and running_max.ratio <= 1 - MIN_FALL
+        and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
+        and not kv_limited(metrics, {"baseline": int(counts.baseline), "candidate": int(counts.candidate)})
+    )
+    other_mechanism = bool(
+        (hit is not None and (hit[0].baseline or 0.0) - (hit[0].candidate or 0.0) >= HIT_RATE_FALL)
+        or (preempt.baseline is not None and (preempt.candidate or 0.0) - preempt.baseline >= PREEMPTION_RISE)
+        or (work.ratio is not None and abs(work.ratio - 1) > SAME_WORK)
+    )
+
+    terms: dict[str, float] = {}
+    if rate_moved and replicas.ratio >= 1 - MIN_FALL:
+        terms["load"] = _log(rate.ratio)
+    if rate_flat and (replicas.ratio <= 1 - MIN_FALL or cap_fell):
+        terms["capacity"] = -_log(replicas.ratio) + (-_log(running_max.ratio) if cap_fell else 0.0)
+    if (
+        itl_mean.ratio is not None
+        and itl_mean.ratio >= 1 + MIN_RISE
+        and abs(load_per_replica - 1) < MIN_RISE
+        and not other_mechanism
+    ):
+        terms["decode_slowdown"] = _log(itl_mean.ratio)
+    terms = {k: v for k, v in terms.items() if v > 0}
+    if not terms:
+        return []
+    total = sum(terms.values())
+
+    evidence = (
+        Evidence("requests_per_s", rnd(rate.baseline), rnd(rate.candidate),
+                 f"latency-histogram count per second of window; Poisson z = {rate_z:.1f} (dispersion {DISPERSION:g})"),
+        Evidence("replicas", replicas.baseline, replicas.candidate, "instances reporting the running gauge"),
+        Evidence("requests_per_s_per_replica", rnd(_per(rate, replicas).baseline), rnd(_per(rate, replicas).candidate),
+                 "offered load per replica"),
+        Evidence("running_per_replica", rnd(running.baseline), rnd(running.candidate), "running gauge, window mean"),
+        Evidence("max_running", running_max.baseline, running_max.candidate,
+                 "running gauge peak (effective max_num_seqs)"),
+        Evidence("waiting_requests", rnd(waiting.baseline), rnd(waiting.candidate), "waiting gauge, window mean"),
+        Evidence("tokens_per_request", rnd(work.baseline), rnd(work.candidate), "prompt + generation counter deltas"),
+        Evidence("itl_mean_s", rnd(itl_mean.baseline, 6), rnd(itl_mean.candidate, 6),
+                 "inter-token latency histogram mean"),
+    )  # fmt: skip
+    findings: list[Finding] = []
+    for cause, term in terms.items():
+        explained = clip01(term / total)
+        if cause == "load":
+            title = (f"Offered load rose {rate.ratio - 1:.0%} ({rnd(rate.baseline)} -> {rnd(rate.candidate)} req/s) "
+                     f"on {replicas.candidate:.0f} replicas (engine metrics)")  # fmt: skip
+            change, stage, next_check = (
+                rate.ratio - 1,
+                "queue",
+                (
+                    "check which clients or tenants sent more requests at the deploy (gateway logs); scale out or "
+                    "rate-limit, then compare again at equal arrival rate"
+                ),
+            )
+        elif cause == "capacity":
+            what = (
+                f"replicas {replicas.baseline:.0f} -> {replicas.candidate:.0f}"
+                if replicas.ratio <= 1 - MIN_FALL
+                else (
+                    f"max running requests {running_max.baseline:.0f} -> {running_max.candidate:.0f}"
+                    " while requests wait"
+                )
+            )
+            title = f"Capacity fell for the same arrivals: {what} (engine metrics)"
+            change, stage, next_check = (
+                1 - min(replicas.ratio or 1.0, running_max.ratio or 1.0),
+                "queue",
+                (
+                    "compare replica count and the engine's max_num_seqs / max_num_batched_tokens before and after "
+                    "the deploy; restore the baseline's and replay"
+                ),
+            )
+        else:
+            title = (f"Mean inter-token latency rose {(itl_mean.ratio or 1.0) - 1:.0%} at the same load per "
+                     "replica and work per request (engine metrics)")  # fmt: skip
+            change, stage, next_check = (
+                (itl_mean.ratio or 1.0) - 1,
+                "decode",
+                (
+                    "compare decode step time at equal running batch before and after (a fixed-batch benchmark); check "
+                    "CUDA-graph capture sizes, enforce_eager, attention backend and kernel versions in the new image"
+                ),
+            )
+        findings.append(
+            Finding(
+                cause=cause,
+                title=title,
+                explained=explained,
+                confidence=CONFIDENCE * min(1.0, change / 0.3),
+                stage=stage,
+                evidence=evidence,
+                next_check=next_check,
+            )
+        )
+    return findings
