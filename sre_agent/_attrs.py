@@ -137,12 +137,12 @@ class _Buffer:
             raise BadPayloadError(f"span attribute is not valid UTF-8: {exc}") from exc
 
 
-def decode_attributes(flat: list[bytes], norm: Normaliser) -> Attributes:
-    """Decode serialized ``KeyValue`` messages (all attributes of a batch)."""
+def decode_attributes(flat: pa.Array, norm: Normaliser) -> Attributes:
+    """Decode serialized ``KeyValue`` messages (all attributes of a batch, a binary array without nulls)."""
     m = len(flat)
     if m == 0:
         return _empty()
-    buf = _Buffer(pa.array(flat, type=pa.binary()))
+    buf = _Buffer(flat)
     starts, ends = buf.starts, buf.ends
     ok = (ends - starts >= 5) & (buf.byte(starts) == 0x0A) & (buf.byte(starts + 1) < 0x80)
     key_len = buf.byte(starts + 1).astype(np.int64)
@@ -187,7 +187,7 @@ def decode_attributes(flat: list[bytes], norm: Normaliser) -> Attributes:
     fast = kinds != KIND_SLOW
     fast_at = np.flatnonzero(fast)
     slow_at = np.flatnonzero(~fast)
-    slow = [slow_entry(flat[i], norm) for i in slow_at.tolist()]
+    slow = [slow_entry(flat[i].as_py(), norm) for i in slow_at.tolist()]
     key_names, fast_ids = _distinct_keys(buf, starts[fast_at] + 2, key_len[fast_at])
     key_ids = np.empty(m, np.int64)
     key_ids[fast_at] = fast_ids

@@ -32,24 +32,16 @@ __all__ = ["MAX_ERRORS", "flatten_spans"]
 MAX_ERRORS = 5  # reasons kept per batch; the count is always exact
 _SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 _STATUS_CODES = ("unset", "ok", "error")
-_ROW_FIELDS = (
-    "trace_id",
-    "span_id",
-    "parent_span_id",
-    "name",
-    "kind",
-    "start_ns",
-    "end_ns",
-    "status_code",
-    "status_message",
-    "scope_name",
-)
 _NS_LIMIT = 1 << 63  # fixed64 times beyond int64 (year 2262) cannot be stored
 _ARROW_TYPES = {f.name: f.type for f in spans_arrow_schema()}
 # Typed constants for compute calls: a bare Python scalar makes Arrow infer
 # its type, which tries (and, without python-dateutil, fails) an import on
 # every call, about 0.5 ms each.
 _ENGINE_NAMES = pa.array(sorted(ENGINE_SPAN_NAMES), pa.string())
+_KIND_NAMES = pa.array(_SPAN_KINDS, pa.string())
+_CODE_NAMES = pa.array(_STATUS_CODES, pa.string())
+_NULL_STRING = pa.scalar(None, pa.string())
+_EMPTY = pa.scalar("", pa.string())
 _ONE = pa.scalar(1, pa.int64())
 _NS_PER_S = pa.scalar(1e9, pa.float64())
 _NULL_FLOAT = pa.scalar(None, pa.float64())
@@ -59,67 +51,97 @@ _QUEUE_TOLERANCE_S = pa.scalar(-1e-6, pa.float64())
 
 
 class _Batch:
-    """What the span loop collects."""
+    """What the span loop collects: one Python list per span field, in arrival order.
+
+    Fields are appended as upb returns them (bytes ids, int times and codes);
+    validation, hex spelling and lookups run afterwards on whole arrays.
+    """
 
     def __init__(self) -> None:
-        self.rows: list[tuple[Any, ...]] = []  # one tuple of _ROW_FIELDS per span
-        self.attributes: list[bytes] = []  # raw KeyValue bytes of every span, concatenated
-        self.offsets: list[int] = [0]  # span i owns attributes[offsets[i]:offsets[i + 1]]
+        self.trace_ids: list[bytes] = []
+        self.span_ids: list[bytes] = []
+        self.parents: list[bytes] = []
+        self.names: list[str] = []
+        self.kinds: list[int] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.codes: list[int] = []
+        self.messages: list[str] = []
+        self.attributes: list[Any] = []  # each span's repeated ``bytes`` container (raw KeyValue messages)
         self.event_errors: dict[int, str] = {}  # span index -> error type from events/status
+        self.scopes: list[tuple[int, str | None]] = []  # (spans so far, scope name)
         self.resource_slots: list[tuple[int, list[Any]]] = []  # (spans so far, canonical values)
         self.resource_maps: list[tuple[int, list[str], list[str]]] = []  # (spans so far, keys, values)
+        self.spans: list[Any] = []  # the span messages, kept only to word rejections
 
 
 def flatten_spans(request: Any, norm: Normaliser) -> tuple[pa.Table, int, list[str]]:
     """Return ``(table, rejected, errors)`` for a request parsed with the lite classes."""
-    batch = _Batch()
-    rejected = 0
+    batch = _collect(request, norm)
+    valid = _valid_spans(batch)
+    rejected = int(valid.size - np.count_nonzero(valid))
     errors: list[str] = []
-    rows_append = batch.rows.append
-    attributes_extend = batch.attributes.extend
-    offsets_append = batch.offsets.append
-    attributes = batch.attributes
+    if rejected:
+        spans = [
+            span
+            for resource_spans in request.resource_spans
+            for scope in resource_spans.scope_spans
+            for span in scope.spans
+        ]
+        errors = [_rejection(spans[i]) for i in np.flatnonzero(~valid)[:MAX_ERRORS].tolist()]
+    return _table(batch, norm, valid), rejected, errors
+
+
+def _collect(request: Any, norm: Normaliser) -> _Batch:
+    """The per-span loop: only field reads and list appends (~10 upb accesses a span)."""
+    batch = _Batch()
+    trace_ids, span_ids, parents = batch.trace_ids.append, batch.span_ids.append, batch.parents.append
+    names, kinds, starts, ends = batch.names.append, batch.kinds.append, batch.starts.append, batch.ends.append
+    codes, messages, attributes = batch.codes.append, batch.messages.append, batch.attributes.append
+    event_errors = batch.event_errors
+    count = 0
     for resource_spans in request.resource_spans:
         res_keys, res_values, res_slot, _ = norm.resource_entries(resource_spans.resource.attributes)
-        batch.resource_slots.append((len(batch.rows), res_slot))
-        batch.resource_maps.append((len(batch.rows), res_keys, res_values))
+        batch.resource_slots.append((count, res_slot))
+        batch.resource_maps.append((count, res_keys, res_values))
         for scope_spans in resource_spans.scope_spans:
-            scope_name = scope_spans.scope.name or None
+            batch.scopes.append((count, scope_spans.scope.name or None))
             for span in scope_spans.spans:
-                trace_id = span.trace_id
-                span_id = span.span_id
-                parent = span.parent_span_id
-                start = span.start_time_unix_nano
-                if len(trace_id) != 16 or len(span_id) != 8 or (parent and len(parent) != 8) or start >= _NS_LIMIT:
-                    rejected += 1
-                    if len(errors) < MAX_ERRORS:
-                        errors.append(_rejection(span))
-                    continue
-                end = span.end_time_unix_nano
+                trace_ids(span.trace_id)
+                span_ids(span.span_id)
+                parents(span.parent_span_id)
+                names(span.name)
+                kinds(span.kind)
+                starts(span.start_time_unix_nano)
+                ends(span.end_time_unix_nano)
                 status = span.status
                 code = status.code
-                kind = span.kind
+                codes(code)
+                messages(status.message)
+                attributes(span.attributes)
                 if code == 2 or len(span.events):
                     error = _event_error_type(span.events) or ("error" if code == 2 else None)
                     if error is not None:
-                        batch.event_errors[len(batch.rows)] = error
-                rows_append(
-                    (
-                        trace_id.hex(),
-                        span_id.hex(),
-                        parent.hex() if parent else None,
-                        span.name,
-                        _SPAN_KINDS[kind] if 0 <= kind < 6 else "unspecified",
-                        start,
-                        end if 0 < end < _NS_LIMIT else None,
-                        _STATUS_CODES[code] if 0 <= code < 3 else "unset",
-                        status.message or None,
-                        scope_name,
-                    )
-                )
-                attributes_extend(span.attributes)
-                offsets_append(len(attributes))
-    return _table(batch, norm), rejected, errors
+                        event_errors[count] = error
+                count += 1
+    return batch
+
+
+def _valid_spans(batch: _Batch) -> np.ndarray:
+    """Per span, whether its ids have OTLP's lengths and its start fits int64 (the rest is rejected)."""
+    n = len(batch.starts)
+    if n == 0:
+        return np.zeros(0, bool)
+    trace = _lengths(batch.trace_ids)
+    span = _lengths(batch.span_ids)
+    parent = _lengths(batch.parents)
+    starts = np.fromiter(batch.starts, np.uint64, n)
+    valid: np.ndarray = (trace == 16) & (span == 8) & ((parent == 0) | (parent == 8)) & (starts < np.uint64(_NS_LIMIT))
+    return valid
+
+
+def _lengths(values: list[bytes]) -> np.ndarray:
+    return np.fromiter(map(len, values), np.int64, len(values))
 
 
 def _rejection(span: Any) -> str:
@@ -140,28 +162,54 @@ def _event_error_type(events: Any) -> str | None:
     return None
 
 
-def _table(batch: _Batch, norm: Normaliser) -> pa.Table:
-    n = len(batch.rows)
-    attrs = decode_attributes(batch.attributes, norm)
-    offsets = np.asarray(batch.offsets, dtype=np.int64)
+def _table(batch: _Batch, norm: Normaliser, valid: np.ndarray) -> pa.Table:
+    everything = bool(valid.all())
+    kept = np.flatnonzero(valid)
+    n = int(kept.size)
+    # before[i]: spans kept among the first i received, so that positions counted
+    # while collecting (resources, scopes, event errors) index the kept rows.
+    before = np.concatenate([[0], np.cumsum(valid)]).astype(np.int64)
+    raw_attributes = batch.attributes if everything else [batch.attributes[i] for i in kept.tolist()]
+    lists = pa.array(raw_attributes, pa.list_(pa.binary())) if n else pa.array([], pa.list_(pa.binary()))
+    attrs = decode_attributes(lists.values, norm)
+    offsets = np.frombuffer(lists.offsets.buffers()[1], np.int32, count=n + 1).astype(np.int64)
     span_of_attr = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
-    rows: list[Any] = list(zip(*batch.rows, strict=True)) if n else [()] * len(_ROW_FIELDS)
+    mask = None if everything else pa.array(valid)
+    parents = _hex(batch.parents, mask)
+    parent_missing = pc.equal(pc.binary_length(parents), pa.scalar(0, pa.int32()))
+    starts = _kept(np.fromiter(batch.starts, np.uint64, valid.size), kept, everything).astype(np.int64)
+    ends = _kept(np.fromiter(batch.ends, np.uint64, valid.size), kept, everything)
+    end_ok = (ends > 0) & (ends < np.uint64(_NS_LIMIT))
+    kinds = _kept(np.fromiter(batch.kinds, np.int64, valid.size), kept, everything)
+    codes = _kept(np.fromiter(batch.codes, np.int64, valid.size), kept, everything)
+    messages = _strings(batch.messages, mask)
     columns: dict[str, Any] = {
-        name: pa.array(values, type=_ARROW_TYPES[name]) for name, values in zip(_ROW_FIELDS, rows, strict=True)
+        "trace_id": _hex(batch.trace_ids, mask),
+        "span_id": _hex(batch.span_ids, mask),
+        "parent_span_id": pc.if_else(parent_missing, _NULL_STRING, parents),
+        "name": _strings(batch.names, mask),
+        "kind": _KIND_NAMES.take(pa.array(np.where((kinds >= 0) & (kinds < len(_SPAN_KINDS)), kinds, 0))),
+        "start_ns": pa.array(starts, pa.int64()),
+        "end_ns": pa.array(np.where(end_ok, ends, 0).astype(np.int64), pa.int64(), mask=~end_ok),
+        "status_code": _CODE_NAMES.take(pa.array(np.where((codes >= 0) & (codes < len(_STATUS_CODES)), codes, 0))),
+        "status_message": pc.if_else(pc.equal(messages, _EMPTY), _NULL_STRING, messages),
+        "scope_name": _repeat([(int(before[first]), name) for first, name in batch.scopes], n, pa.string()),
     }
     key_index = {name: i for i, name in enumerate(attrs.key_names)}
+    resource_slots = [(int(before[first]), values) for first, values in batch.resource_slots]
     for slot, name in enumerate(CANONICAL_COLUMNS):
         chosen = _choose(SPAN_ATTRIBUTE_SOURCES[name], attrs, key_index, span_of_attr, n)
         from_spans = _typed(name, chosen, attrs)
-        from_resource = _resource_column(name, slot, batch.resource_slots, n)
+        from_resource = _resource_column(name, slot, resource_slots, n)
         if from_resource is None:
             columns[name] = from_spans
         elif name in RESOURCE_FIRST_COLUMNS:
             columns[name] = pc.coalesce(from_resource, from_spans)
         else:
             columns[name] = pc.coalesce(from_spans, from_resource)
-    if batch.event_errors:
-        events = [batch.event_errors.get(i) for i in range(n)]
+    event_errors = {int(before[i]): error for i, error in batch.event_errors.items() if valid[i]}
+    if event_errors:
+        events = [event_errors.get(i) for i in range(n)]
         columns["error_type"] = pc.coalesce(columns["error_type"], pa.array(events, pa.string()))
     names = columns["name"]
     columns["is_engine"] = pc.or_(
@@ -182,9 +230,47 @@ def _table(batch: _Batch, norm: Normaliser) -> pa.Table:
     elapsed = pc.subtract(columns["end_ns"], columns["start_ns"])
     columns["duration_s"] = pc.divide(pc.cast(elapsed, pa.float64(), safe=False), _NS_PER_S)
     columns["attributes"] = _attribute_map(offsets, span_of_attr, attrs, n)
-    columns["resource_attributes"] = _resource_map(batch.resource_maps, n)
+    resource_maps = [(int(before[first]), keys, values) for first, keys, values in batch.resource_maps]
+    columns["resource_attributes"] = _resource_map(resource_maps, n)
     schema = spans_arrow_schema()
     return pa.Table.from_arrays([_as_type(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+def _kept(values: np.ndarray, kept: np.ndarray, everything: bool) -> np.ndarray:
+    return values if everything else values[kept]
+
+
+def _strings(values: list[str], mask: pa.Array | None) -> pa.Array:
+    array = pa.array(values, pa.string())
+    return array if mask is None else array.filter(mask)
+
+
+# _HEX_PAIRS[b] holds the two ASCII hex digits of byte b in memory order, so that
+# gathering it over an id's bytes spells the id as bytes.hex() does.
+_HEX_PAIRS = np.frombuffer(b"".join(f"{b:02x}".encode() for b in range(256)), np.uint16)
+
+
+def _hex(values: list[bytes], mask: pa.Array | None) -> pa.Array:
+    """Lowercase hex of each id, as bytes.hex() spells it, for the whole batch at once (an empty id gives "")."""
+    ids = pa.array(values, pa.binary())
+    if mask is not None:
+        ids = ids.filter(mask)
+    buffers = ids.buffers()
+    offsets = np.frombuffer(buffers[1], np.int32, count=len(ids) + 1)
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    digits = _HEX_PAIRS[data[offsets[0] : offsets[-1]]]
+    doubled = ((offsets - offsets[0]) * 2).astype(np.int32)
+    return pa.Array.from_buffers(pa.string(), len(ids), [None, pa.py_buffer(doubled), pa.py_buffer(digits)])
+
+
+def _repeat(groups: list[tuple[int, Any]], n: int, arrow_type: pa.DataType) -> pa.Array:
+    """One value per span from ``(first span, value)`` runs that each last until the next run starts."""
+    if not groups:
+        return pa.nulls(n, arrow_type)
+    values = pa.array([value for _, value in groups], arrow_type)
+    firsts = np.array([first for first, _ in groups], np.int64)
+    sizes = np.diff(np.append(firsts, n))
+    return values.take(pa.array(np.repeat(np.arange(len(groups)), sizes)))
 
 
 def _as_type(values: Any, arrow_type: pa.DataType) -> pa.Array:

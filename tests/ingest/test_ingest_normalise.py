@@ -106,6 +106,37 @@ def test_bad_ids_reject_the_span_not_the_request(norm: Normaliser) -> None:
     assert "bad trace id" in decoded.errors[0]
 
 
+def test_a_rejected_span_does_not_shift_the_resource_scope_or_errors_of_later_spans(norm: Normaliser) -> None:
+    # Columns are built for the whole batch after the span loop; a rejected span must not move
+    # the resource, scope, attributes or event error of the spans received after it.
+    request = trace_request(
+        [
+            {"name": "a", "attributes": {"tenant.id": "t-a"}},
+            {"trace_id": b"short", "name": "bad", "attributes": {"tenant.id": "t-bad"}},
+            {"name": "b", "attributes": {"tenant.id": "t-b"}, "events": [("exception", {"exception.type": "OOM"})]},
+        ],
+        resource={"service.name": "first"},
+        scope="scope-1",
+    )
+    second = trace_request(
+        [{"start": 1 << 63, "name": "too late"}, {"name": "c", "status": (2, "boom")}],
+        resource={"service.name": "second"},
+        scope="scope-2",
+    )
+    request.resource_spans.extend(second.resource_spans)
+    decoded = decode_traces(request.SerializeToString(), PROTOBUF, normaliser=norm)
+    rows = decoded.table.to_pylist()
+    assert decoded.rejected == 2
+    assert [r["name"] for r in rows] == ["a", "b", "c"]
+    assert [r["service_name"] for r in rows] == ["first", "first", "second"]
+    assert [r["scope_name"] for r in rows] == ["scope-1", "scope-1", "scope-2"]
+    assert [r["tenant_id"] for r in rows] == ["t-a", "t-b", None]
+    assert [r["error_type"] for r in rows] == [None, "OOM", "error"]
+    assert [r["status_code"] for r in rows] == ["unset", "unset", "error"]
+    assert rows[2]["status_message"] == "boom" and rows[0]["status_message"] is None
+    assert [dict(r["resource_attributes"])["service.name"] for r in rows] == ["first", "first", "second"]
+
+
 def test_tokens_sent_as_doubles_or_strings_still_fill_int_columns(norm: Normaliser) -> None:
     attributes = {"gen_ai.usage.input_tokens": 12.0, "gen_ai.usage.output_tokens": "7", "gen_ai.latency.e2e": "1.5"}
     request = trace_request([{"attributes": attributes}])
