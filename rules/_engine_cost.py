@@ -379,12 +379,15 @@ class EngineCost:
         shift: the comparison (``None`` when no bucket had enough requests on both sides).
         running: mean running batch per side (span overlap).
         cache_known: whether cached prompt tokens were known (spans or counters).
+        frame: the compared requests (``side``, ``slice``, ``bucket``, the cost and, for
+            prefill, ``uncached_tokens``), for splits such as :func:`prefill_length_profile`.
     """
 
     column: str
     shift: ConditionalShift | None
     running: SidePair
     cache_known: bool = True
+    frame: pl.DataFrame | None = None
 
 
 _COST_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, EngineCost]] = weakref.WeakKeyDictionary()
@@ -410,7 +413,7 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         frame = requests.filter(pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1))
         require_both_sides(frame, "per-request decode timing (tpot)")
         frame, running = with_running(comparison, frame, "decode", pl.col("input_tokens").fill_null(1))
-        result = EngineCost("tpot_s", conditional_log_shift(frame, "tpot_s", "bucket", "batch"), running)
+        result = EngineCost("tpot_s", conditional_log_shift(frame, "tpot_s", "bucket", "batch"), running, frame=frame)
     else:
         frame = requests.filter(pl.col("prefill_s").is_not_null() & (pl.col("input_tokens") > 0))
         require_both_sides(frame, "per-request prefill timing")
@@ -425,9 +428,66 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         )
         frame, running = with_running(comparison, frame, "prefill", pl.col("uncached_tokens"))
         cache_known = hit is not None or frame["cached_tokens"].drop_nulls().len() > 0
-        result = EngineCost(column, conditional_log_shift(frame, column, "bucket", "batch"), running, cache_known)
+        shift = conditional_log_shift(frame, column, "bucket", "batch")
+        result = EngineCost(column, shift, running, cache_known, frame)
     cached[stage] = result
     return result
+
+
+#: z of the long-minus-short prompt difference that counts as a length-confined rise.
+LENGTH_Z: Final[float] = 3.0
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    """Prefill cost per uncached token at equal batch, for short and long prompts apart.
+
+    A smaller step budget (``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``)
+    splits only prompts longer than the new budget into more steps, each carrying its own
+    overhead and the decodes beside it; a prompt that fits is computed exactly as before.
+    A slower prefill path (kernel, preprocessing) costs every prompt more. So a rise
+    confined to the long prompts, with the short ones flat, is the budget's signature.
+
+    Attributes:
+        short_tokens: the shortest quarter's upper bound, uncached prompt tokens (both sides pooled).
+        long_tokens: the longest quarter's lower bound, uncached prompt tokens.
+        short, long: the comparison within each quarter.
+    """
+
+    short_tokens: float
+    long_tokens: float
+    short: ConditionalShift
+    long: ConditionalShift
+
+    @property
+    def long_only(self) -> bool:
+        """Long prompts rose (>= MIN_SLOWDOWN, z >= LENGTH_Z), LENGTH_Z above short ones, which rose < 1/3 as much."""
+        se = math.hypot(self.long.se, self.short.se)
+        gap = (self.long.conditional - self.short.conditional) / se if se > 0 else 0.0
+        return (
+            self.long.rise >= MIN_SLOWDOWN
+            and self.long.z >= LENGTH_Z
+            and gap >= LENGTH_Z
+            and self.short.rise < self.long.rise / 3
+        )
+
+
+def prefill_length_profile(cost: EngineCost) -> LengthProfile | None:
+    """Compare the shortest and the longest quarter of prompts (uncached tokens) of a prefill :class:`EngineCost`.
+
+    Quarters rather than halves: a budget cut to below the median prompt splits many
+    prompts under the median too. ``None`` when a quarter cannot be compared.
+    """
+    frame = cost.frame
+    if frame is None or "uncached_tokens" not in frame.columns or frame.height == 0:
+        return None
+    tokens = frame["uncached_tokens"]
+    low, high = float(tokens.quantile(0.25)), float(tokens.quantile(0.75))  # type: ignore[arg-type]
+    short = conditional_log_shift(frame.filter(pl.col("uncached_tokens") <= low), cost.column, "bucket", "batch")
+    long = conditional_log_shift(frame.filter(pl.col("uncached_tokens") > high), cost.column, "bucket", "batch")
+    if short is None or long is None:
+        return None
+    return LengthProfile(low, high, short, long)
 
 
 def with_running(
@@ -462,7 +522,7 @@ def load_per_replica(comparison: Comparison, metrics: MetricView) -> tuple[SideP
         if rate.baseline is not None and rate.candidate is not None:
             return SidePair(rate.baseline / replicas[0], rate.candidate / replicas[1]), "requests/s per replica"
     prompt, generated = metrics.counter_rate("prompt_tokens"), metrics.counter_rate("generation_tokens")
-    series = metrics.series_count("running_requests")
+    series = metrics.serving_replicas()
     values: list[float | None] = []
     for p, g, r in zip(
         (prompt.baseline, prompt.candidate),
@@ -534,6 +594,7 @@ __all__ = [
     "BatchShape",
     "ConditionalShift",
     "EngineCost",
+    "LengthProfile",
     "Slowdown",
     "assess_slowdown",
     "batch_shape",
@@ -541,6 +602,7 @@ __all__ = [
     "engine_cost",
     "kv_limited",
     "load_per_replica",
+    "prefill_length_profile",
     "running_batch",
     "service_time_queue_share",
     "with_running",

@@ -37,7 +37,13 @@ accounts for failed requests).
 ``|ln ratio| / ln(1 + rise)`` when decode or prefill cost at equal batch size
 rose by more than the step shape moved (slower steps gather more arrivals
 per step, so the shape then follows a slowdown).
-Without it (spans only): a running batch that moved by 30 % or more at the
+Without it (spans only), a smaller budget still shows in prefill cost per uncached
+token at equal batch: it rose for the longest quarter of prompts (z >= 3, and by
+z >= 3 more than for the shorter half, which rose < 1/3 as much;
+``_engine_cost.LengthProfile``), since a prompt that fits the new budget is
+computed as before. Confidence 0.7 x ``min(1, long-prompt rise / 0.3)``;
+``explained`` the prefill stage's share of the tail excess x the share of the
+raw change kept at equal batch. Otherwise, a running batch that moved by 30 % or more at the
 same arrival rate and mix while queueing did not carry the excess gives at
 most 0.3, since span overlap alone cannot tell batching from a slowdown.
 
@@ -55,8 +61,23 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import batch_shape, engine_cost, load_per_replica, running_batch
-from sre_agent.rules._mechanism import Z_MIN, clip01, engine_share, latency_share, rnd, side, tail_shares
+from sre_agent.rules._engine_cost import (
+    batch_shape,
+    engine_cost,
+    load_per_replica,
+    prefill_length_profile,
+    running_batch,
+)
+from sre_agent.rules._mechanism import (
+    Z_MIN,
+    clip01,
+    engine_share,
+    latency_share,
+    rnd,
+    side,
+    stage_share,
+    tail_shares,
+)
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.
@@ -67,6 +88,10 @@ MAX_WORK_CHANGE: Final[float] = 0.20
 SPAN_BATCH_CHANGE: Final[float] = 1.3
 #: Confidence ceiling on spans alone.
 SPANS_ONLY_CONFIDENCE: Final[float] = 0.3
+#: Confidence of a budget read from prefill cost by prompt length (no step histogram).
+BUDGET_CONFIDENCE: Final[float] = 0.7
+#: Rise of the long prompts' prefill cost counted as unmistakable.
+FULL_BUDGET_RISE: Final[float] = 0.3
 
 _ENGINE_COSTS: Final[tuple[Literal["decode", "prefill"], ...]] = ("decode", "prefill")
 
@@ -165,6 +190,9 @@ def batch_composition(
             evidence=tuple(evidence),
             next_check=NEXT_CHECK,
         )
+    budget = _budget_signature(comparison, regression, metrics, stages, evidence)
+    if budget is not None:
+        return budget
     ratio = running.ratio
     queue_share = tail_shares(stages, regression, comparison).get("queue", 0.0)
     if ratio is None or not (ratio >= SPAN_BATCH_CHANGE or ratio <= 1 / SPAN_BATCH_CHANGE) or queue_share >= 0.5:
@@ -179,4 +207,41 @@ def batch_composition(
         stage=None,
         evidence=tuple(evidence),
         next_check=NEXT_CHECK + "; export vllm:iteration_tokens to confirm",
+    )
+
+
+def _budget_signature(
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    stages: StageDecomposition,
+    evidence: list[Evidence],
+) -> Finding | None:
+    """Without the step histogram: prefill per uncached token rose for long prompts only (a smaller budget)."""
+    try:
+        cost = engine_cost(comparison, metrics, "prefill")
+    except RuleSkipped:
+        return None
+    profile = prefill_length_profile(cost)
+    if profile is None or not profile.long_only:
+        return None
+    short, long = profile.short, profile.long
+    at_prefill = stage_share(stages, "prefill", regression, comparison)
+    kept = cost.shift.explained_share if cost.shift is not None else 1.0
+    budget_evidence = (
+        Evidence("prefill_s_per_uncached_token_change_long", 0.0, rnd(long.rise),
+                 f"prompts over {profile.long_tokens:.0f} uncached tokens, at equal batch; z = {long.z:.1f}"),
+        Evidence("prefill_s_per_uncached_token_change_short", 0.0, rnd(short.rise),
+                 f"prompts up to {profile.short_tokens:.0f} uncached tokens, at equal batch; z = {short.z:.1f}"),
+    )  # fmt: skip
+    return Finding(
+        cause="batch_composition",
+        title=f"Prefill per uncached token rose {long.rise:.0%} for prompts over {profile.long_tokens:.0f} "
+        f"uncached tokens and {short.rise:.0%} up to {profile.short_tokens:.0f}, at the same load: "
+        "a smaller step budget splits long prompts",
+        explained=latency_share(regression, at_prefill * kept),
+        confidence=BUDGET_CONFIDENCE * clip01(long.rise / FULL_BUDGET_RISE),
+        stage="prefill",
+        evidence=(*budget_evidence, *evidence),
+        next_check=NEXT_CHECK + " (SGLang: chunked_prefill_size); export vllm:iteration_tokens to confirm",
     )

@@ -61,6 +61,10 @@ MIN_RISE_S: Final[float] = 0.005
 MIN_SPANS: Final[int] = 20
 #: Relative rise counted as unmistakable.
 FULL_RISE: Final[float] = 0.5
+#: A value every caller of a group shares is its scope when at most this share of all requests carries it.
+CALLER_SHARE: Final[float] = 0.8
+#: Dimensions named first when several values select the same requests: the owner of the traffic.
+SCOPE_PRIORITY: Final[tuple[str, ...]] = ("tenant.id", "http.route", "gen_ai.request.model")
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,13 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
             shifted.append(shift)
     if not shifted:
         return None
-    all_deps = _dependency_share_of_tail(comparison, regression)
+    # A headline on dependency time itself is all dependency time; otherwise the dependencies'
+    # share of the trace tail excess bounds what any one group can explain.
+    all_deps = (
+        (1.0, regression.quantile)
+        if regression.metric == "dependency"
+        else (_dependency_share_of_tail(comparison, regression))
+    )
     findings = []
     for shift in sorted(shifted, key=lambda s: -s.added):
         service, name, kind, z, rise = shift.service, shift.name, shift.kind, shift.z, shift.rise
@@ -136,7 +146,11 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
         share_of_deps = added / positive_total if positive_total > 0 else 0.0
         if all_deps is not None:
             explained = clip01(all_deps[0]) * share_of_deps
-            detail = f"dependencies hold {all_deps[0]:.0%} of the trace p{round(all_deps[1] * 100)} tail excess"
+            detail = (
+                "the headline is dependency time"
+                if regression.metric == "dependency"
+                else f"dependencies hold {all_deps[0]:.0%} of the trace p{round(all_deps[1] * 100)} tail excess"
+            )
         else:
             excess = regression.excess or 0.0
             explained = clip01(added / excess) if excess > 0 else 0.0
@@ -208,4 +222,31 @@ def _scope(
     joined = spans.join(per_trace, on="trace_id", how="inner")
     if joined.height == 0:
         return None
-    return confined_slice(joined, dims, pl.col("duration_s"), pl.lit(1.0), direction=1)
+    return _caller_slice(joined, per_trace, dims) or confined_slice(
+        joined, dims, pl.col("duration_s"), pl.lit(1.0), direction=1
+    )
+
+
+def _caller_slice(
+    joined: pl.DataFrame, per_trace: pl.DataFrame, dims: list[str]
+) -> tuple[str, str, float, float] | None:
+    """The one value every caller of the group shares, when it is a slice of the traffic.
+
+    A dependency only one tenant's requests call (retrieval behind a RAG route) holds its
+    whole shift in that tenant, but its spans show no variation to split. If every span of
+    the group carries the same value of a dimension and that value is at most
+    ``CALLER_SHARE`` of all candidate requests, the slowdown reaches that slice only.
+    Values aliased with each other (the tenant, its route, its ``max_tokens``) cannot be
+    told apart by any statistic; the owner comes first (``SCOPE_PRIORITY``: tenant, route,
+    model), then the rest in order.
+    """
+    ordered = [d for d in SCOPE_PRIORITY if d in dims] + [d for d in dims if d not in SCOPE_PRIORITY]
+    for dim in ordered:
+        values = joined[dim].cast(pl.String).drop_nulls().unique()
+        if values.len() != 1 or joined[dim].null_count():
+            continue
+        value = str(values[0])
+        share = int((per_trace[dim].cast(pl.String) == value).sum()) / max(1, per_trace.height)
+        if share <= CALLER_SHARE:
+            return dim, value, 1.0, share
+    return None

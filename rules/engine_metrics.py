@@ -7,8 +7,9 @@ per replica. Per side:
 
 * arrivals ``lambda``: requests finished per second (the count of the e2e
   latency histogram, else the TTFT histogram, over the window's seconds);
-* replicas ``R``: distinct instances reporting the running gauge; the peak of
-  that gauge is the effective running-request cap (``max_num_seqs``);
+* replicas ``R``: instances that finished requests in the window (a drained
+  replica may keep exporting frozen counters); the peak of the running
+  gauge is the effective running-request cap (``max_num_seqs``);
 * work per request: prompt + generation tokens (counter deltas) per request;
 * step time: the mean inter-token latency (ITL histogram).
 
@@ -99,7 +100,7 @@ def engine_metrics(
     if not regression.significant or regression.metric == "error_rate":
         return []
     counts, rate = _requests(metrics, windows)
-    replicas = metrics.series_count("running_requests")
+    replicas = metrics.serving_replicas()
     if rate.ratio is None or replicas.ratio is None or counts.baseline is None or counts.candidate is None:
         return []
     running, running_max = metrics.gauge("running_requests"), metrics.gauge("running_requests", "max")
@@ -162,7 +163,8 @@ def engine_metrics(
     evidence = (
         Evidence("requests_per_s", rnd(rate.baseline), rnd(rate.candidate),
                  f"latency-histogram count per second of window; Poisson z = {rate_z:.1f} (dispersion {DISPERSION:g})"),
-        Evidence("replicas", replicas.baseline, replicas.candidate, "instances reporting the running gauge"),
+        Evidence("replicas", replicas.baseline, replicas.candidate,
+                 "instances serving, weighted by the share of the window each served"),
         Evidence("requests_per_s_per_replica", rnd(_per(rate, replicas).baseline), rnd(_per(rate, replicas).candidate),
                  "offered load per replica"),
         Evidence("running_per_replica", rnd(running.baseline), rnd(running.candidate), "running gauge, window mean"),

@@ -28,7 +28,8 @@ accounts for failed requests).
 ``confidence``: as ``decode_slowdown`` (significance x effect size x coverage,
 x 0.4 when the step cap moved, x 0.25 when the uncached work per request changed,
 x 0.5 when the offered load per replica changed), halved without any
-cache signal.
+cache signal, x 0.4 when only the longest quarter of prompts slowed and no
+step histogram exists (a smaller step budget: ``batch_composition``).
 
 Quiet below a 10 % rise at equal buckets or z < 2.
 """
@@ -46,11 +47,14 @@ from sre_agent.rules._engine_cost import (
     batch_shape,
     engine_cost,
     load_per_replica,
+    prefill_length_profile,
     service_time_queue_share,
 )
 from sre_agent.rules._mechanism import PER_TOKEN_METRICS, latency_share, rnd, stage_share
 from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
+#: Confidence factor when only the long prompts slowed and no step histogram says why.
+LONG_ONLY_DAMPING: Final[float] = 0.4
 #: Confidence factor when nothing says how many prompt tokens were cached.
 NO_CACHE_SIGNAL_DAMPING: Final[float] = 0.5
 
@@ -88,6 +92,14 @@ def prefill_slowdown(
         return None
     confidence = verdict.confidence
     evidence = verdict.evidence + extra
+    profile = prefill_length_profile(cost)
+    if profile is not None and profile.long_only and batch_shape(metrics, comparison.request_counts) is None:
+        # Only the longest quarter of prompts got costlier: a smaller step budget's signature
+        # (batch_composition's finding), not a slower prefill path, which costs every prompt more.
+        confidence *= LONG_ONLY_DAMPING
+        evidence += (Evidence("prefill_s_per_uncached_token_change_short", 0.0, rnd(profile.short.rise),
+                              f"prompts up to {profile.short_tokens:.0f} uncached tokens did not slow: "
+                              "a step budget, not the prefill path"),)  # fmt: skip
     if not cost.cache_known:
         confidence *= NO_CACHE_SIGNAL_DAMPING
         evidence += (Evidence("cached_tokens", None, None, "no cache signal: every prompt token counted as uncached"),)

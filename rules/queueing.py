@@ -50,7 +50,7 @@ def _replicas(requests: pl.LazyFrame, metrics: MetricView) -> SidePair:
     got = {row["side"]: float(row["r"]) for row in frame.to_dicts()}
     if got.get("baseline") and got.get("candidate"):
         return SidePair(got["baseline"], got["candidate"])
-    return metrics.series_count("running_requests")
+    return metrics.serving_replicas()
 
 
 def _concurrency(

@@ -231,6 +231,53 @@ class MetricView:
             out.append(float(row[0]) if row and row[0] else None)
         return SidePair(out[0], out[1])
 
+    def serving_replicas(self) -> SidePair:
+        """Replicas serving within each window, weighted by how long each served.
+
+        A drained or removed replica may keep exporting frozen counters and a running
+        gauge of 0, and a replica removed at the deploy still finishes its in-flight
+        requests just after it; neither is capacity. Each instance counts for the share of
+        the window between the point before its finished-request count (e2e, else TTFT
+        histogram) first rose and the last point at which it rose, so one serving the whole
+        window counts about 1 and one drained 15 s into a 300 s window about 0.05. Falls
+        back to the instances reporting the running gauge.
+        """
+        return self._memo(("serving",), self._serving_replicas)
+
+    def _serving_replicas(self) -> SidePair:
+        """Uncached :meth:`serving_replicas`."""
+        for signal in ("e2e_seconds", "ttft_seconds"):
+            name = self.name_for(signal)
+            if name is None:
+                continue
+            out: list[float | None] = []
+            for side in ("baseline", "candidate"):
+                row = fetch_one(
+                    self._con.execute(
+                        f"""
+                    WITH points AS (
+                        SELECT coalesce(service_instance, host_name, series_key) AS instance, series_key, time_ns,
+                               temporality = 'delta' AND count > 0
+                                 OR temporality <> 'delta'
+                                    AND count > lag(count) OVER (PARTITION BY series_key ORDER BY time_ns) AS rose,
+                               lag(time_ns) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev_ns
+                        FROM metric_points WHERE {self._where(side, name)} AND count IS NOT NULL),
+                    bounds AS (SELECT min(time_ns) AS t0, max(time_ns) AS t1 FROM points),
+                    spans AS (
+                        SELECT instance, (max(time_ns) FILTER (WHERE rose))
+                                         - coalesce(min(prev_ns) FILTER (WHERE rose), min(time_ns)) AS served_ns
+                        FROM points GROUP BY series_key, instance)
+                    SELECT sum(share) FROM (
+                        SELECT instance, max(least(1.0, served_ns / greatest(1, t1 - t0))) AS share
+                        FROM spans, bounds WHERE served_ns IS NOT NULL GROUP BY instance)
+                    """
+                    )
+                )
+                out.append(float(row[0]) if row and row[0] else None)
+            if out[0] is not None and out[1] is not None:
+                return SidePair(out[0], out[1])
+        return self.series_count("running_requests")
+
     def counter_delta(self, signal: str) -> SidePair:
         """Increase of a counter within each window, summed over series (resets handled)."""
         return self._memo(("delta", signal), lambda: self._counter_delta(signal))

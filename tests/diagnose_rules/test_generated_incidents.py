@@ -80,3 +80,71 @@ def test_canary_split_is_not_capacity_when_each_replica_carries_the_same_load(tm
     assert incident.truth.cause == "prefill_slowdown"  # type: ignore[attr-defined]
     assert findings[0][0] == "prefill_slowdown", findings
     assert all(cause not in ("capacity", "load") for cause, _, _ in findings), findings
+
+
+@pytest.mark.parametrize("seed", [120, 150])
+def test_dependency_of_one_tenant_is_scoped_to_the_tenant(seed: int, tmp_path: Path) -> None:
+    # Miss class 6: retrieval slowed for one tenant only. Only that tenant's requests call
+    # retrieval (a RAG route), so the spans of the group show no variation to split and the
+    # tenant's route and max_tokens select the very same requests. The finding must lead
+    # (its headline is dependency time itself, so the group explains all of it, not the
+    # dependencies' share of the trace tail) and name the owner of the traffic, tenant.id.
+    incident, findings = _diagnosed(seed, tmp_path)
+    truth = incident.truth  # type: ignore[attr-defined]
+    assert truth.cause == "dependency", truth
+    assert list(truth.scope) == ["tenant.id"], truth
+    assert findings, "no finding at all"
+    assert findings[0][0] == "dependency", findings
+    assert f"tenant.id={truth.scope['tenant.id']}" in findings[0][2], findings[0]
+
+
+@pytest.mark.parametrize("seed", [58, 163])
+def test_retries_after_a_gateway_timeout_lead_over_the_timeouts_they_cause(seed: int, tmp_path: Path) -> None:
+    # Miss class 5: a new gateway retries attempts whose first token is late. The root spans
+    # carry the gateway's own timeouts (504) while the engine reports no error: the timeouts
+    # are the retry policy's symptom, so retry_amplification must rank above errors.
+    incident, findings = _diagnosed(seed, tmp_path)
+    assert incident.truth.cause == "retry_amplification"  # type: ignore[attr-defined]
+    assert "retries attempts after" in incident.truth.detail  # type: ignore[attr-defined]
+    causes = [cause for cause, _, _ in findings]
+    assert causes, "no finding at all"
+    assert causes[0] == "retry_amplification", findings
+
+
+@pytest.mark.parametrize("seed", [121, 135])
+def test_replicas_removed_without_engine_spans_is_capacity(seed: int, tmp_path: Path) -> None:
+    # Miss class 1: replicas removed at the deploy, same arrivals, telemetry without engine
+    # request spans (gateway spans + engine metrics; metrics only). The removed replicas keep
+    # exporting frozen counters, and finish their in-flight requests just after the deploy, so
+    # counting the instances that report (or that finished anything) saw no replica gone and
+    # the ITL rise of the fuller survivors was called decode_slowdown.
+    incident, findings = _diagnosed(seed, tmp_path)
+    assert incident.truth.cause == "capacity"  # type: ignore[attr-defined]
+    assert "replicas removed" in incident.truth.detail  # type: ignore[attr-defined]
+    assert incident.shape in ("gateway-spans+metrics", "metrics-only")  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "capacity", findings
+    assert all(cause != "decode_slowdown" for cause, _, _ in findings), findings
+
+
+def test_smaller_step_budget_without_step_histogram_is_batch_composition(tmp_path: Path) -> None:
+    # Miss class 2: SGLang (no vllm:iteration_tokens) with the step budget cut 4096 -> 512.
+    # Prefill per uncached token rose at equal batch, so it was called prefill_slowdown; but
+    # only prompts longer than the budget are split into more steps. The shortest quarter of
+    # prompts is computed as before, and that separates a budget from a slower prefill path.
+    incident, findings = _diagnosed(25, tmp_path)
+    assert incident.truth.cause == "batch_composition"  # type: ignore[attr-defined]
+    assert "max_num_batched_tokens" in incident.truth.detail  # type: ignore[attr-defined]
+    assert incident.shape == "sglang"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "batch_composition", findings
+
+
+@pytest.mark.parametrize("seed", [6, 20, 66])
+def test_slower_prefill_path_is_not_read_as_a_step_budget(seed: int, tmp_path: Path) -> None:
+    # The other side of class 2's test: a prefill kernel slowdown costs short prompts more too,
+    # so it stays prefill_slowdown and no batch_composition finding comes from prompt lengths.
+    incident, findings = _diagnosed(seed, tmp_path)
+    assert incident.truth.cause == "prefill_slowdown"  # type: ignore[attr-defined]
+    assert findings[0][0] == "prefill_slowdown", findings
+    assert all("smaller step budget" not in title for _, _, title in findings), findings

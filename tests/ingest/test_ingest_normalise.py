@@ -133,7 +133,8 @@ def test_a_rejected_span_does_not_shift_the_resource_scope_or_errors_of_later_sp
     assert [r["tenant_id"] for r in rows] == ["t-a", "t-b", None]
     assert [r["error_type"] for r in rows] == [None, "OOM", "error"]
     assert [r["status_code"] for r in rows] == ["unset", "unset", "error"]
-    assert rows[2]["status_message"] == "boom" and rows[0]["status_message"] is None
+    assert rows[2]["status_message"] == "boom"
+    assert rows[0]["status_message"] is None
     assert [dict(r["resource_attributes"])["service.name"] for r in rows] == ["first", "first", "second"]
 
 
