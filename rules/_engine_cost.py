@@ -32,6 +32,7 @@ import polars as pl
 from sre_agent.busy import moment_at, moments
 from sre_agent.compare import SIDES
 from sre_agent.rules._mechanism import (
+    LOAD_Z,
     MIN_BUCKET,
     PER_TOKEN_METRICS,
     Z_MIN,
@@ -297,6 +298,12 @@ def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape 
 # ------------------------------------------------------------ slowdowns
 #: Smallest cost rise at equal buckets worth a slowdown finding (10 %).
 MIN_SLOWDOWN: Final[float] = 0.10
+#: Share of candidate requests in compared batch buckets below which prefill falls back to equal size.
+MIN_COVERAGE: Final[float] = 0.25
+#: Running-batch growth that a slowdown at unchanged load explains (the fallback's precondition).
+BATCH_GREW: Final[float] = 1.3
+#: Confidence factor of a prefill cost compared at equal prompt size alone.
+SIZE_ONLY_DAMPING: Final[float] = 0.6
 #: Rise at which a slowdown counts as unmistakable (30 %).
 FULL_SLOWDOWN: Final[float] = 0.30
 #: Change of uncached prompt tokens per request that makes steps carry different prefill work (20 %).
@@ -325,25 +332,48 @@ class Slowdown:
 
 
 def assess_slowdown(
-    cost: EngineCost, *, share: float, batch: BatchShape | None, load: SidePair | None = None
+    cost: EngineCost,
+    *,
+    share: float,
+    batch: BatchShape | None,
+    load: SidePair | None = None,
+    load_changed: bool | None = None,
 ) -> Slowdown | None:
     """Judge a per-token cost compared at equal buckets (:func:`engine_cost`).
 
     ``share``: the part of the headline excess the stage can reach; ``load``:
     offered load per replica (:func:`load_per_replica`), whose change weakens
-    the equal-batch control;
+    the equal-batch control (``load_changed``, from :func:`load_moved`, decides
+    whether it changed; without it, a ratio beyond :data:`SAME_LOAD` does);
     ``explained`` is that share times the part of the raw change that remains
     at equal buckets. ``None`` (quiet) when the cost did not rise by
     :data:`MIN_SLOWDOWN` at equal buckets with z >= 2.
     """
     shift, running = cost.shift, cost.running
+    size_only = (
+        (shift is None or shift.coverage < MIN_COVERAGE)
+        and cost.size_shift is not None
+        and load_changed is False
+        and (running.ratio or 0.0) >= BATCH_GREW
+    )
+    if size_only:
+        # A slower prefill at unchanged arrivals keeps more requests in the engine (Little's law),
+        # so the sides' running batches stop overlapping and the equal-batch control has nothing
+        # to compare. Prefill cost per token is the prompt's own compute (the decodes sharing a
+        # step add a token each), so it is compared at equal prompt size alone, with less weight.
+        shift = cost.size_shift
     if shift is None or shift.z < Z_MIN or shift.rise < MIN_SLOWDOWN:
         return None
     rise = math.exp(shift.conditional) - 1.0
     confidence = significance(shift.z) * min(1.0, rise / FULL_SLOWDOWN) * min(1.0, shift.coverage / 0.5)
+    if size_only:
+        confidence *= SIZE_ONLY_DAMPING
+    control = (
+        "prompt size only: the running batches no longer overlap" if size_only else "running batch and prompt size"
+    )
     evidence = [
         Evidence(f"{cost.column}_change_at_equal_batch", 0.0, rnd(rise),
-                 f"relative change at equal running batch and prompt size over {shift.buckets} buckets "
+                 f"relative change at equal {control} over {shift.buckets} buckets "
                  f"({shift.coverage:.0%} of candidate requests), z = {shift.z:.1f}; raw change "
                  f"{math.exp(shift.raw) - 1.0:+.0%}"),
         Evidence("running_batch_mean", rnd(running.baseline, 2), rnd(running.candidate, 2),
@@ -361,7 +391,9 @@ def assess_slowdown(
             confidence *= BATCH_CHANGED_DAMPING
         if abs(math.log(max(1e-9, batch.work_ratio))) >= math.log(1.0 + WORK_CHANGE):
             confidence *= WORK_CHANGED_DAMPING
-    if load is not None and load.ratio is not None and abs(load.ratio - 1.0) > SAME_LOAD:
+    if load_changed is None:
+        load_changed = load is not None and load.ratio is not None and abs(load.ratio - 1.0) > SAME_LOAD
+    if load is not None and load_changed:
         # Busier replicas put more prefill tokens into every step, which the running count does
         # not see: equal batch size no longer means equal step work.
         confidence *= LOAD_CHANGED_DAMPING
@@ -381,6 +413,8 @@ class EngineCost:
         cache_known: whether cached prompt tokens were known (spans or counters).
         frame: the compared requests (``side``, ``slice``, ``bucket``, the cost and, for
             prefill, ``uncached_tokens``), for splits such as :func:`prefill_length_profile`.
+        size_shift: prefill only, the comparison at equal prompt size alone (see
+            :func:`assess_slowdown`).
     """
 
     column: str
@@ -388,6 +422,7 @@ class EngineCost:
     running: SidePair
     cache_known: bool = True
     frame: pl.DataFrame | None = None
+    size_shift: ConditionalShift | None = None
 
 
 _COST_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, EngineCost]] = weakref.WeakKeyDictionary()
@@ -429,7 +464,8 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         frame, running = with_running(comparison, frame, "prefill", pl.col("uncached_tokens"))
         cache_known = hit is not None or frame["cached_tokens"].drop_nulls().len() > 0
         shift = conditional_log_shift(frame, column, "bucket", "batch")
-        result = EngineCost(column, shift, running, cache_known, frame)
+        size_shift = conditional_log_shift(frame, column, "size_bucket", "size")
+        result = EngineCost(column, shift, running, cache_known, frame, size_shift)
     cached[stage] = result
     return result
 
@@ -497,13 +533,34 @@ def with_running(
     # A left join plus a filter: polars' inner join on string keys was ~10x slower here (100k rows).
     frame = frame.join(running_batch(comparison, at), on="span_id", how="left").filter(pl.col("running").is_not_null())
     frame = frame.with_columns(size.alias("_size")).with_columns(
-        pl.format("{} x size {}", pow2_bucket("running", RUNNING_BUCKET), pow2_bucket("_size", 4.0)).alias("bucket")
+        pl.format("{} x size {}", pow2_bucket("running", RUNNING_BUCKET), pow2_bucket("_size", 4.0)).alias("bucket"),
+        pow2_bucket("_size", 4.0).cast(pl.String).alias("size_bucket"),
     )
     means = {s: side(frame, s)["running"].mean() for s in SIDES}
     return frame, SidePair(*(float(v) if isinstance(v, int | float) else None for v in means.values()))
 
 
 # -------------------------------------------------------------- offered load
+def load_moved(comparison: Comparison, metrics: MetricView, limit: float = SAME_LOAD) -> bool | None:
+    """Whether the offered load per replica changed by more than ``limit``; ``None`` when unknown.
+
+    A change the arrival rate alone carries (replicas within ``limit``) counts only when it
+    clears the spread of per-slice arrivals (:attr:`Comparison.arrival_change_z` >= ``LOAD_Z``):
+    a bursty trace puts a burst on one side of the deploy by chance.
+    """
+    load, _ = load_per_replica(comparison, metrics)
+    if load.ratio is None:
+        return None
+    if abs(load.ratio - 1.0) <= limit:
+        return False
+    rate = comparison.arrival_rate.ratio
+    z = comparison.arrival_change_z
+    if rate is None or z is None or rate <= 0:
+        return True
+    same_replicas = abs(load.ratio / rate - 1.0) <= limit
+    return not (same_replicas and abs(z) < LOAD_Z)
+
+
 def load_per_replica(comparison: Comparison, metrics: MetricView) -> tuple[SidePair, str]:
     """Offered load per replica on each side, and its unit.
 
@@ -575,8 +632,7 @@ def service_time_queue_share(
     queue = tail_shares(stages, regression, comparison).get("queue", 0.0)
     if queue <= 0:
         return 0.0
-    load, _ = load_per_replica(comparison, metrics)
-    if load.ratio is None or abs(load.ratio - 1.0) > SAME_LOAD:
+    if load_moved(comparison, metrics) is not False:
         return 0.0
     preemptions = metrics.counter_delta("preemptions")
     counts = comparison.request_counts
@@ -590,6 +646,7 @@ def service_time_queue_share(
 
 
 __all__ = [
+    "BATCH_GREW",
     "BATCH_SHAPE_FACTOR",
     "BatchShape",
     "ConditionalShift",
@@ -601,6 +658,7 @@ __all__ = [
     "conditional_log_shift",
     "engine_cost",
     "kv_limited",
+    "load_moved",
     "load_per_replica",
     "prefill_length_profile",
     "running_batch",

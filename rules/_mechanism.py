@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 PER_TOKEN_METRICS: Final[tuple[str, ...]] = ("tpot", "itl")
 #: z below which a change is not evidence at all.
 Z_MIN: Final[float] = 2.0
+#: z of an arrival-rate change (against the per-slice spread) below which it is burstiness, not load.
+LOAD_Z: Final[float] = 3.0
 #: z from which a change is certain (confidence 1 before effect-size damping).
 Z_FULL: Final[float] = 5.0
 #: Fewest requests per side and per covariate bucket for a conditional comparison.
@@ -352,9 +354,15 @@ def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[st
     ``capacity`` term although each replica carries the same load. Here the two log terms are
     summed with their signs; when the per-replica load rose by 10 % or more, the rise is split
     between ``load`` and ``capacity`` in proportion to their own rises (each counted only from
-    10 %), else both are dropped.
+    10 %), else both are dropped. An arrival-rate change within the spread of per-slice
+    arrivals (:attr:`Comparison.arrival_change_z` below :data:`LOAD_Z`) counts as none.
     """
     counts, seconds = comparison.request_counts, comparison.window_seconds()
+    z = comparison.arrival_change_z
+    if z is not None and abs(z) < LOAD_Z:
+        # The rate moved no more than the spread of per-slice arrivals: bursts, not load.
+        drivers = {k: v for k, v in drivers.items() if k != "load"}
+    bursty = z is not None and abs(z) < LOAD_Z
     reps = (
         comparison.requests.group_by("side")
         .agg(pl.coalesce("service_instance", "host_name").drop_nulls().n_unique().alias("r"))
@@ -366,6 +374,8 @@ def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[st
     if not (seconds.get("baseline") and seconds.get("candidate")):
         return dict(drivers)
     log_rate = math.log((counts["candidate"] / seconds["candidate"]) / (counts["baseline"] / seconds["baseline"]))
+    if bursty:
+        log_rate = 0.0
     log_reps = math.log(r["baseline"] / r["candidate"])
     out = {k: v for k, v in drivers.items() if k not in ("load", "capacity")}
     net = log_rate + log_reps
@@ -379,6 +389,7 @@ def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[st
 
 
 __all__ = [
+    "LOAD_Z",
     "MIN_BUCKET",
     "PER_TOKEN_METRICS",
     "Z_MIN",

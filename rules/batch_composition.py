@@ -64,6 +64,7 @@ from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import (
     batch_shape,
     engine_cost,
+    load_moved,
     load_per_replica,
     prefill_length_profile,
     running_batch,
@@ -136,7 +137,7 @@ def batch_composition(
     work_pair = SidePair(*(float(v) if v is not None else None for v in work.values()))
     load, load_unit = load_per_replica(comparison, metrics)
     # Without a load measure on both sides nothing says the load stayed put: stay quiet.
-    if load.ratio is None or _changed(load.ratio, MAX_RATE_CHANGE) or _changed(work_pair.ratio, MAX_WORK_CHANGE):
+    if load_moved(comparison, metrics, MAX_RATE_CHANGE) is not False or _changed(work_pair.ratio, MAX_WORK_CHANGE):
         return None
     running = metrics.gauge("running_requests")
     running_how = "num_requests_running gauge, window mean"

@@ -46,6 +46,7 @@ from sre_agent.rules._engine_cost import (
     assess_slowdown,
     batch_shape,
     engine_cost,
+    load_moved,
     load_per_replica,
     service_time_queue_share,
 )
@@ -70,6 +71,7 @@ def decode_slowdown(
         + service_time_queue_share(comparison, stages, regression, metrics),
         batch=batch_shape(metrics, comparison.request_counts),
         load=load_per_replica(comparison, metrics)[0],
+        load_changed=load_moved(comparison, metrics),
     )
     if verdict is None:
         return None

@@ -222,9 +222,10 @@ def _scope(
     joined = spans.join(per_trace, on="trace_id", how="inner")
     if joined.height == 0:
         return None
-    return _caller_slice(joined, per_trace, dims) or confined_slice(
-        joined, dims, pl.col("duration_s"), pl.lit(1.0), direction=1
-    )
+    # A value confining the shift within the group's own spans is the tighter scope; only when
+    # the spans show no such variation does the group's single caller slice stand for it.
+    within = confined_slice(joined, dims, pl.col("duration_s"), pl.lit(1.0), direction=1)
+    return within or _caller_slice(joined, per_trace, dims)
 
 
 def _caller_slice(

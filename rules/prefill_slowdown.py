@@ -46,6 +46,7 @@ from sre_agent.rules._engine_cost import (
     assess_slowdown,
     batch_shape,
     engine_cost,
+    load_moved,
     load_per_replica,
     prefill_length_profile,
     service_time_queue_share,
@@ -76,9 +77,11 @@ def prefill_slowdown(
     extra: tuple[Evidence, ...] = ()
     if regression.metric in PER_TOKEN_METRICS and cost.shift is not None:
         decode = engine_cost(comparison, metrics, "decode").shift
-        if decode is not None and MIN_SLOWDOWN <= decode.rise < cost.shift.rise:
+        if decode is not None and decode.rise < cost.shift.rise and cost.shift.rise >= MIN_SLOWDOWN:
             # Prefill chunks share steps with decodes: a costlier prefill slows the tokens of everyone
-            # decoding beside it, so it reaches a per-token headline too.
+            # decoding beside it, so it reaches a per-token headline too. The stalls land in the
+            # TPOT tail (requests decoding beside long prompts), so the per-bucket mean decode
+            # cost need not rise at all; it only must have risen less than prefill's.
             share = 1.0
             extra = (Evidence("tpot_s_change_at_equal_batch", 0.0, rnd(decode.rise),
                               "decode slowed less than prefill: the shared steps carry the prefill cost"),)  # fmt: skip
@@ -87,6 +90,7 @@ def prefill_slowdown(
         share=share,
         batch=batch_shape(metrics, comparison.request_counts),
         load=load_per_replica(comparison, metrics)[0],
+        load_changed=load_moved(comparison, metrics),
     )
     if verdict is None:
         return None

@@ -4,7 +4,8 @@ Mechanism (Little's law, per replica): requests in the engine L = (lambda / R) x
 Queueing grows when the offered load per replica lambda / R grows relative
 to what the replicas can serve. Its change splits into
 
-* arrival rate lambda (``load``): more requests per second at the same work each;
+* arrival rate lambda (``load``): more requests per second at the same work each,
+  beyond the spread of per-slice arrivals (z >= 3; bursts are not load);
 * replicas R or slots (``capacity``): fewer replicas, or a lower cap on
   running requests (``max_num_seqs``) while requests wait;
 * work per request (traffic mix: more tokens each), left to ``traffic_mix``.

@@ -24,7 +24,7 @@ import math
 from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import engine_cost
+from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost
 from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
@@ -69,10 +69,15 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
         if not term:
             continue
         try:
-            shift = engine_cost(comparison, metrics, stage).shift  # type: ignore[arg-type]
+            cost = engine_cost(comparison, metrics, stage)  # type: ignore[arg-type]
         except RuleSkipped:
             continue
+        shift = cost.shift or cost.size_shift  # prefill falls back to equal prompt size (assess_slowdown)
         if shift is None:
+            if (cost.running.ratio or 0.0) >= BATCH_GREW:
+                # No batch bucket overlaps and the batch grew: the raw per-token rise may be the bigger
+                # batch's alone (a slower prefill keeps more requests decoding), so it names nothing.
+                out[driver] = 0.0
             continue
         kept = term * shift.explained_share if shift.z >= 2 else 0.0
         out[driver] = kept
