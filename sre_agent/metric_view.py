@@ -80,20 +80,30 @@ class HistogramDelta:
         return self.value_at_rank(q * self.count)
 
     def quantile_interval(self, q: float, z: float = 1.96) -> tuple[float, float] | None:
-        """Distribution-free interval for the ``q`` quantile: the values at the ranks ``n q -+ z sqrt(n q (1-q))``.
+        """Distribution-free interval for the ``q`` quantile, as wide as the buckets force it to be.
 
-        The rank of the sample quantile is binomial (order statistics), so this needs no
-        assumption about the latency distribution; read through the buckets it is as wide as
-        their resolution too. ``None`` when empty.
+        The rank of the sample quantile is binomial (order statistics): the quantile lies
+        between the observations of ranks ``n q -+ z sqrt(n q (1-q))``. A histogram only says
+        which bucket each of those lies in, so the interval runs from the lower edge of the
+        bucket holding the low rank to the upper edge of the one holding the high rank
+        (interpolating inside a bucket assumes a shape and under-covers: 86 % for a nominal
+        95 % on log-normal latencies). ``inf`` when the high rank is in the +Inf bucket;
+        ``None`` when empty.
         """
         n = self.count
         if n == 0:
             return None
         half = z * math.sqrt(n * q * (1 - q))
-        hi_rank = min(float(n), n * q + half)
-        lo, hi = self.value_at_rank(max(0.0, n * q - half)), self.value_at_rank(hi_rank)
-        if hi_rank > n - self.counts[-1]:
-            hi = math.inf  # the rank falls in the +Inf bucket: no finite upper bound is known
+        lo_rank, hi_rank = max(0.0, n * q - half), min(float(n), n * q + half)
+        edges = (0.0, *self.bounds, math.inf)
+        seen, lo, hi = 0, None, None
+        for i, c in enumerate(self.counts):
+            if c and lo is None and seen + c >= lo_rank:
+                lo = edges[i]
+            if c and seen + c >= hi_rank:
+                hi = edges[i + 1]
+                break
+            seen += c
         return None if lo is None or hi is None else (lo, hi)
 
     def value_at_rank(self, rank: float) -> float | None:
