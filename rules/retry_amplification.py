@@ -20,8 +20,10 @@ above that side's quantile (the headline quantile) of the root duration, or
 of the headline's own per-trace time when the headline is gateway or
 dependency time (failed attempts and back-off are gateway time).
 
-``explained`` is 0 when the headline is the error rate (no latency mechanism
-accounts for failed requests).
+When the headline is the error rate, ``explained`` is the share of the rise in failed
+logical requests made of retried ones, provided the engine's own error share did not
+rise (a gateway timing attempts out and retrying them fails requests the engine never
+failed); 0 when it did (the failures are ``errors``', retries only amplify them).
 
 ``confidence``: significance of the z score of attempts per request x
 ``min(1, rise / 0.1)`` (ten extra attempts per hundred requests counts as
@@ -58,6 +60,8 @@ MIN_RISE: Final[float] = 0.02
 MIN_TAIL_TRACES: Final[int] = 100
 #: Rise counted as unmistakable.
 FULL_RISE: Final[float] = 0.10
+#: Rise of the engine's own error share (points) beyond which failures are the errors rule's.
+ENGINE_ERROR_RISE: Final[float] = 0.01
 
 NEXT_CHECK: Final[str] = (
     "list the retried requests' first-attempt errors (timeout, 429/5xx, replica); compare the gateway's retry "
@@ -79,10 +83,11 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
             any_value(side) FILTER (WHERE is_root) AS side, any_value(slice) FILTER (WHERE is_root) AS slice,
             max(duration_s) FILTER (WHERE is_root) AS trace_s,
             count(*) FILTER (WHERE wraps_engine OR coalesce(attempt, 0) > 0) AS wrapped,
-            max(coalesce(attempt, 0)) AS max_resend
+            max(coalesce(attempt, 0)) AS max_resend,
+            coalesce(bool_or(status_code = 'error') FILTER (WHERE is_root), false) AS failed
           FROM {sql} GROUP BY trace_id
         )
-        SELECT trace_id, side, slice, trace_s, wrapped, greatest(wrapped, max_resend + 1) AS attempts FROM t
+        SELECT trace_id, side, slice, trace_s, wrapped, greatest(wrapped, max_resend + 1) AS attempts, failed FROM t
         WHERE side IS NOT NULL AND trace_s IS NOT NULL
         """
     ).pl()
@@ -93,6 +98,7 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
         # No wrappers: the engine spans are called directly from the root; count them per trace instead.
         traces = comparison.traces.join(comparison.requests.select("span_id", "slice"), on="span_id")
         per_trace = traces.unique("trace_id").select("trace_id", "side", "slice", "trace_s", "attempts").drop_nulls()
+        per_trace = per_trace.with_columns(pl.lit(False).alias("failed"))
         source = "engine spans per trace"
     per_trace = per_trace.with_columns(pl.col("attempts").clip(1, None).cast(pl.Float64))
     one = pl.lit(1.0)
@@ -122,6 +128,7 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
         shares[s] = (float((part["attempts"] > 1).mean()), float((tail["attempts"] > 1).mean()))  # type: ignore[arg-type]
     tail_b, tail_c = shares["baseline"][1], shares["candidate"][1]
     explained = clip01((tail_c - tail_b) / (1.0 - tail_b)) if tail_b < 1 else 0.0
+    explained = _failures_share(comparison, per_trace) if regression.metric == "error_rate" else explained
     evidence = (
         Evidence("attempts_per_request", rnd(eb.value), rnd(ec.value), f"{source}; z = {z:.1f}"),
         Evidence("retried_request_share", rnd(shares["baseline"][0]), rnd(shares["candidate"][0]),
@@ -134,9 +141,39 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
     return Finding(
         cause="retry_amplification",
         title=f"Attempts per request rose {eb.value:.3f} -> {ec.value:.3f}: retries amplify load and latency",
-        explained=latency_share(regression, explained),
+        explained=explained if regression.metric == "error_rate" else latency_share(regression, explained),
         confidence=significance(z) * min(1.0, rise / FULL_RISE),
         stage="gateway",
         evidence=evidence,
         next_check=NEXT_CHECK,
     )
+
+
+def _failures_share(comparison: Comparison, per_trace: pl.DataFrame) -> float:
+    """Share of the rise in failed logical requests made of retried ones, when the engine's own errors did not rise.
+
+    A gateway that aborts slow attempts and retries them fails requests whose attempts all ran
+    out of time: those failures are the retry policy's, and the engine reports nothing. When
+    the engine's error share rose too, the failures are the ``errors`` rule's and retries only
+    amplify them (0 here).
+    """
+    engine = comparison.requests.select("side", "slice", (pl.col("status_code") == "error").cast(pl.Float64).alias("e"))
+    eb = ratio_estimate(side(engine, "baseline"), pl.col("e"), pl.lit(1.0))
+    ec = ratio_estimate(side(engine, "candidate"), pl.col("e"), pl.lit(1.0))
+    if (
+        eb.value is not None
+        and ec.value is not None
+        and ec.value - eb.value >= ENGINE_ERROR_RISE
+        and z_change(eb, ec) >= 2
+    ):
+        return 0.0
+    rates: dict[str, tuple[float, float]] = {}
+    for s in ("baseline", "candidate"):
+        part = side(per_trace, s)
+        if part.height == 0:
+            return 0.0
+        failed = int(part["failed"].sum())
+        retried_failed = int((part["failed"] & (part["attempts"] > 1)).sum())
+        rates[s] = (failed / part.height, retried_failed / part.height)
+    rise = rates["candidate"][0] - rates["baseline"][0]
+    return clip01((rates["candidate"][1] - rates["baseline"][1]) / rise) if rise > 0 else 0.0

@@ -104,7 +104,7 @@ def test_dependency_of_one_tenant_is_scoped_to_the_tenant(seed: int, tmp_path: P
     assert f"tenant.id={truth.scope['tenant.id']}" in findings[0][2], findings[0]
 
 
-@pytest.mark.parametrize("seed", [58, 163])
+@pytest.mark.parametrize("seed", [18, 58, 163])
 def test_retries_after_a_gateway_timeout_lead_over_the_timeouts_they_cause(seed: int, tmp_path: Path) -> None:
     # Miss class 5: a new gateway retries attempts whose first token is late. The root spans
     # carry the gateway's own timeouts (504) while the engine reports no error: the timeouts
@@ -115,6 +115,16 @@ def test_retries_after_a_gateway_timeout_lead_over_the_timeouts_they_cause(seed:
     causes = [cause for cause, _, _ in findings]
     assert causes, "no finding at all"
     assert causes[0] == "retry_amplification", findings
+
+
+@pytest.mark.parametrize("seed", [95, 151])
+def test_engine_errors_behind_a_retrying_gateway_stay_errors(seed: int, tmp_path: Path) -> None:
+    # The other side of class 5: the engine itself answers 503 and its own error share rises, so
+    # the failures are the errors rule's even if the gateway retries some of them.
+    incident, findings = _diagnosed(seed, tmp_path)
+    assert incident.truth.cause == "errors"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "errors", findings
 
 
 @pytest.mark.parametrize("seed", [121, 135])
