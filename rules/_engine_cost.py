@@ -46,7 +46,7 @@ from sre_agent.rules._mechanism import (
     significance,
     tail_shares,
 )
-from sre_agent.rules_api import Evidence, Regression, SidePair
+from sre_agent.rules_api import Evidence, Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
     from sre_agent.compare import Comparison
@@ -665,3 +665,148 @@ __all__ = [
     "service_time_queue_share",
     "with_running",
 ]
+
+
+# ------------------------------------------------------------ decode steps
+#: Requests per side a decode-step fit needs (three coefficients on noisy per-request means).
+STEP_FIT_MIN: Final[int] = 60
+
+
+@dataclass(frozen=True)
+class StepMix:
+    """Where a rise in TPOT comes from: the decode work of a step or the prefill chunks sharing it.
+
+    Mechanism: an engine step's time is additive in its work (a fixed part, a part per
+    sequence decoding, a part per prompt token prefilled; vLLM V1 and SGLang put prefill
+    chunks in the same steps as decodes, V0 runs prefill steps between them that the
+    decoding requests wait through). One output token per step, so a request's TPOT is the
+    mean step time over its decode: ``tpot = a + b * running + g * prefill_per_step``, where
+    ``prefill_per_step`` is the prompt tokens its replica prefilled while it decoded, per
+    its own output token. A prefill regression raises ``g``; a decode regression raises
+    ``a`` and ``b``. Fitted per side by least squares; the rise is split at the candidate's
+    mean work.
+
+    Attributes:
+        decode_part: (a_c - a_b) + (b_c - b_b) * mean candidate running, seconds per token.
+        prefill_part: (g_c - g_b) * mean candidate prefill per step, seconds per token.
+        prefill_per_step: mean prompt tokens prefilled per decode step, per side.
+    """
+
+    decode_part: float
+    prefill_part: float
+    prefill_per_step: SidePair
+
+    @property
+    def decode_share(self) -> float | None:
+        """The decode part's share of a positive rise (0..1); ``None`` when the TPOT did not rise."""
+        total = max(self.decode_part, 0.0) + max(self.prefill_part, 0.0)
+        return max(self.decode_part, 0.0) / total if total > 0 else None
+
+
+def _prefill_integral(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Sorted breakpoints and prefix sums so that ``F(t)`` = prompt tokens prefilled by ``t`` is O(log n).
+
+    Each request prefills ``tokens`` uniformly over ``[starts, ends]`` (ns): its rate ``r``
+    contributes ``r * (min(t, end) - start)`` once ``t`` passes its start.
+    """
+    rate = tokens / np.maximum(ends - starts, 1.0)
+    s_order, e_order = np.argsort(starts), np.argsort(ends)
+    s_sorted, e_sorted = starts[s_order], ends[e_order]
+    zero = np.zeros(1)
+    return (
+        s_sorted,
+        np.concatenate([zero, np.cumsum(rate[s_order])]),
+        np.concatenate([zero, np.cumsum(rate[s_order] * s_sorted)]),
+        e_sorted,
+        np.concatenate([zero, np.cumsum(rate[e_order])]),
+        np.concatenate([zero, np.cumsum(rate[e_order] * e_sorted)]),
+    )
+
+
+def _prefilled_by(t: np.ndarray, parts: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``F(t)`` of :func:`_prefill_integral`: prompt tokens prefilled on the replica by each ``t``."""
+    s_sorted, r_s, rs_s, e_sorted, r_e, re_e = parts
+    i = np.searchsorted(s_sorted, t, side="right")
+    j = np.searchsorted(e_sorted, t, side="right")
+    started = t * r_s[i] - rs_s[i]
+    finished = t * r_e[j] - re_e[j]
+    out: np.ndarray = started - finished
+    return out
+
+
+def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
+    """Split a decode :class:`EngineCost`'s TPOT change into decode work and shared prefill (see :class:`StepMix`).
+
+    Prompt tokens prefilled come from every sampled request of the replica (uncached
+    tokens, spread over its prefill: scheduling to first token), scaled by the side's
+    sample fraction. ``None`` when a side has fewer than :data:`STEP_FIT_MIN` decoding
+    requests or no prefill timing.
+    """
+    frame = cost.frame
+    if frame is None or "running" not in frame.columns:
+        return None
+    requests = comparison.requests.filter(pl.col("e2e_s").is_not_null() & pl.col("ttft_s").is_not_null())
+    hit = pl.col("cached_tokens").fill_null(0)
+    requests = requests.select(
+        "side",
+        "span_id",
+        pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica"),
+        (pl.col("start_ns") + pl.col("queue_s").fill_null(0.0) * 1e9).cast(pl.Float64).alias("_sched"),
+        (pl.col("start_ns") + pl.col("ttft_s") * 1e9).cast(pl.Float64).alias("_first"),
+        (pl.col("start_ns") + pl.col("e2e_s") * 1e9).cast(pl.Float64).alias("_end"),
+        (pl.col("input_tokens").fill_null(0) - hit).clip(0, None).cast(pl.Float64).alias("_uncached"),
+    )
+    counts = comparison.request_counts
+    scale = {s: counts[s] / max(1, side(requests, s).height) for s in SIDES}
+    decoding = frame.select("side", "span_id", "tpot_s", "running", "output_tokens").join(
+        requests.select("span_id", "replica", "_first", "_end"), on="span_id", how="inner"
+    )
+    per_step: list[pl.DataFrame] = []
+    for (replica,), group in requests.group_by("replica"):
+        parts = _prefill_integral(
+            group["_sched"].to_numpy(), np.maximum(group["_first"].to_numpy(), group["_sched"].to_numpy()),
+            group["_uncached"].to_numpy(),
+        )  # fmt: skip
+        mine = decoding.filter(pl.col("replica") == replica)
+        if mine.height == 0:
+            continue
+        tokens = _prefilled_by(mine["_end"].to_numpy(), parts) - _prefilled_by(mine["_first"].to_numpy(), parts)
+        steps = np.maximum(mine["output_tokens"].to_numpy().astype(np.float64) - 1.0, 1.0)
+        per_step.append(mine.select("side", "tpot_s", "running").with_columns(pl.Series("_p", tokens / steps)))
+    if not per_step:
+        return None
+    data = pl.concat(per_step).with_columns(
+        pl.col("_p") * pl.when(pl.col("side") == "baseline").then(scale["baseline"]).otherwise(scale["candidate"])
+    )
+    fits: dict[str, np.ndarray] = {}
+    means: dict[str, np.ndarray] = {}
+    for s in SIDES:
+        part = side(data, s)
+        if part.height < STEP_FIT_MIN:
+            return None
+        x = np.column_stack([np.ones(part.height), part["running"].to_numpy(), part["_p"].to_numpy()])
+        if np.linalg.matrix_rank(x) < 3:
+            return None
+        fits[s] = np.linalg.lstsq(x, part["tpot_s"].to_numpy(), rcond=None)[0]
+        means[s] = x.mean(axis=0)
+    delta = fits["candidate"] - fits["baseline"]
+    at = means["candidate"]
+    return StepMix(
+        decode_part=float(delta[0] + delta[1] * at[1]),
+        prefill_part=float(delta[2] * at[2]),
+        prefill_per_step=SidePair(float(means["baseline"][2]), float(at[2])),
+    )
+
+
+_MIX_CACHE: weakref.WeakKeyDictionary[Comparison, tuple[StepMix | None]] = weakref.WeakKeyDictionary()
+
+
+def decode_step_mix(comparison: Comparison, metrics: MetricView) -> StepMix | None:
+    """:func:`step_mix` of the comparison's decode cost, once per comparison; ``None`` when it cannot be fitted."""
+    if comparison not in _MIX_CACHE:
+        try:
+            mix = step_mix(comparison, engine_cost(comparison, metrics, "decode"))
+        except RuleSkipped:
+            mix = None
+        _MIX_CACHE[comparison] = (mix,)
+    return _MIX_CACHE[comparison][0]

@@ -27,8 +27,11 @@ accounts for failed requests).
 x 0.4 when the step cap (p99 tokens per step) moved (``batch_composition``)
 and x 0.25 when uncached prompt tokens per request changed by 20 % or more
 (steps then carry other prefill work: ``prefix_cache`` or ``traffic_mix``),
-x (decode rise / prefill rise) when prefill per uncached token rose more
-at equal batch size (decode steps share the engine with prefill chunks), and
+x the decode work's share of the TPOT rise (``_engine_cost.StepMix``: per side,
+``tpot = a + b * running + g * prompt tokens prefilled per decode step``; a
+slower prefill raises ``g``, a slower decode ``a`` and ``b``; ``explained`` is
+scaled by the same share), or, when that fit cannot be made, x (decode rise /
+prefill rise) when prefill per uncached token rose more at equal batch size, and
 x 0.5 when the offered load per replica changed by more than 10 % (busier
 steps carry more prefill tokens, which the running count does not see).
 
@@ -45,6 +48,7 @@ from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import (
     assess_slowdown,
     batch_shape,
+    decode_step_mix,
     engine_cost,
     load_moved,
     load_per_replica,
@@ -76,8 +80,24 @@ def decode_slowdown(
     if verdict is None:
         return None
     confidence, evidence = verdict.confidence, verdict.evidence
+    explained = verdict.explained
+    mix = decode_step_mix(comparison, metrics)
+    decode_share = mix.decode_share if mix is not None else None
     prefill = engine_cost(comparison, metrics, "prefill").shift
-    if prefill is not None and prefill.z >= Z_MIN and prefill.rise > verdict.rise:
+    if decode_share is not None and mix is not None:
+        # The steps a request decodes in also carry its replica's prefill chunks: only the part of
+        # the TPOT rise that the decode work per step accounts for is a decode regression.
+        confidence *= decode_share
+        explained *= decode_share
+        evidence += (
+            Evidence("tpot_rise_from_decode_work_s", 0.0, rnd(mix.decode_part),
+                     "TPOT change the decode work of a step accounts for (fixed + per running sequence)"),
+            Evidence("tpot_rise_from_shared_prefill_s", 0.0, rnd(mix.prefill_part),
+                     f"TPOT change from costlier prefill in the same steps "
+                     f"({mix.prefill_per_step.baseline:.0f} -> {mix.prefill_per_step.candidate:.0f} prompt tokens "
+                     "per decode step)"),
+        )  # fmt: skip
+    elif prefill is not None and prefill.z >= Z_MIN and prefill.rise > verdict.rise:
         # Decode tokens share steps with prefill chunks: when prefill got costlier still, the slower
         # decode steps are more likely its echo than a decode regression of their own.
         confidence *= verdict.rise / prefill.rise
@@ -88,7 +108,7 @@ def decode_slowdown(
     return Finding(
         cause="decode_slowdown",
         title=f"Time per output token rose {verdict.rise:.0%} at the same running batch size and prompt length",
-        explained=latency_share(regression, verdict.explained),
+        explained=latency_share(regression, explained),
         confidence=confidence,
         stage="decode",
         evidence=evidence,

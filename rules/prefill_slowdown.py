@@ -45,6 +45,7 @@ from sre_agent.rules._engine_cost import (
     MIN_SLOWDOWN,
     assess_slowdown,
     batch_shape,
+    decode_step_mix,
     engine_cost,
     load_moved,
     load_per_replica,
@@ -85,6 +86,14 @@ def prefill_slowdown(
             share = 1.0
             extra = (Evidence("tpot_s_change_at_equal_batch", 0.0, rnd(decode.rise),
                               "decode slowed less than prefill: the shared steps carry the prefill cost"),)  # fmt: skip
+    mix = decode_step_mix(comparison, metrics)
+    if share < 1.0 and mix is not None and mix.decode_share is not None and mix.prefill_part > 0:
+        # The decode steps carry prefill chunks too: the part of the decode time's rise that
+        # costlier prefill in those steps accounts for (_engine_cost.StepMix) is this cause's.
+        echo = stage_share(stages, "decode", regression, comparison) * (1 - mix.decode_share)
+        share = min(1.0, share + echo)
+        why = f"{echo:.0%} of the tail excess is decode time lost to costlier prefill in shared steps"
+        extra += (Evidence("tpot_rise_from_shared_prefill_s", 0.0, rnd(mix.prefill_part), why),)
     verdict = assess_slowdown(
         cost,
         share=share,

@@ -24,7 +24,7 @@ import math
 from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost
+from sre_agent.rules._engine_cost import BATCH_GREW, decode_step_mix, engine_cost
 from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
@@ -64,6 +64,7 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
     )
     grew = [d for d in ("capacity", "load") if growth.get(d, 0.0) > 0]
     batch_driver = max(grew, key=lambda d: growth[d], default=None)
+    echo = 0.0
     for driver, stage in (("decode_slowdown", "decode"), ("prefill_slowdown", "prefill")):
         term = out.get(driver)
         if not term:
@@ -80,9 +81,20 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
                 out[driver] = 0.0
             continue
         kept = term * shift.explained_share if shift.z >= 2 else 0.0
+        to_prefill = 0.0
+        mix = decode_step_mix(comparison, metrics) if driver == "decode_slowdown" else None
+        if mix is not None and mix.decode_share is not None:
+            # Decode steps carry the replica's prefill chunks: the part of the slower decode that
+            # costlier prefill in those steps accounts for is prefill's (see _engine_cost.StepMix).
+            # Added after the loop: the step fit measured it, not prefill's own per-token cost.
+            to_prefill = kept * (1 - mix.decode_share)
+            echo += to_prefill
+            kept *= mix.decode_share
         out[driver] = kept
         if batch_driver is not None:
-            out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept)
+            out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept - to_prefill)
+    if echo > 0:
+        out["prefill_slowdown"] = out.get("prefill_slowdown", 0.0) + echo
     return {k: v for k, v in out.items() if v > 0}
 
 

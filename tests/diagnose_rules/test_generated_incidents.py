@@ -180,3 +180,49 @@ def test_prefill_slowdown_on_code_completion_is_prefill_slowdown(seed: int, tmp_
     assert incident.trace == "azure-code"  # type: ignore[attr-defined]
     assert findings, "no finding at all"
     assert findings[0][0] == "prefill_slowdown", findings
+
+
+def _step_mix(seed: int, tmp_path: Path) -> tuple[object, object]:
+    import duckdb
+
+    from sre_agent.compare import Comparison
+    from sre_agent.rules._engine_cost import decode_step_mix
+
+    incident = generate(seed, SHARED_TRACES, max_per_side=1200)
+    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    con = duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True)
+    try:
+        comparison = Comparison.open(con, selection)
+        return incident, decode_step_mix(comparison, comparison.metrics)
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(("seed", "cause"), [(685, "prefill_slowdown"), (23, "decode_slowdown")])
+def test_decode_steps_split_into_decode_work_and_shared_prefill(seed: int, cause: str, tmp_path: Path) -> None:
+    # Class 4, the mechanism: a request's TPOT is the mean time of the steps it decodes in, and
+    # those steps carry its replica's prefill chunks. Fitting tpot = a + b*running + g*prefill per
+    # step on each side splits the rise: a slower prefill raises g, a slower decode a and b.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, mix = _step_mix(seed, tmp_path)
+    assert incident.truth.cause == cause  # type: ignore[attr-defined]
+    assert mix is not None
+    share = mix.decode_share  # type: ignore[attr-defined]
+    assert share is not None
+    if cause == "prefill_slowdown":
+        assert share < 0.5, mix  # most of the rise is the shared prefill
+    else:
+        assert share > 0.8, mix
+
+
+@pytest.mark.parametrize(
+    ("seed", "cause"), [(685, "prefill_slowdown"), (23, "decode_slowdown"), (27, "decode_slowdown")]
+)
+def test_slower_decode_steps_are_named_by_what_slowed_them(seed: int, cause: str, tmp_path: Path) -> None:
+    # Class 4 end to end: a prefill regression (x1.49, mooncake conversations) made TPOT rise more than prefill
+    # per token at equal batch and was called decode_slowdown; decode regressions must stay so.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(seed, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == cause  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == cause, findings
