@@ -617,6 +617,26 @@ def kv_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
     return per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE
 
 
+#: KV share per running request must rise by this factor for the pool itself to have shrunk.
+POOL_SHRANK: Final[float] = 1.15
+
+
+def kv_per_running(metrics: MetricView) -> tuple[float, Evidence] | None:
+    """How much more of the KV cache each running request holds (candidate / baseline), with evidence.
+
+    A smaller KV pool (fewer blocks, a lower ``gpu_memory_utilization``) or longer contexts raise
+    the share of the cache a running request holds; more requests running on the same pool do
+    not. ``None`` without both the usage and the running gauge.
+    """
+    usage, running = metrics.gauge("kv_cache_usage", "mean"), metrics.gauge("running_requests", "mean")
+    if not (usage.baseline and usage.candidate and running.baseline and running.candidate):
+        return None
+    per_b, per_c = usage.baseline / running.baseline, usage.candidate / running.candidate
+    evidence = Evidence("kv_usage_per_running_request", rnd(per_b, 5), rnd(per_c, 5),
+                        "mean KV usage / mean running requests: the cache share one request holds")  # fmt: skip
+    return per_c / per_b, evidence
+
+
 def service_time_queue_share(
     comparison: Comparison, stages: StageDecomposition, regression: Regression, metrics: MetricView
 ) -> float:
@@ -624,8 +644,9 @@ def service_time_queue_share(
 
     At the same offered load per replica (within 10 %) a longer service time
     fills the slots and requests queue (Little's law), so a per-token slowdown
-    explains the queue as well; not when preemptions rose (KV pressure queues
-    requests itself) and not for per-token headlines (they hold no queue time).
+    explains the queue as well; not when preemptions rose while each running request
+    came to hold more of the cache (a smaller pool queues requests itself: KV pressure)
+    and not for per-token headlines (they hold no queue time).
     """
     if regression.metric in PER_TOKEN_METRICS:
         return 0.0
@@ -640,8 +661,13 @@ def service_time_queue_share(
         per_request(preemptions.baseline, counts["baseline"]),
         per_request(preemptions.candidate, counts["candidate"]),
     )
-    if per_b is not None and per_c is not None and per_c - per_b >= 0.002:
-        return 0.0
+    if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE:
+        pool = kv_per_running(metrics)
+        if pool is None or pool[0] >= POOL_SHRANK:
+            return 0.0
+        # Each running request holds the same share of the cache as before: the pool filled
+        # because slower steps kept more requests running, so the preemptions are this
+        # slowdown's consequence and the queue is still its doing.
     return queue
 
 
@@ -651,6 +677,7 @@ __all__ = [
     "BatchShape",
     "ConditionalShift",
     "EngineCost",
+    "POOL_SHRANK",
     "LengthProfile",
     "Slowdown",
     "assess_slowdown",
@@ -658,6 +685,7 @@ __all__ = [
     "conditional_log_shift",
     "engine_cost",
     "kv_limited",
+    "kv_per_running",
     "load_moved",
     "load_per_replica",
     "prefill_length_profile",

@@ -33,7 +33,7 @@ at least 0.7 when the KV cache also filled up (p90 >= 80 % after rising 30
 points or more), times ``min(1, candidate KV p90 / 0.9)``. Without a preemption counter, a KV
 cache that went from below 80 % to above 95 % at p90 gives at most 0.4.
 
-x 0.3 when the KV share one running request holds (mean usage / mean running
+x 0.2 when the KV share one running request holds (mean usage / mean running
 requests) rose by less than 15 %: the cache then filled because more requests
 ran on the same pool (load, capacity, slower steps), whose rules name it.
 
@@ -53,6 +53,7 @@ from typing import Final
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
+from sre_agent.rules._engine_cost import POOL_SHRANK, kv_per_running
 from sre_agent.rules._mechanism import clip01, engine_share, latency_share, rnd, significance, tail_shares
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 
@@ -72,10 +73,9 @@ CONFINED_SHARE: Final[float] = 0.8
 #: Confidence ceiling when only the usage gauge is known.
 USAGE_ONLY_CONFIDENCE: Final[float] = 0.4
 _ENGINE_STAGES: Final[tuple[str, ...]] = ("queue", "prefill", "decode")
-#: KV share per running request must rise by this factor for the pool itself to have shrunk.
-POOL_SHRANK: Final[float] = 1.15
-#: Confidence factor when the cache filled only because more requests ran.
-CONSEQUENCE_DAMPING: Final[float] = 0.3
+#: Confidence factor when the cache filled only because more requests ran: below the stage fallback
+#: (``stages.STAGE_ONLY_CONFIDENCE``), which at least names the driver that filled it.
+CONSEQUENCE_DAMPING: Final[float] = 0.2
 
 NEXT_CHECK: Final[str] = (
     "compare num_gpu_blocks / gpu_memory_utilization in the engine start-up logs before and after, and "
@@ -134,7 +134,7 @@ def kv_pressure(
         confidence, coverage = USAGE_ONLY_CONFIDENCE, 1.0
     else:
         return None
-    pool = _usage_per_running(metrics)
+    pool = kv_per_running(metrics)
     if pool is not None:
         evidence.append(pool[1])
         if pool[0] < POOL_SHRANK:
@@ -169,22 +169,6 @@ def kv_pressure(
         evidence=tuple(evidence),
         next_check=NEXT_CHECK,
     )
-
-
-def _usage_per_running(metrics: MetricView) -> tuple[float, Evidence] | None:
-    """How much more of the KV cache each running request holds (candidate / baseline), with evidence.
-
-    A smaller KV pool (fewer blocks, a lower ``gpu_memory_utilization``) or longer contexts raise
-    the share of the cache a running request holds; more requests running on the same pool do
-    not. ``None`` without both the usage and the running gauge.
-    """
-    usage, running = metrics.gauge("kv_cache_usage", "mean"), metrics.gauge("running_requests", "mean")
-    if not (usage.baseline and usage.candidate and running.baseline and running.candidate):
-        return None
-    per_b, per_c = usage.baseline / running.baseline, usage.candidate / running.candidate
-    evidence = Evidence("kv_usage_per_running_request", rnd(per_b, 5), rnd(per_c, 5),
-                        "mean KV usage / mean running requests: the cache share one request holds")  # fmt: skip
-    return per_c / per_b, evidence
 
 
 def _preemptions_by_replica(comparison: Comparison, metrics: MetricView) -> dict[tuple[str, str], float]:

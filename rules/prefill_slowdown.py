@@ -52,13 +52,19 @@ from sre_agent.rules._engine_cost import (
     prefill_length_profile,
     service_time_queue_share,
 )
-from sre_agent.rules._mechanism import PER_TOKEN_METRICS, latency_share, rnd, stage_share
+from sre_agent.rules._mechanism import PER_TOKEN_METRICS, Z_MIN, latency_share, rnd, stage_share
 from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
 LONG_ONLY_DAMPING: Final[float] = 0.4
 #: Confidence factor when nothing says how many prompt tokens were cached.
 NO_CACHE_SIGNAL_DAMPING: Final[float] = 0.5
+#: Decode work's share of the TPOT rise (``StepMix.decode_share``) from which decode led the steps.
+DECODE_LED: Final[float] = 0.5
+#: Prefill per token rising up to this many times TPOT's rise is within the shared steps' echo.
+ECHO_MARGIN: Final[float] = 1.25
+#: Lowest confidence factor of an echoed prefill rise (the prefill path may have slowed too).
+ECHO_FLOOR: Final[float] = 0.1
 
 NEXT_CHECK: Final[str] = (
     "benchmark prefill of fixed uncached prompts at equal batch size on both versions; diff attention "
@@ -105,6 +111,22 @@ def prefill_slowdown(
         return None
     confidence = verdict.confidence
     evidence = verdict.evidence + extra
+    decode = engine_cost(comparison, metrics, "decode").shift if mix is not None else None
+    if (
+        mix is not None
+        and mix.decode_share is not None
+        and mix.decode_share >= DECODE_LED
+        and decode is not None
+        and decode.z >= Z_MIN
+        and verdict.rise <= decode.rise * ECHO_MARGIN
+    ):
+        # A prompt is prefilled in steps that also decode the running batch: when the decode
+        # work of a step rose (the step fit) and prefill per token rose no more than TPOT, the
+        # slower prefill is the shared steps' echo of a decode regression.
+        confidence *= max(1.0 - mix.decode_share, ECHO_FLOOR)
+        evidence += (Evidence("tpot_rise_from_decode_work_s", 0.0, rnd(mix.decode_part),
+                              f"decode work per step rose (TPOT +{decode.rise:.0%} at equal batch): "
+                              "prefill shares those steps"),)  # fmt: skip
     profile = prefill_length_profile(cost)
     if profile is not None and profile.long_only and batch_shape(metrics, comparison.request_counts) is None:
         # Only the longest quarter of prompts got costlier: a smaller step budget's signature
