@@ -9,6 +9,9 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from sre_agent import stats
 from sre_agent.metric_view import fetch_one
 
 if TYPE_CHECKING:
@@ -16,6 +19,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from sre_agent.compare import SideWindow
+    from sre_agent.selection import Selection
 
 __all__ = ["MAX_DIMENSION_VALUES", "NOT_DIMENSION_PREFIXES", "TraceAggregates"]
 
@@ -54,6 +58,8 @@ class TraceAggregates:
     _windows: dict[str, SideWindow]
     _tag: str
     _trace_cache: pl.DataFrame | None
+    selection: Selection
+    slices: int
 
     @property
     def request_counts(self) -> dict[str, int]:  # provided by Comparison
@@ -145,6 +151,46 @@ class TraceAggregates:
         assert isinstance(frame, pl.DataFrame)
         self._trace_cache = frame
         return frame
+
+    @cached_property
+    def root_histograms(self) -> dict[str, stats.SliceHistogram]:
+        """Per side, the per-slice log-bucket histogram of root-span durations (what the gateway's client waited).
+
+        Every root span that is not an engine span, assigned by its start to a window. For
+        telemetry without engine request spans (a gateway's spans plus engine metrics), this is
+        the one latency with per-request values, so the headline gets a block-bootstrap CI.
+        Empty histograms when the windows hold no such spans, are version windows (a gateway
+        span does not carry the engine's version), or a ``--where``/``--service`` filter is set
+        (root spans cannot be filtered by the engine's attributes).
+        """
+        empty = {s: stats.SliceHistogram.from_long([], [], []) for s in _SIDES}
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        if not self.has_other_spans or b.version is not None or c.version is not None:
+            return empty
+        if self.selection.where or self.selection.service:
+            return empty
+        k, z, res = self.slices, stats.ZERO_BUCKET, stats.BUCKETS_PER_E
+        rows = self.con.sql(
+            f"""
+            SELECT CASE WHEN start_ns >= {b.start_ns} AND start_ns < {b.end_ns}
+                     THEN (start_ns - {b.start_ns}) * {k} // {b.end_ns - b.start_ns}
+                   WHEN start_ns >= {c.start_ns} AND start_ns < {c.end_ns}
+                     THEN {k} + (start_ns - {c.start_ns}) * {k} // {c.end_ns - c.start_ns} END AS g,
+              CASE WHEN duration_s > 0 THEN CAST(floor(ln(duration_s) * {res}) AS INTEGER) ELSE {z} END AS bucket,
+              count(*) AS n
+            FROM spans
+            WHERE parent_span_id IS NULL AND NOT coalesce(is_engine, false) AND duration_s >= 0
+              AND isfinite(duration_s) AND start_ns >= {min(b.start_ns, c.start_ns)}
+              AND start_ns < {max(b.end_ns, c.end_ns)}
+            GROUP BY ALL HAVING g IS NOT NULL
+            """
+        ).fetchnumpy()
+        g, buckets, n = (np.asarray(rows[col], dtype=np.int64) for col in ("g", "bucket", "n"))
+        out = {}
+        for i, side in enumerate(_SIDES):
+            mask = g // k == i
+            out[side] = stats.SliceHistogram.from_long(g[mask] - i * k, buckets[mask], n[mask])
+        return out
 
     @cached_property
     def traces(self) -> pl.DataFrame:

@@ -77,6 +77,15 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
     if have_spans and "trace_s" in comparison.requests.columns:
         names += ["trace", "dependency", "gateway"]
     compared: list[tuple[str, stats.QuantileComparison]] = []
+    roots = comparison.root_histograms if not have_spans else None
+    if roots is not None and all(roots[s].n > 0 for s in SIDES):
+        # No engine request spans, but the gateway's root spans time every request: the one
+        # latency with per-request values, so it gets a CI like any span latency.
+        for q in QUANTILES:
+            cq = stats.compare_quantile(
+                roots["baseline"], roots["candidate"], q, resamples=resamples, seed=comparison.seed
+            )
+            compared.append(("trace", cq))
     for name in names:
         if not have_spans:
             continue
