@@ -17,7 +17,9 @@ Signals (the first available gives the headline hit rate; all are evidence):
 prefill the drop implies for the candidate's tail requests, in seconds,
 ``drop x mean input tokens of the tail x baseline prefill seconds per
 uncached token``, divided by the headline's excess (candidate - baseline
-quantile, seconds). For decode-side headlines (TPOT/ITL) the mechanism acts
+quantile, seconds), plus the queue's share of the tail excess when the offered
+load per replica did not move (more work per request at the same arrival rate
+fills the slots: ``_engine_cost.service_time_queue_share``). For decode-side headlines (TPOT/ITL) the mechanism acts
 through prefill chunks sharing steps with decodes, so ``explained`` is then
 the relative rise of tokens computed per request (newly uncached prompt
 tokens over the baseline's uncached prompt + output tokens), capped at 1.
@@ -45,7 +47,9 @@ from typing import Final
 import polars as pl
 
 from sre_agent.compare import Comparison
+from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
+from sre_agent.rules._engine_cost import service_time_queue_share
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
     clip01,
@@ -130,7 +134,11 @@ def _counter_share(metrics: MetricView, rate: SidePair, drop: float, regression:
 
 
 def prefix_cache(
-    comparison: Comparison, regression: Regression, metrics: MetricView, dimensions: list[str]
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    dimensions: list[str],
+    stages: StageDecomposition,
 ) -> Finding | None:
     """A ``prefix_cache`` finding when the prefix-cache hit rate fell (see module docstring)."""
     frame = comparison.requests.filter(pl.col("input_tokens") > 0)
@@ -204,6 +212,14 @@ def prefix_cache(
                      f"{explained:.0%} of the {regression.metric} p{round(regression.quantile * 100)} excess "
                      f"({excess:.4f} s) at {seconds_per_token * 1e3:.3f} ms per uncached token")
         )  # fmt: skip
+        queue = service_time_queue_share(comparison, stages, regression, metrics)
+        if queue > 0:
+            # Each request now brings more prefill work to the same replicas at the same arrival rate:
+            # utilisation rises and requests queue (Little's law; steeply near saturation).
+            explained = clip01(explained + queue)
+            evidence.append(Evidence("queue_share_at_same_load", None, rnd(queue),
+                                     "queue share of the tail excess: more work per request at the same load "
+                                     "per replica"))  # fmt: skip
     scope: dict[str, str] = {}
     if span_rate is not None:
         found = confined_slice(with_cache, dimensions, pl.col("cached_tokens"), pl.col("input_tokens"), direction=-1)

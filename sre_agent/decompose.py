@@ -83,6 +83,8 @@ def stage_decomposition(
     col = LATENCIES.get(metric, f"{metric}_s")
     q = regression.quantile if regression.quantile >= 0.5 else 0.9
     frame = comparison.requests if where is None else comparison.requests.filter(where)
+    if col not in frame.columns:  # a root-span headline without engine requests: nothing to split
+        return StageDecomposition(metric, q, (0, 0), {}, {}, {})
     if metric in ("e2e", "trace") and "gateway_s" in frame.columns:
         stages = (*stages, "gateway", "dependency")
     means: dict[str, dict[str, float]] = {}

@@ -84,6 +84,8 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
         return Localisation("error_rate", None)
     metric = regression.metric if regression.metric in (*LATENCIES, "trace", "dependency", "gateway") else "e2e"
     col = LATENCIES.get(metric, f"{metric}_s")
+    if col not in comparison.requests.columns:  # a root-span headline without engine requests
+        col = "e2e_s"
     frame = comparison.requests.filter(pl.col(col).is_not_null())
     dims = [d for d in (dimensions if dimensions is not None else comparison.dimensions) if d in frame.columns]
     base = frame.filter(pl.col("side") == "baseline")

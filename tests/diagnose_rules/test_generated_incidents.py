@@ -226,3 +226,22 @@ def test_slower_decode_steps_are_named_by_what_slowed_them(seed: int, cause: str
     assert incident.truth.cause == cause  # type: ignore[attr-defined]
     assert findings, "no finding at all"
     assert findings[0][0] == cause, findings
+
+
+def test_gateway_spans_without_engine_spans_give_the_headline_a_ci(tmp_path: Path) -> None:
+    # Telemetry of a gateway's spans plus engine metrics (no engine request spans): the root
+    # spans time every request, so the headline is their duration with a block-bootstrap CI
+    # (metric histograms alone carry none), and the trace headline must not break the stage split.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident = generate(54, SHARED_TRACES, max_per_side=1200)
+    info, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    assert info["shape"] == "gateway-spans+metrics"
+    assert info["visible"]
+    report = diagnose(tmp_path / "store.duckdb", selection)
+    assert report.regression.metric == "trace"
+    assert report.regression.ci is not None
+    assert report.regression.ci[0] > 0
+    assert not report.errors, report.errors
+    assert incident.truth.cause == "kv_pressure"  # type: ignore[attr-defined]
+    assert report.findings
+    assert report.findings[0].cause == "kv_pressure"
