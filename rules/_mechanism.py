@@ -252,6 +252,10 @@ def confined_slice(
     return best
 
 
+#: Queries per prompt token falling below this share of the baseline's means caching was off for part of a window.
+QUERIES_LOST: Final[float] = 0.5
+
+
 def metric_hit_rate(metrics: MetricView, requests: Mapping[str, int]) -> tuple[SidePair, str] | None:
     """Hit rate per side from the counters (else the SGLang gauge) and how it was read."""
     hits, queries = metrics.counter_delta("prefix_cache_hits"), metrics.counter_delta("prefix_cache_queries")
@@ -259,6 +263,25 @@ def metric_hit_rate(metrics: MetricView, requests: Mapping[str, int]) -> tuple[S
     prompt = metrics.counter_delta("prompt_tokens")
     rates: list[float | None] = []
     how = "prefix_cache_hits / prefix_cache_queries counter deltas per window"
+    coverage = [
+        q / p if q is not None and p else None
+        for q, p in ((queries.baseline, prompt.baseline), (queries.candidate, prompt.candidate))
+    ]
+    if (
+        coverage[0]
+        and coverage[1] is not None
+        and coverage[1] < QUERIES_LOST * coverage[0]
+        and hits.baseline is not None
+        and prompt.baseline
+        and prompt.candidate
+    ):
+        # The cache stopped being queried for part of the candidate window (caching turned off at a
+        # restart inside it): hits over queries is then the few seconds before the restart. Hits
+        # per prompt token served (scaled by the baseline's queries per prompt token) is the rate.
+        pair = SidePair(hits.baseline / (prompt.baseline * coverage[0]),
+                        (hits.candidate or 0.0) / (prompt.candidate * coverage[0]))  # fmt: skip
+        return pair, (f"prefix_cache_hits per prompt token: the cache was queried for {coverage[1]:.0%} of the "
+                      f"candidate's prompt tokens against {coverage[0]:.0%} before (caching off)")  # fmt: skip
     for h, q, s, p in (
         (hits.baseline, queries.baseline, SIDES[0], prompt.baseline),
         (hits.candidate, queries.candidate, SIDES[1], prompt.candidate),

@@ -245,3 +245,17 @@ def test_gateway_spans_without_engine_spans_give_the_headline_a_ci(tmp_path: Pat
     assert incident.truth.cause == "kv_pressure"  # type: ignore[attr-defined]
     assert report.findings
     assert report.findings[0].cause == "kv_pressure"
+
+
+@pytest.mark.parametrize("seed", [46, 166])
+def test_lost_prefix_cache_outranks_the_prefill_it_slows(seed: int, tmp_path: Path) -> None:
+    # Prefix caching turned off. Seed 46: a rolling restart inside the candidate window, so the
+    # new replicas stop counting queries and hits/queries reads the old replicas' last seconds
+    # (0.19 -> 0.18); hits per prompt token served is the rate. Seed 166: 11 % more uncached work
+    # per request near saturation triples the queue; at the same load per replica that queue is
+    # the lost cache's, not a prefill slowdown's (prefill per token rose only through busier steps).
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(seed, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "prefix_cache"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "prefix_cache", findings
