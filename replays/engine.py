@@ -423,7 +423,9 @@ class Replica:
         first = cost.step_s(0, n, context, config.prefill_factor, config.decode_factor)
         ramp = config.decode_factor * cost.context_token_s * n
         kv_room = (self.pool.available() // n) * bs
-        if kv_room == 0:
+        # <= 0: the pool can be overdrawn by a block (a shared prefix block pinned after its
+        # accounting); the full scheduler then decides who is preempted.
+        if kv_room <= 0:
             if not first_reserved:
                 self._steady = False
                 return False
