@@ -6,6 +6,7 @@ import gzip
 import json
 from collections import Counter
 from pathlib import Path
+
 import pytest
 
 from sre_agent.replays.incidents import SHAPE_CAUSES, SHAPES, generate, write_incident
