@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import numpy as np
 import polars as pl
 
-from sre_agent.busy import moment_at, moments
+from sre_agent.busy import moment_at, moments, replica_expr
 from sre_agent.compare import SIDES
 from sre_agent.rules._mechanism import (
     LOAD_Z,
@@ -778,7 +778,7 @@ def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
     requests = requests.select(
         "side",
         "span_id",
-        pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica"),
+        replica_expr(),
         (pl.col("start_ns") + pl.col("queue_s").fill_null(0.0) * 1e9).cast(pl.Float64).alias("_sched"),
         (pl.col("start_ns") + pl.col("ttft_s") * 1e9).cast(pl.Float64).alias("_first"),
         (pl.col("start_ns") + pl.col("e2e_s") * 1e9).cast(pl.Float64).alias("_end"),
@@ -790,14 +790,15 @@ def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
         requests.select("span_id", "replica", "_first", "_end"), on="span_id", how="inner"
     )
     per_step: list[pl.DataFrame] = []
+    decoding_by_replica = decoding.partition_by("replica", as_dict=True)
     for (replica,), group in requests.group_by("replica"):
+        mine = decoding_by_replica.get((replica,))
+        if mine is None:
+            continue
         parts = _prefill_integral(
             group["_sched"].to_numpy(), np.maximum(group["_first"].to_numpy(), group["_sched"].to_numpy()),
             group["_uncached"].to_numpy(),
         )  # fmt: skip
-        mine = decoding.filter(pl.col("replica") == replica)
-        if mine.height == 0:
-            continue
         tokens = _prefilled_by(mine["_end"].to_numpy(), parts) - _prefilled_by(mine["_first"].to_numpy(), parts)
         steps = np.maximum(mine["output_tokens"].to_numpy().astype(np.float64) - 1.0, 1.0)
         per_step.append(mine.select("side", "tpot_s", "running").with_columns(pl.Series("_p", tokens / steps)))

@@ -84,7 +84,7 @@ def decode_slowdown(
     mix = decode_step_mix(comparison, metrics)
     decode_share = mix.decode_share if mix is not None else None
     prefill = engine_cost(comparison, metrics, "prefill").shift
-    if decode_share is not None and mix is not None:
+    if mix is not None and decode_share is not None:
         # The steps a request decodes in also carry its replica's prefill chunks: only the part of
         # the TPOT rise that the decode work per step accounts for is a decode regression.
         confidence *= decode_share

@@ -39,6 +39,7 @@ __all__ = [
     "moment_at",
     "moment_bins",
     "moments",
+    "replica_expr",
 ]
 
 Stage = Literal["prefill", "decode"]
@@ -56,6 +57,13 @@ REPLICA_SQL: Final[str] = "coalesce(service_instance, host_name, service_name, '
 _MAX_BINS_LOG2: Final[int] = 22
 
 
+def replica_expr() -> pl.Expr:
+    """The replica of a request as a polars expression (``replica``), the same as :data:`REPLICA_SQL`."""
+    import polars as pl
+
+    return pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica")
+
+
 def moments(requests: pl.DataFrame, at: Stage) -> tuple[pl.DataFrame, tuple[float, ...]]:
     """The sampled requests with the moments their running batch is counted at.
 
@@ -68,7 +76,7 @@ def moments(requests: pl.DataFrame, at: Stage) -> tuple[pl.DataFrame, tuple[floa
 
     sample = requests.filter(pl.col("e2e_s").is_not_null()).select(
         "span_id",
-        pl.coalesce("service_instance", "host_name", "service_name", pl.lit("")).alias("replica"),
+        replica_expr(),
         "start_ns",
         pl.col("queue_s").fill_null(0.0),
         "ttft_s",

@@ -42,9 +42,11 @@ from sre_agent.resolve import (
     SideWindow,
     Windows,
     describe_where,
+    log_bucket_sql,
     quote,
     resolve_windows,
     service_sql,
+    slice_position_sql,
 )
 from sre_agent.rules_api import SidePair
 from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
@@ -358,8 +360,7 @@ class Comparison(TraceAggregates):
         second, selective query.
         """
         b, c = self._windows["baseline"], self._windows["candidate"]
-        k, z, res = self.slices, stats.ZERO_BUCKET, stats.BUCKETS_PER_E
-        bucket = f"CASE WHEN {{v}} > 0 THEN CAST(floor(ln({{v}}) * {res}) AS INTEGER) WHEN {{v}} = 0 THEN {z} END"
+        k = self.slices
         adjacent = b.end_ns == c.start_ns and b.seconds == c.seconds and b.version is None and c.version is None
         if adjacent:
             # global slice g in [0, 2k): baseline slices 0..k-1, candidate k..2k-1
@@ -367,12 +368,9 @@ class Comparison(TraceAggregates):
             position = f"(start_ns - {b.start_ns}) * {2 * k} // {c.end_ns - b.start_ns}"
         else:
             where = self._scope_sql()
-            position = (
-                f"CASE WHEN {b.predicate()} THEN (start_ns - {b.start_ns}) * {k} // {b.end_ns - b.start_ns} "
-                f"WHEN {c.predicate()} THEN {k} + (start_ns - {c.start_ns}) * {k} // {c.end_ns - c.start_ns} END"
-            )
+            position = slice_position_sql(b, c, k)
         sql = "SELECT {pos} AS g, {bkt} AS bucket, count(*) AS n FROM spans WHERE {where} {extra} GROUP BY ALL"
-        rows = self.con.sql(sql.format(pos=position, bkt=bucket.format(v="e2e_s"), where=where, extra="")).fetchnumpy()
+        rows = self.con.sql(sql.format(pos=position, bkt=log_bucket_sql("e2e_s"), where=where, extra="")).fetchnumpy()
         g, buckets, n = _ints(rows["g"]), rows["bucket"], _ints(rows["n"])
         missing = _isnull(buckets)
         if missing.any():
@@ -380,7 +378,7 @@ class Comparison(TraceAggregates):
             fallback = self.con.sql(
                 sql.format(
                     pos=position,
-                    bkt=bucket.format(v="duration_s"),
+                    bkt=log_bucket_sql("duration_s"),
                     where=where,
                     extra="AND NOT coalesce(e2e_s >= 0 AND isfinite(e2e_s), false)",
                 )

@@ -13,6 +13,7 @@ import numpy as np
 
 from sre_agent import stats
 from sre_agent.metric_view import fetch_one
+from sre_agent.resolve import log_bucket_sql, slice_position_sql
 
 if TYPE_CHECKING:
     import duckdb
@@ -169,15 +170,10 @@ class TraceAggregates:
             return empty
         if self.selection.where or self.selection.service:
             return empty
-        k, z, res = self.slices, stats.ZERO_BUCKET, stats.BUCKETS_PER_E
+        k = self.slices
         rows = self.con.sql(
             f"""
-            SELECT CASE WHEN start_ns >= {b.start_ns} AND start_ns < {b.end_ns}
-                     THEN (start_ns - {b.start_ns}) * {k} // {b.end_ns - b.start_ns}
-                   WHEN start_ns >= {c.start_ns} AND start_ns < {c.end_ns}
-                     THEN {k} + (start_ns - {c.start_ns}) * {k} // {c.end_ns - c.start_ns} END AS g,
-              CASE WHEN duration_s > 0 THEN CAST(floor(ln(duration_s) * {res}) AS INTEGER) ELSE {z} END AS bucket,
-              count(*) AS n
+            SELECT {slice_position_sql(b, c, k)} AS g, {log_bucket_sql("duration_s")} AS bucket, count(*) AS n
             FROM spans
             WHERE parent_span_id IS NULL AND NOT coalesce(is_engine, false) AND duration_s >= 0
               AND isfinite(duration_s) AND start_ns >= {min(b.start_ns, c.start_ns)}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
 from sre_agent.errors import EmptySelectionError, SelectionError
 from sre_agent.metric_view import fetch_one
 from sre_agent.selection import Selection, format_time
-from sre_agent.stats import MIN_REQUESTS
+from sre_agent.stats import BUCKETS_PER_E, MIN_REQUESTS, ZERO_BUCKET
 
 if TYPE_CHECKING:
     import duckdb
@@ -29,9 +29,11 @@ __all__ = [
     "SideWindow",
     "Windows",
     "describe_where",
+    "log_bucket_sql",
     "quote",
     "resolve_windows",
     "service_sql",
+    "slice_position_sql",
 ]
 
 Side = Literal["baseline", "candidate"]
@@ -53,6 +55,26 @@ def service_sql(selection: Selection) -> str:
 def describe_where(selection: Selection) -> str:
     """The ``--where`` filters as the user typed them."""
     return " ".join(f"--where {key}={value}" for key, value in selection.where)
+
+
+def log_bucket_sql(value: str) -> str:
+    """SQL for the log bucket of ``value`` (seconds) as :mod:`sre_agent.stats` bins it; NULL when negative or NULL."""
+    return (
+        f"CASE WHEN {value} > 0 THEN CAST(floor(ln({value}) * {BUCKETS_PER_E}) AS INTEGER) "
+        f"WHEN {value} = 0 THEN {ZERO_BUCKET} END"
+    )
+
+
+def slice_position_sql(baseline: SideWindow, candidate: SideWindow, slices: int) -> str:
+    """SQL for a row's global slice: ``0..slices-1`` in the baseline window, ``slices..2*slices-1`` in the candidate's.
+
+    NULL outside both windows. Each window is cut into ``slices`` equal time slices by ``start_ns``.
+    """
+    b, c, k = baseline, candidate, slices
+    return (
+        f"CASE WHEN {b.predicate()} THEN (start_ns - {b.start_ns}) * {k} // {b.end_ns - b.start_ns} "
+        f"WHEN {c.predicate()} THEN {k} + (start_ns - {c.start_ns}) * {k} // {c.end_ns - c.start_ns} END"
+    )
 
 
 def _check_service(con: duckdb.DuckDBPyConnection, selection: Selection) -> None:
