@@ -350,6 +350,7 @@ def _rank(
         # The regression lives in one slice, so every explanation without a scope of its own
         # is about that slice.
         findings = [f if f.scope else replace(f, scope=dict(localisation.scope)) for f in findings]
+    findings = _stage_scopes(findings)
     if regression.metric == "error_rate":
         # The regression *is* the failed share: an errors finding accounts for all of it by definition.
         findings = [replace(f, explained=1.0) if f.cause == "errors" else f for f in findings]
@@ -358,6 +359,26 @@ def _rank(
         # Nothing regressed: say so first; whatever moved is listed after, for context.
         ranked.insert(0, _none_finding(regression))
     return ranked
+
+
+def _stage_scopes(findings: list[Finding]) -> list[Finding]:
+    """Give the stage decomposition's finding the slice a mechanism rule found for the same cause and stage.
+
+    The decomposition says where the tail's extra time went, over all requests; it cannot
+    say which slice. When a rule that reads the mechanism (a dependency confined to one
+    tenant, say) names the same cause in the same stage with a scope, both findings tell
+    one explanation, and the decomposition's scope is that rule's. Its score is unchanged.
+    """
+    scoped: dict[tuple[str, str | None], Finding] = {}
+    for f in sorted(findings, key=lambda f: -f.score):
+        if f.rule != "stages" and f.scope:
+            scoped.setdefault((f.cause, f.stage), f)
+    return [
+        replace(f, scope=dict(scoped[(f.cause, f.stage)].scope))
+        if f.rule == "stages" and not f.scope and (f.cause, f.stage) in scoped
+        else f
+        for f in findings
+    ]
 
 
 def _none_finding(regression: Regression) -> Finding:
