@@ -361,6 +361,10 @@ def _rank(
     return ranked
 
 
+#: Entry-point name of the stage decomposition's rule (rules/stages.py), whose findings carry no slice.
+_STAGE_RULE: Final[str] = "stages"
+
+
 def _stage_scopes(findings: list[Finding]) -> list[Finding]:
     """Give the stage decomposition's finding the slice a mechanism rule found for the same cause and stage.
 
@@ -371,11 +375,11 @@ def _stage_scopes(findings: list[Finding]) -> list[Finding]:
     """
     scoped: dict[tuple[str, str | None], Finding] = {}
     for f in sorted(findings, key=lambda f: -f.score):
-        if f.rule != "stages" and f.scope:
+        if f.rule != _STAGE_RULE and f.scope:
             scoped.setdefault((f.cause, f.stage), f)
     return [
         replace(f, scope=dict(scoped[(f.cause, f.stage)].scope))
-        if f.rule == "stages" and not f.scope and (f.cause, f.stage) in scoped
+        if f.rule == _STAGE_RULE and not f.scope and (f.cause, f.stage) in scoped
         else f
         for f in findings
     ]
