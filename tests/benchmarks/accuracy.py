@@ -59,7 +59,11 @@ def run_one(seed: int, traces: Path | None, workdir: Path, max_per_side: int, ti
     incident = generate(seed, traces, max_per_side=max_per_side)
     folder = workdir / f"incident-{seed}"
     started = time.perf_counter()
-    info = write_incident(incident, folder)
+    info = _replay(incident, folder, timeout)
+    if info is None:  # a replay that never ends is the simulator's defect, scored as an error
+        truth = {"cause": incident.truth.cause, "scope": dict(incident.truth.scope)}
+        error = f"replay (simulation) did not finish in {timeout:.0f} s"
+        return {"seed": seed, "info": {"visible": True, "truth": truth}, "error": error, "findings": []}
     row: dict[str, Any] = {"seed": seed, "info": info, "error": None, "findings": []}
     if not info["visible"]:
         return row
@@ -85,6 +89,26 @@ def run_one(seed: int, traces: Path | None, workdir: Path, max_per_side: int, ti
     row["regression"] = report.get("regression", {})
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
+
+
+def _replay(incident: Any, folder: Path, timeout: float) -> dict[str, Any] | None:
+    """``write_incident`` in a forked child, so that a simulation that hangs is killed after ``timeout`` s.
+
+    Returns the incident's summary (its ``truth.json``), or ``None`` when the child did not finish.
+    """
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=write_incident, args=(incident, folder))
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return None
+    if child.exitcode != 0:
+        raise RuntimeError(f"replay exited with code {child.exitcode}")
+    info: dict[str, Any] = json.loads((folder / "truth.json").read_text(encoding="utf-8"))
+    return info
 
 
 def _score(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -151,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         help="folder of real traces (default ../shared/data/traces when present, else the bundled sample)",
     )
     parser.add_argument("--max-per-side", type=int, default=1200, help="request budget of one side of an incident")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per CLI call")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per replay and per CLI call")
     parser.add_argument("--keep", metavar="DIR", help="keep the incidents (telemetry, truth, store) in DIR")
     parser.add_argument("--json", metavar="FILE", help="write every incident's truth and findings to FILE")
     args = parser.parse_args(argv)
