@@ -92,13 +92,16 @@ def run_one(seed: int, traces: Path | None, workdir: Path, max_per_side: int, ti
 
 
 def _replay(incident: Any, folder: Path, timeout: float) -> dict[str, Any] | None:
-    """``write_incident`` in a forked child, so that a simulation that hangs is killed after ``timeout`` s.
+    """``write_incident`` in a child process, so that a simulation that hangs is killed after ``timeout`` s.
+
+    The child comes from a fork server, not a plain fork: a child forked from the pool's worker
+    thread exits with code 1 at interpreter shutdown on Python 3.11 even when the replay succeeded.
 
     Returns the incident's summary (its ``truth.json``), or ``None`` when the child did not finish.
     """
     import multiprocessing
 
-    child = multiprocessing.get_context("fork").Process(target=write_incident, args=(incident, folder))
+    child = multiprocessing.get_context("forkserver").Process(target=write_incident, args=(incident, folder))
     child.start()
     child.join(timeout)
     if child.is_alive():
