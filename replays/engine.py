@@ -287,7 +287,11 @@ class Replica:
             return 0
         seq.held = keys
         seq.shared_blocks = shared
-        seq.private_blocks = need
+        # A cached chunk can span more blocks than this request needs (its prompt ends inside
+        # the chunk); the reference then covers it all and it owns no private block. A negative
+        # count would hand back -need blocks nobody took at release, and leaked blocks add up
+        # until the queue's head never fits again.
+        seq.private_blocks = max(need, 0)
         seq.computed = cached
         seq.reg_idx = count
         seq.reg_start = sum(n for _, n in seq.chain[:count])

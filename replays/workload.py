@@ -373,7 +373,9 @@ def _mooncake_chain(row: TraceRow, input_tokens: int) -> list[tuple[object, int]
         n = min(MOONCAKE_BLOCK_TOKENS, left)
         if n <= 0:
             break
-        chain.append((("mc", h), n))
+        # A key stands for the same tokens wherever it appears: a block cut short (the prompt was
+        # scaled down inside it) is other content than the whole block, so it gets its own key.
+        chain.append((("mc", h) if n == MOONCAKE_BLOCK_TOKENS else ("mc", h, n), n))
         left -= n
     if left > 0:
         chain.append((("tail", len(chain)), left))
