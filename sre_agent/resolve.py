@@ -226,9 +226,14 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
         assert selection.deploy_at_ns is not None
         deploy = DeployPoint(selection.deploy_at_ns)
     deploy_ns = deploy.time_ns
+    lo, hi, n = extent()
+    # Where each side's serving stops and starts (the deploy itself without request spans).
+    last_before, first_after = _serving_edges(con, where, deploy_ns) if n else (deploy_ns, deploy_ns)
+    # A pause shorter than a restart is an ordinary gap between arrivals: the windows meet at the deploy.
+    last_before = last_before if deploy_ns - last_before >= DEAD_TIME_NS else deploy_ns
+    first_after = first_after if first_after - deploy_ns >= DEAD_TIME_NS else deploy_ns
     window_ns = selection.window_ns
     if window_ns is None:
-        lo, hi, n = extent()
         if lo is None or hi is None or n == 0:
             # No spans at all (metrics-only telemetry): size the windows by the metric stream instead.
             query = f"SELECT min(time_ns), max(time_ns), count(*) FROM metric_points WHERE {service_sql(selection)}"
@@ -237,7 +242,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
             if lo is None or hi is None or n == 0:
                 raise SelectionError("the store holds no engine request spans or metrics matching the filters")
             notes.append("no engine request spans: windows sized by the metric stream")
-        window_ns = min(deploy_ns - lo, hi + 1 - deploy_ns)
+        window_ns = min(last_before - lo, hi + 1 - first_after)
         if window_ns <= 0:
             side = "before" if deploy_ns <= lo else "after"
             raise SelectionError(
@@ -245,12 +250,47 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
                 f"(data spans {format_time(lo)}..{format_time(hi)}); pick another time or use --baseline/--candidate"
             )
         notes.append(f"windows of {window_ns / _NS:.0f} s each side of the deploy (equal lengths, capped by the data)")
+    gaps = [(what, gap) for what, gap in (("before", deploy_ns - last_before), ("after", first_after - deploy_ns))
+            if gap > 0]  # fmt: skip
+    if gaps:
+        said = " and ".join(f"{gap / _NS:.0f} s {what}" for what, gap in gaps)
+        notes.append(
+            f"no engine request started for {said} the deploy (a restart or a drain): "
+            "the windows are measured over serving time, from the last request before and the first after"
+        )
     return Windows(
-        SideWindow("baseline", deploy_ns - window_ns, deploy_ns),
-        SideWindow("candidate", deploy_ns, deploy_ns + window_ns),
+        SideWindow("baseline", last_before - window_ns, last_before),
+        SideWindow("candidate", first_after, first_after + window_ns),
         notes,
         deploy,
     )
+
+
+#: A pause in requests at a deploy that is dead time (5 s), not an ordinary gap between arrivals:
+#: a restart's start-up (vLLM on CPU: 35-65 s), a drain before the swap.
+DEAD_TIME_NS: Final[int] = 5 * _NS
+
+
+def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int) -> tuple[int, int]:
+    """The end of serving before ``deploy_ns`` and its start after (ns): the last and first request starts.
+
+    A deploy marker is when the new version appeared, not when it served: a vLLM restart
+    exports its start-up spans (weights, KV allocation) up to a minute before the first
+    request. Counting that dead time as candidate window would leave the first minute of a
+    one-minute window empty and dilute every per-second rate, so the default windows are
+    measured over serving time on each side: the baseline ends just after the last request
+    that started before the deploy, the candidate starts with the first one at or after it.
+    No request started between the two, so nothing is dropped. (The caller ignores pauses
+    shorter than :data:`DEAD_TIME_NS`.)
+    """
+    row = fetch_one(
+        con.execute(
+            f"SELECT max(start_ns) FILTER (WHERE start_ns < {deploy_ns}), "
+            f"min(start_ns) FILTER (WHERE start_ns >= {deploy_ns}) FROM spans WHERE {where}"
+        )
+    )
+    before, after = (row[0], row[1]) if row else (None, None)
+    return (deploy_ns if before is None else int(before) + 1), (deploy_ns if after is None else int(after))
 
 
 def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: str) -> tuple[DeployPoint, str]:

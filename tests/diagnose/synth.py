@@ -68,6 +68,8 @@ class Options:
     # Both versions serve at once (a canary split): the candidate starts this many seconds after the
     # baseline instead of when the baseline's window ends. None = a hot swap at the window boundary.
     concurrent_after_s: float | None = None
+    # The candidate's first request comes this many seconds after the deploy (a restart's start-up).
+    restart_gap_s: float = 0.0
     seed: int = 1
 
 
@@ -334,7 +336,8 @@ def build_store(path: Path, baseline: Side, candidate: Side, opts: Options | Non
     t0 = T0_NS / NS
     deploy_s = t0 + (baseline.duration_s if opts.concurrent_after_s is None else opts.concurrent_after_s)
     reqs_b = _simulate(baseline, t0, rng)
-    reqs_c = _simulate(candidate, deploy_s, rng)
+    serving_s = deploy_s + opts.restart_gap_s
+    reqs_c = _simulate(candidate, serving_s, rng)
     con = duckdb.connect(str(path))
     try:
         con.execute(schema.SPANS_DDL)
@@ -347,7 +350,7 @@ def build_store(path: Path, baseline: Side, candidate: Side, opts: Options | Non
             con.execute("INSERT INTO spans SELECT * FROM new_spans")
             con.unregister("new_spans")
         if opts.metrics:
-            points = _metric_rows(reqs_b, baseline, t0) + _metric_rows(reqs_c, candidate, deploy_s)
+            points = _metric_rows(reqs_b, baseline, t0) + _metric_rows(reqs_c, candidate, serving_s)
             table = pa.Table.from_pylist(points, schema=schema.metric_points_arrow_schema())
             con.register("new_points", table)
             con.execute("INSERT INTO metric_points SELECT * FROM new_points")

@@ -87,3 +87,35 @@ def test_a_canary_after_ample_old_only_data_stays_before_after_and_says_both_ser
     assert (b.version, c.version) == (None, None)
     assert b.end_ns == c.start_ns == deploy
     assert any("--baseline-version v1 --candidate-version v2 compares them side by side" in n for n in notes)
+
+
+@pytest.mark.parametrize("selection", [SINCE, "deploy_at"], ids=["since-last-deploy", "deploy-at"])
+def test_a_restart_gap_after_the_deploy_is_not_candidate_time(tmp_path: Path, selection: object) -> None:
+    """A vLLM restart: the new version's marker, then a minute of start-up with no requests.
+
+    A minute of traffic each side. Windows of equal wall-clock length from the marker put the
+    candidate's window wholly in the start-up (no requests: an error); the windows are measured
+    over serving time instead, so the candidate holds its requests and its arrival rate is the
+    rate it served at, not half of it.
+    """
+    path = tmp_path / "restart.duckdb"
+    deploy = build_store(
+        path,
+        Side(rate_rps=20.0, duration_s=60.0),
+        Side(version="v2", rate_rps=20.0, duration_s=60.0, tpot_s=0.04),
+        Options(restart_gap_s=60.0),
+    )
+    chosen = SINCE if selection is SINCE else Selection(mode="deploy_at", deploy_at_ns=deploy)
+    with duckdb.connect(str(path), read_only=True) as con:
+        baseline, candidate, notes, _ = resolve_windows(con, chosen)
+        comparison = Comparison.open(con, chosen)
+        totals = dict(con.execute("SELECT service_version, count(*) FROM spans GROUP BY 1").fetchall())
+        rate = comparison.arrival_rate
+    assert candidate.start_ns >= deploy + 59 * NS
+    assert baseline.end_ns <= deploy
+    assert any("no engine request started for 60 s after the deploy" in n for n in notes)
+    assert comparison.request_counts["candidate"] >= 0.95 * totals["v2"]
+    assert comparison.request_counts["baseline"] >= 0.95 * totals["v1"]
+    assert 0.8 < rate.candidate / rate.baseline < 1.25
+    report = diagnose(path, chosen)
+    assert report.findings[0].cause == "decode_slowdown"
