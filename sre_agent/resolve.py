@@ -229,9 +229,6 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     lo, hi, n = extent()
     # Where each side's serving stops and starts (the deploy itself without request spans).
     last_before, first_after = _serving_edges(con, where, deploy_ns) if n else (deploy_ns, deploy_ns)
-    # A pause shorter than a restart is an ordinary gap between arrivals: the windows meet at the deploy.
-    last_before = last_before if deploy_ns - last_before >= DEAD_TIME_NS else deploy_ns
-    first_after = first_after if first_after - deploy_ns >= DEAD_TIME_NS else deploy_ns
     window_ns = selection.window_ns
     if window_ns is None:
         if lo is None or hi is None or n == 0:
@@ -280,8 +277,8 @@ def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int) -
     one-minute window empty and dilute every per-second rate, so the default windows are
     measured over serving time on each side: the baseline ends just after the last request
     that started before the deploy, the candidate starts with the first one at or after it.
-    No request started between the two, so nothing is dropped. (The caller ignores pauses
-    shorter than :data:`DEAD_TIME_NS`.)
+    No request started between the two, so nothing is dropped. A pause shorter than
+    :data:`DEAD_TIME_NS` is an ordinary gap between arrivals: that side's edge is the deploy.
     """
     row = fetch_one(
         con.execute(
@@ -290,7 +287,9 @@ def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int) -
         )
     )
     before, after = (row[0], row[1]) if row else (None, None)
-    return (deploy_ns if before is None else int(before) + 1), (deploy_ns if after is None else int(after))
+    last_before = deploy_ns if before is None or deploy_ns - (int(before) + 1) < DEAD_TIME_NS else int(before) + 1
+    first_after = deploy_ns if after is None or int(after) - deploy_ns < DEAD_TIME_NS else int(after)
+    return last_before, first_after
 
 
 def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: str) -> tuple[DeployPoint, str]:
