@@ -225,7 +225,8 @@ def _table(batch: _Batch, norm: Normaliser, valid: np.ndarray) -> pa.Table:
     )
     columns["queue_s"] = pc.coalesce(columns["queue_s"], derived_queue)
     tokens = columns["output_tokens"]
-    per_token = pc.divide(columns["decode_s"], pc.cast(pc.subtract(tokens, _ONE), pa.float64()))
+    # safe=False: a token count beyond 2**53 (malformed, but decodable) rounds instead of failing the batch.
+    per_token = pc.divide(columns["decode_s"], pc.cast(pc.subtract(tokens, _ONE), pa.float64(), safe=False))
     columns["tpot_s"] = pc.if_else(pc.greater(tokens, _ONE), per_token, _NULL_FLOAT)
     elapsed = pc.subtract(columns["end_ns"], columns["start_ns"])
     columns["duration_s"] = pc.divide(pc.cast(elapsed, pa.float64(), safe=False), _NS_PER_S)

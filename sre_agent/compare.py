@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from sre_agent import stats
+from sre_agent.attribute_sql import entries_sql, lookup_sql
 from sre_agent.busy import BusyIntervals, Prefetch
 from sre_agent.compare_traces import MAX_DIMENSION_VALUES, TraceAggregates
 from sre_agent.compare_traces import NOT_DIMENSION_PREFIXES as _NOT_DIMENSION_PREFIXES
@@ -117,7 +118,7 @@ def key_sql(key: str, maps: tuple[str, ...] = ("attributes", "resource_attribute
         return f'CAST("{key}" AS VARCHAR)'
     if key in _DIMENSION_COLUMNS:
         return f'CAST("{_DIMENSION_COLUMNS[key]}" AS VARCHAR)'
-    sources = [f"{m}[{quote(key)}]" for m in maps]
+    sources = [lookup_sql(key, m) for m in maps]
     if key in _ATTRIBUTE_COLUMN:
         sources.append(f'CAST("{_ATTRIBUTE_COLUMN[key]}" AS VARCHAR)')
     return sources[0] if len(sources) == 1 else f"coalesce({', '.join(sources)})"
@@ -597,8 +598,8 @@ class Comparison(TraceAggregates):
     def _discover_dimensions(self, head_rows: int = 5000) -> list[str]:
         """Attribute keys with 2..64 distinct values in the first ``head_rows`` requests of each side."""
         heads = " UNION ALL ".join(
-            f"(SELECT attributes, resource_attributes, host_name, service_instance, model, tenant_id, service_version, "
-            f"service_name FROM spans WHERE {self._scope_sql()} AND {self._windows[s].predicate()} LIMIT {head_rows})"
+            f"(SELECT * EXCLUDE (attributes, resource_attributes) FROM spans "
+            f"WHERE {self._scope_sql()} AND {self._windows[s].predicate()} LIMIT {head_rows})"
             for s in SIDES
         )
         temp = f"sre_head_{self._tag}"
@@ -607,9 +608,9 @@ class Comparison(TraceAggregates):
             rows = self.con.sql(
                 f"""
                 WITH kv AS (
-                  SELECT unnest(map_entries(attributes), recursive := true), true AS span_side FROM {temp}
+                  {entries_sql(temp, "attributes", ", true AS span_side")}
                   UNION ALL
-                  SELECT unnest(map_entries(resource_attributes), recursive := true), false FROM {temp}
+                  {entries_sql(temp, "resource_attributes", ", false AS span_side")}
                 )
                 SELECT key, count(DISTINCT value) AS n_values, bool_or(span_side) AS in_span,
                   bool_or(NOT span_side) AS in_resource FROM kv GROUP BY key

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sre_agent import stats
+from sre_agent.attribute_sql import entries_sql, lookup_sql
 from sre_agent.metric_view import fetch_one
 from sre_agent.resolve import log_bucket_sql, slice_position_sql
 
@@ -93,7 +94,7 @@ class TraceAggregates:
 
         if self._trace_cache is not None:
             return self._trace_cache
-        reg, temp = f"sre_req_{self._tag}", f"sre_roots_{self._tag}"
+        reg, temp, roots = f"sre_req_{self._tag}", f"sre_traces_{self._tag}", f"sre_roots_{self._tag}"
         b, c = self._windows["baseline"], self._windows["candidate"]
         # Other services' spans may start a little earlier or later (queues, clock skew): widen the
         # time bound by an hour so zone maps still prune the scan.
@@ -105,8 +106,7 @@ class TraceAggregates:
                 CREATE OR REPLACE TEMP TABLE {temp} AS
                 WITH t AS (
                   SELECT trace_id, span_id, parent_span_id, coalesce(is_engine, false) AS engine,
-                    CASE WHEN duration_s >= 0 AND isfinite(duration_s) THEN duration_s END AS dur,
-                    attributes, resource_attributes
+                    CASE WHEN duration_s >= 0 AND isfinite(duration_s) THEN duration_s END AS dur
                   FROM spans s WHERE start_ns >= {lo} AND start_ns < {hi}
                     AND trace_id IN (SELECT trace_id FROM {reg})
                 ),
@@ -117,18 +117,24 @@ class TraceAggregates:
                                THEN t.dur END), 0) AS dependency_s,
                   count(*) FILTER (WHERE t.engine) AS attempts,
                   coalesce(sum(CASE WHEN t.engine THEN t.dur END), 0) AS engine_s,
-                  any_value(t.attributes) FILTER (WHERE t.parent_span_id IS NULL AND NOT t.engine) AS root_attributes,
-                  any_value(t.resource_attributes) FILTER (WHERE t.parent_span_id IS NULL AND NOT t.engine)
-                    AS root_resource
+                  any_value(t.span_id) FILTER (WHERE t.parent_span_id IS NULL AND NOT t.engine) AS root_span_id
                 FROM t LEFT JOIN engine_parents ep ON t.trace_id = ep.trace_id AND t.span_id = ep.span_id
                 GROUP BY t.trace_id
+                """
+            )
+            # The root spans' own rows, for their attributes (read from the stored parts, see attribute_sql).
+            self.con.execute(
+                f"""
+                CREATE OR REPLACE TEMP TABLE {roots} AS
+                SELECT s.* EXCLUDE (attributes, resource_attributes) FROM spans s
+                JOIN {temp} r ON s.trace_id = r.trace_id AND s.span_id = r.root_span_id
+                WHERE s.start_ns >= {lo} AND s.start_ns < {hi}
                 """
             )
             rows = self.con.sql(
                 f"""
                 SELECT key, count(DISTINCT value) FROM (
-                  SELECT unnest(map_entries(root_attributes), recursive := true) FROM {temp}
-                  UNION ALL SELECT unnest(map_entries(root_resource), recursive := true) FROM {temp})
+                  {entries_sql(roots, "attributes")} UNION ALL {entries_sql(roots, "resource_attributes")})
                 GROUP BY key
                 """
             ).fetchall()
@@ -138,16 +144,20 @@ class TraceAggregates:
                 if 2 <= int(n) <= MAX_DIMENSION_VALUES and not str(k).startswith(NOT_DIMENSION_PREFIXES)
             )
             dims = "".join(
-                f", coalesce(root_attributes[{_q(k)}], root_resource[{_q(k)}]) AS {_ident('root:' + k)}" for k in keys
+                f", coalesce({lookup_sql(k, 'attributes')}, {lookup_sql(k, 'resource_attributes')}) "
+                f"AS {_ident('root:' + k)}"
+                for k in keys
             )
             table = self.con.sql(
-                f"SELECT trace_id, trace_s, dependency_s, attempts, engine_s, "
-                f"CASE WHEN trace_s IS NOT NULL THEN greatest(0, trace_s - engine_s - dependency_s) END AS gateway_s"
-                f"{dims} FROM {temp}"
+                f"SELECT t.trace_id, t.trace_s, t.dependency_s, t.attempts, t.engine_s, "
+                f"CASE WHEN t.trace_s IS NOT NULL THEN greatest(0, t.trace_s - t.engine_s - t.dependency_s) END "
+                f"AS gateway_s{dims} FROM {temp} t "
+                f"LEFT JOIN {roots} r ON r.trace_id = t.trace_id AND r.span_id = t.root_span_id"
             ).to_arrow_table()
         finally:
             self.con.unregister(reg)
             self.con.execute(f"DROP TABLE IF EXISTS {temp}")
+            self.con.execute(f"DROP TABLE IF EXISTS {roots}")
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
         self._trace_cache = frame

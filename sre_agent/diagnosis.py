@@ -431,10 +431,10 @@ def _connection(source: Any) -> tuple[duckdb.DuckDBPyConnection, bool]:
         path = Path(source)
         if not path.exists():
             raise StoreError(f"no store at {path}")
-        try:
-            return duckdb.connect(str(path), read_only=True), True
-        except duckdb.Error as exc:
-            raise StoreError(f"cannot open {path} read-only: {exc}") from exc
+        from sre_agent.store import Store
+
+        # Through Store.open, so that a store of an older layout is upgraded before it is read.
+        return Store.open(path, read_only=True).connection, True
     cursor = getattr(source, "cursor", None)
     if callable(cursor):
         con = cursor()

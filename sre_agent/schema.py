@@ -12,6 +12,8 @@ Tables
     ``is_engine = true`` and carry the latency columns; every span keeps all
     its resource and span attributes in two ``MAP(VARCHAR, VARCHAR)``
     columns so that any attribute can become a localisation dimension.
+    ``spans`` is a view over the stored table ``span_rows`` (see
+    "Stored layout" below); readers only ever see ``spans``.
 ``metric_points``
     One row per OTLP data point (gauge, sum, histogram), with the metric name
     normalised (see :func:`canonical_metric_name`).
@@ -29,6 +31,19 @@ always derived: ``decode_s / (output_tokens - 1)`` when ``output_tokens > 1``.
 ``queue_s``, when no source reports it (SGLang), is ``ttft_s - prefill_s``
 (arrival to scheduling) when both are present and the difference is not
 negative.
+
+Stored layout
+-------------
+An engine span carries about a dozen attributes that a canonical column
+also holds (tokens, latencies, model, service, ...). Kept in the maps as
+well, they made DuckDB's MAP append the largest cost of ingest (issue 18:
+~15 of ~18 us per span). ``span_rows`` therefore stores each such entry
+once: an attribute in :data:`PROMOTED_KEYS` whose value is spelled exactly
+as DuckDB spells its column (``CAST(column AS VARCHAR)``) is left out of
+``extra_attributes`` / ``extra_resource_attributes`` and its bit is set in
+``promoted``; the ``spans`` view puts it back. Every other entry, and every
+entry of rows stored before this layout (``promoted = 0``), stays in the
+maps as received, so ``attributes['k']`` reads exactly what it always did.
 """
 
 from __future__ import annotations
@@ -46,8 +61,12 @@ __all__ = [
     "METRIC_POINTS_DDL",
     "METRIC_POINT_COLUMNS",
     "METRIC_SIGNALS",
+    "PROMOTED_KEYS",
+    "RESOURCE_BIT_OFFSET",
     "RESOURCE_FIRST_COLUMNS",
     "SPANS_DDL",
+    "SPANS_VIEW_DDL",
+    "SPAN_ROWS_DDL",
     "SPAN_ATTRIBUTE_SOURCES",
     "SPAN_COLUMNS",
     "Column",
@@ -181,9 +200,90 @@ def spans_arrow_schema() -> pa.Schema:
 # Store's append (an anti-join over the batch's time range), not by a
 # PRIMARY KEY: DuckDB's ART index for it made the file ~4x larger (about
 # 100 bytes per row) and must be maintained on every insert.
-SPANS_DDL: Final[str] = (
-    "CREATE TABLE IF NOT EXISTS spans (\n    " + ",\n    ".join(f"{c.name} {c.duckdb}" for c in SPAN_COLUMNS) + "\n)"
+
+#: Attribute keys a canonical column is read from, in a fixed order: bit ``i``
+#: of ``span_rows.promoted`` stands for ``PROMOTED_KEYS[i]`` in the span's
+#: attributes, bit ``RESOURCE_BIT_OFFSET + i`` for it in the resource's. Stored
+#: rows depend on this order: append new keys at the end, never reorder.
+PROMOTED_KEYS: Final[tuple[tuple[str, str], ...]] = (
+    ("service.name", "service_name"),
+    ("service.version", "service_version"),
+    ("service.instance.id", "service_instance"),
+    ("k8s.pod.name", "service_instance"),
+    ("host.name", "host_name"),
+    ("k8s.node.name", "host_name"),
+    ("tenant.id", "tenant_id"),
+    ("gen_ai.request.model", "model"),
+    ("gen_ai.response.model", "model"),
+    ("gen_ai.request.id", "request_id"),
+    ("rid", "request_id"),
+    ("gen_ai.usage.input_tokens", "input_tokens"),
+    ("gen_ai.usage.prompt_tokens", "input_tokens"),
+    ("gen_ai.usage.output_tokens", "output_tokens"),
+    ("gen_ai.usage.completion_tokens", "output_tokens"),
+    ("gen_ai.usage.cache_read.input_tokens", "cached_tokens"),
+    ("gen_ai.usage.cached_tokens", "cached_tokens"),
+    ("gen_ai.latency.time_in_queue", "queue_s"),
+    ("gen_ai.latency.time_in_scheduler", "queue_s"),
+    ("gen_ai.latency.time_to_first_token", "ttft_s"),
+    ("gen_ai.latency.time_in_model_prefill", "prefill_s"),
+    ("gen_ai.latency.time_in_model_decode", "decode_s"),
+    ("gen_ai.latency.time_in_model_inference", "inference_s"),
+    ("gen_ai.latency.time_in_model_execute", "inference_s"),
+    ("gen_ai.latency.e2e", "e2e_s"),
+    ("gen_ai.response.finish_reasons", "finish_reason"),
+    ("finish_reason", "finish_reason"),
+    ("http.request.resend_count", "attempt"),
+    ("error.type", "error_type"),
+    ("exception.type", "error_type"),
 )
+RESOURCE_BIT_OFFSET: Final[int] = 32
+
+_CANONICAL_SPAN_COLUMNS = [c for c in SPAN_COLUMNS if c.name not in ("attributes", "resource_attributes")]
+
+#: The stored span table: the canonical columns, the attributes no column reproduces, and
+#: which promoted attributes the ``spans`` view re-adds.
+SPAN_ROWS_DDL: Final[str] = (
+    "CREATE TABLE IF NOT EXISTS span_rows (\n    "
+    + ",\n    ".join(f"{c.name} {c.duckdb}" for c in _CANONICAL_SPAN_COLUMNS)
+    + f",\n    extra_resource_attributes {_MAP_SQL},\n    extra_attributes {_MAP_SQL},"
+    + "\n    promoted BIGINT DEFAULT 0\n)"
+)
+
+
+def _promoted_map_sql(offset: int) -> str:
+    """The promoted entries of one map as a MAP, rebuilt from the canonical columns and their bits."""
+    bits = [f"(promoted >> {offset + i}) & 1 = 1" for i in range(len(PROMOTED_KEYS))]
+    keys = ", ".join(f"'{key}'" for key, _ in PROMOTED_KEYS)
+    values = ", ".join(
+        f"CASE WHEN {bit} THEN CAST({column} AS VARCHAR) END"
+        for bit, (_, column) in zip(bits, PROMOTED_KEYS, strict=True)
+    )
+    mask = ", ".join(bits)
+    return f"MAP(list_where([{keys}], [{mask}]), list_where([{values}], [{mask}]))"
+
+
+def _map_view_sql(stored: str, offset: int) -> str:
+    every = (1 << len(PROMOTED_KEYS)) - 1
+    return (
+        f"CASE WHEN (promoted >> {offset}) & {every} = 0 THEN {stored} "
+        f"ELSE map_concat({stored}, {_promoted_map_sql(offset)}) END"
+    )
+
+
+#: ``spans`` as every reader sees it: the canonical columns and both attribute maps whole.
+#: The stored parts stay visible too: rebuilding a map costs ~10 us a row, so the query
+#: code reads one key from them (:func:`sre_agent.compare.key_sql`) without building any map.
+SPANS_VIEW_DDL: Final[str] = (
+    "CREATE OR REPLACE VIEW spans AS SELECT\n    "
+    + ",\n    ".join(c.name for c in _CANONICAL_SPAN_COLUMNS)
+    + f",\n    {_map_view_sql('extra_resource_attributes', RESOURCE_BIT_OFFSET)} AS resource_attributes"
+    + f",\n    {_map_view_sql('extra_attributes', 0)} AS attributes"
+    + ",\n    extra_resource_attributes, extra_attributes, promoted\nFROM span_rows"
+)
+
+#: Everything that creates the spans relation: the table, then the view over it (two statements).
+SPANS_DDL: Final[str] = f"{SPAN_ROWS_DDL};\n{SPANS_VIEW_DDL}"
 
 
 METRIC_POINT_COLUMNS: Final[tuple[Column, ...]] = (

@@ -35,12 +35,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sre_agent._span_rows import to_span_rows
 from sre_agent.errors import StoreError, StoreLockedError
-from sre_agent.schema import DEPLOYS_DDL, METRIC_POINTS_DDL, SPANS_DDL
+from sre_agent.schema import DEPLOYS_DDL, METRIC_POINTS_DDL, SPANS_DDL, SPANS_VIEW_DDL
 
 __all__ = ["SCHEMA_VERSION", "Deploy", "Store"]
 
-SCHEMA_VERSION = "1"
+# 2: spans became a view over span_rows, which stores promoted attributes once (schema.py, "Stored layout").
+SCHEMA_VERSION = "2"
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +160,49 @@ def _is_ascending(values: pa.Array) -> bool:
     return bool(pc.all(pc.greater_equal(values[1:], values[:-1])).as_py())
 
 
+def _has_old_layout(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether ``spans`` is still a table (schema 1, before ``span_rows``)."""
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'main' AND table_name = 'spans' "
+        "AND table_type = 'BASE TABLE'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _migrate_spans(con: duckdb.DuckDBPyConnection) -> None:
+    """Schema 1 -> 2 without rewriting a row: the old table becomes ``span_rows`` with whole maps.
+
+    Old rows keep every attribute in their maps and ``promoted = 0``, which
+    the ``spans`` view reads back as it is, so nothing stored changes.
+    """
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("ALTER TABLE spans RENAME TO span_rows")
+        con.execute("ALTER TABLE span_rows RENAME COLUMN resource_attributes TO extra_resource_attributes")
+        con.execute("ALTER TABLE span_rows RENAME COLUMN attributes TO extra_attributes")
+        con.execute("ALTER TABLE span_rows ADD COLUMN promoted BIGINT DEFAULT 0")
+        con.execute(SPANS_VIEW_DDL)
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [SCHEMA_VERSION])
+        con.execute("COMMIT")
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        raise
+    log.info("store migrated to schema %s (spans is now a view over span_rows)", SCHEMA_VERSION)
+
+
+def _upgrade_in_place(path: str) -> None:
+    """Migrate a schema-1 store before a read-only open; it takes milliseconds and rewrites no row."""
+    try:
+        with contextlib.closing(duckdb.connect(path)) as con:
+            _migrate_spans(con)
+    except duckdb.Error as exc:
+        raise StoreError(
+            f"the store {path} has the schema-1 span layout, and upgrading it needs one writable open ({exc}). "
+            "Open it once with a writing command (e.g. `sre-agent ingest --db PATH` on an empty file, or "
+            "`sre-agent serve --db PATH`), or copy it somewhere writable first."
+        ) from exc
+
+
 class Store:
     """A DuckDB store file. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
@@ -204,6 +249,10 @@ class Store:
             raise StoreError(f"cannot open the store {text}: {exc}") from exc
         except duckdb.Error as exc:
             raise StoreError(f"cannot open the store {text}: {exc}") from exc
+        if read_only and _has_old_layout(connection):
+            connection.close()
+            _upgrade_in_place(text)
+            connection = duckdb.connect(text, read_only=True)
         try:
             return cls(connection, text, read_only=read_only)
         except StoreError:
@@ -273,6 +322,8 @@ class Store:
 
     def _create(self) -> None:
         con = self._con
+        if _has_old_layout(con):
+            _migrate_spans(con)
         for ddl in (SPANS_DDL, METRIC_POINTS_DDL, DEPLOYS_DDL, _META_DDL, _VERSIONS_DDL):
             con.execute(ddl)
         con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
@@ -308,11 +359,12 @@ class Store:
         if table.num_rows == 0:
             return 0
         batch = _sorted_by(table, "start_ns")
+        rows = to_span_rows(batch)
         with self._lock:
             self._writable()
             inserted = self._insert(
-                "spans",
-                batch,
+                "span_rows",
+                rows,
                 key=("trace_id", "span_id"),
                 time_column="start_ns",
                 lo=int(batch["start_ns"][0].as_py()),
@@ -375,7 +427,7 @@ class Store:
             if rows.num_rows < _STAGE_MIN_ROWS or not self._insert_staged(table_name, rows):
                 con.register("_sre_rows", rows)
                 try:
-                    con.execute(f"INSERT INTO {table_name} SELECT * FROM _sre_rows")
+                    con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _sre_rows")
                 finally:
                     con.unregister("_sre_rows")
         except duckdb.Error as exc:
@@ -408,7 +460,7 @@ class Store:
             _remove(path)
             return False
         try:
-            self._con.execute(f"INSERT INTO {table_name} SELECT * FROM read_parquet(?)", [path])
+            self._con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM read_parquet(?)", [path])
         finally:
             _remove(path)
         return True
@@ -488,7 +540,7 @@ class Store:
         deleted = 0
         with self._lock:
             self._writable()
-            for table_name, column in (("spans", "start_ns"), ("metric_points", "time_ns")):
+            for table_name, column in (("span_rows", "start_ns"), ("metric_points", "time_ns")):
                 row = self._con.execute(f"DELETE FROM {table_name} WHERE {column} < ?", [cutoff]).fetchone()
                 deleted += int(row[0]) if row else 0
         return deleted

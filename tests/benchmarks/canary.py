@@ -37,7 +37,7 @@ def build(path: Path, per_side: int) -> None:
         for version, ttft_scale, offset in (("v1", 1.0, 0), ("v2", 1.05, per_side)):
             con.execute(
                 f"""
-                INSERT INTO spans (trace_id, span_id, name, kind, start_ns, end_ns, duration_s, status_code,
+                INSERT INTO span_rows (trace_id, span_id, name, kind, start_ns, end_ns, duration_s, status_code,
                                    service_name, service_version, is_engine, model, input_tokens, output_tokens,
                                    queue_s, ttft_s, decode_s, e2e_s, tpot_s)
                 SELECT printf('%032x', i + {offset}), printf('%016x', i + {offset}), 'llm_request', 'server',

@@ -10,8 +10,8 @@ on one host runs 2x slower after the deploy. Then times, in the same run and on
 the same open read-only connection, a full ``diagnose`` (every installed rule)
 and a bare DuckDB exact p99 of e2e grouped by window.
 
-The spans table is created from ``schema.SPANS_DDL`` without its primary key:
-building that index over 10 M rows takes minutes and no query here uses it.
+The spans are written in the stored layout ingest gives them (``span_rows``
+with the promoted attributes in their columns; schema.py, "Stored layout").
 
     python tests/benchmarks/diagnose.py [--spans 10000000] [--db PATH] [--repeat 2] [--phases]
 
@@ -38,17 +38,30 @@ T0_NS = 1_790_000_000 * 1_000_000_000
 HOUR_NS = 3600 * 1_000_000_000
 
 
+def _bits(resource: tuple[str, ...], span: tuple[str, ...]) -> int:
+    """``span_rows.promoted`` for attributes stored once, in their canonical columns (schema.py)."""
+    index = {key: i for i, (key, _) in enumerate(schema.PROMOTED_KEYS)}
+    return sum(1 << (schema.RESOURCE_BIT_OFFSET + index[k]) for k in resource) + sum(1 << index[k] for k in span)
+
+
+# The stored form ingest gives these spans: the resource's service.*, host.name and the span's
+# model and tenant live in their columns; the view spells them back into the maps.
+PROMOTED = _bits(
+    ("host.name", "service.instance.id", "service.version", "service.name"), ("gen_ai.request.model", "tenant.id")
+)
+
+
 def build(path: Path, n: int) -> None:
     """Write the benchmark store (see module docstring)."""
     tmp = path.with_suffix(".building")
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp))
-    con.execute(schema.SPANS_DDL.replace(",\n    PRIMARY KEY (trace_id, span_id)", ""))
+    con.execute(schema.SPANS_DDL)
     con.execute(schema.METRIC_POINTS_DDL)
     con.execute(schema.DEPLOYS_DDL)
     con.execute(
         f"""
-        INSERT INTO spans
+        INSERT INTO span_rows
         WITH base AS (
           SELECT i, (i >= {n} // 2) AS cand, {T0_NS} + CAST(i * (2.0 * {HOUR_NS} / {n}) AS BIGINT) AS start_ns,
             hash(i) AS h, random() AS r1, random() AS r2, random() AS r3, random() AS r4
@@ -72,10 +85,7 @@ def build(path: Path, n: int) -> None:
           'unset', NULL, 'vllm', CASE WHEN cand THEN 'v2' ELSE 'v1' END, pod, host, tenant, 'vllm.llm_engine', true,
           model, 'req-' || i, inp, outp, cached, queue, queue + prefill, prefill, decode, prefill + decode,
           queue + prefill + decode, decode / (outp - 1), CASE WHEN r1 < 0.05 THEN 'length' ELSE 'stop' END, 0, NULL,
-          map(['host.name', 'service.instance.id', 'service.version', 'service.name'],
-              [host, pod, CASE WHEN cand THEN 'v2' ELSE 'v1' END, 'vllm']),
-          map(['gen_ai.request.model', 'tenant.id', 'http.route', 'gen_ai.request.max_tokens'],
-              [model, tenant, route, '1024'])
+          MAP {{}}, map(['http.route', 'gen_ai.request.max_tokens'], [route, '1024']), {PROMOTED}
         FROM l
         """
     )
@@ -168,7 +178,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2, help="timed runs of each; the best is reported")
     parser.add_argument("--phases", action="store_true", help="also print the CPU of each step (see above)")
     args = parser.parse_args()
-    path = args.db or Path(tempfile.gettempdir()) / f"sre-agent-diagnose-bench-{args.spans}.duckdb"
+    path = args.db or Path(tempfile.gettempdir()) / f"sre-agent-diagnose-bench-{args.spans}-v2.duckdb"
     if not path.exists():
         started = time.perf_counter()
         build(path, args.spans)

@@ -209,17 +209,25 @@ def store_floors_us_per_span(batch: int, requests: int, commit: int) -> dict[str
     from sre_agent.normalise import Normaliser
     from sre_agent.otlp import decode_traces
 
+    from sre_agent._span_rows import to_span_rows
+
     factory = PayloadFactory(batch)
     normaliser = Normaliser(hash_key=b"floor")
     payloads = [factory.payload(r) for r in range(requests)]
+    started = time.process_time()
     decoded = [decode_traces(p, "application/x-protobuf", normaliser=normaliser).table for p in payloads]
+    decode_us = (time.process_time() - started) / (requests * batch) * 1e6
     full = pa.concat_tables(decoded).combine_chunks()
+    started = time.process_time()
+    stored = pa.concat_tables([to_span_rows(table) for table in decoded]).combine_chunks()
+    convert_us = (time.process_time() - started) / full.num_rows * 1e6
     layouts = {
         "canonical columns alone": full.drop_columns(["attributes", "resource_attributes"]),
-        "with the attribute maps": full,
+        "with the whole attribute maps (schema 1)": full,
+        "as stored (span_rows: promoted attributes once)": stored,
         "with the remaining attributes as JSON text": _remaining_as_json(full),
     }
-    floors = {}
+    floors = {"decode": decode_us, "convert to span_rows": convert_us}
     for layout, rows in layouts.items():
         with tempfile.TemporaryDirectory(prefix="sre-agent-floor-") as folder:
             con = duckdb.connect(os.path.join(folder, "floor.duckdb"))
@@ -336,10 +344,12 @@ def main() -> int:
     cores = len(os.sched_getaffinity(0))
     parse_us, http_us = 1e6 / parse_only, http_cpu_ms * 1e3 / args.batch
     check_us = floors.pop("duplicate check")
+    decode_us, convert_us = floors.pop("decode"), floors.pop("convert to span_rows")
     print(
         f"floors: parse_us_per_span={parse_us:.2f} http_us_per_span={http_us:.2f} "
         f"duplicate_check_us_per_span={check_us:.2f} cores={cores}"
     )
+    print(f"stages: decode_us_per_span={decode_us:.2f} convert_to_span_rows_us_per_span={convert_us:.2f}")
     for layout, append_us in floors.items():
         # Counted: the parse, the empty HTTP exchange, the bare append and the duplicate check. Taken
         # as free: decoding, the senders' work; the cores as perfectly shared.

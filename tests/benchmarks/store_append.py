@@ -47,8 +47,8 @@ SECOND = 1_000_000_000
 def prefill(store: Store, rows: int) -> None:
     """``rows`` small spans one second apart before T0, written by DuckDB itself."""
     store.connection.execute(
-        """INSERT INTO spans (trace_id, span_id, name, kind, start_ns, end_ns, duration_s, status_code,
-               service_name, service_version, is_engine, e2e_s, resource_attributes, attributes)
+        """INSERT INTO span_rows (trace_id, span_id, name, kind, start_ns, end_ns, duration_s, status_code,
+               service_name, service_version, is_engine, e2e_s, extra_resource_attributes, extra_attributes)
            SELECT md5(i::VARCHAR), substr(md5((i * 7)::VARCHAR), 1, 16), 'llm_request', 'server',
                ? + i * ?, ? + i * ? + ?, 1.0, 'unset', 'vllm-server', '0.11.0', true, 1.0,
                MAP {'service.name': 'vllm-server'}, MAP {'gen_ai.latency.e2e': '1.0'}
@@ -57,17 +57,21 @@ def prefill(store: Store, rows: int) -> None:
     )
 
 
+# The whole maps appended as the stored parts (promoted = 0): the layout before issue 18.
+_STORED_NAMES = {"attributes": "extra_attributes", "resource_attributes": "extra_resource_attributes"}
+
+
 def _append_arrow(store: Store, batch: pa.Table) -> None:
     con = store.connection
-    con.register("_floor", batch)
-    con.execute("INSERT INTO spans SELECT * FROM _floor")
+    con.register("_floor", batch.rename_columns(_STORED_NAMES.get(n, n) for n in batch.column_names))
+    con.execute("INSERT INTO span_rows BY NAME SELECT * FROM _floor")
     con.unregister("_floor")
 
 
 def _append_without_maps(store: Store, batch: pa.Table) -> None:
     con = store.connection
     con.register("_floor", batch.drop_columns(["attributes", "resource_attributes"]))
-    con.execute("INSERT INTO spans BY NAME SELECT * FROM _floor")
+    con.execute("INSERT INTO span_rows BY NAME SELECT * FROM _floor")
     con.unregister("_floor")
 
 

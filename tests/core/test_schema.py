@@ -14,13 +14,27 @@ def test_ddl_creates_the_declared_columns(tmp_path: Path) -> None:
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
     for ddl in (schema.SPANS_DDL, schema.METRIC_POINTS_DDL, schema.DEPLOYS_DDL):
         con.execute(ddl)
-    for table, columns in (("spans", schema.SPAN_COLUMNS), ("metric_points", schema.METRIC_POINT_COLUMNS)):
+    stored = ["extra_resource_attributes", "extra_attributes", "promoted"]  # span_rows' own, seen through the view
+    for table, columns, extra in (
+        ("spans", schema.SPAN_COLUMNS, stored),
+        ("metric_points", schema.METRIC_POINT_COLUMNS, []),
+    ):
         got = [row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()]
-        assert got == [c.name for c in columns]
-    # An Arrow batch with the declared schema appends without casts.
-    empty = schema.spans_arrow_schema().empty_table()
-    con.register("batch", empty)
-    con.execute("INSERT INTO spans SELECT * FROM batch")
+        assert got == [c.name for c in columns] + extra
+    # An Arrow batch with the declared schema appends without casts, in its stored form.
+    from sre_agent._span_rows import to_span_rows
+
+    con.register("batch", to_span_rows(schema.spans_arrow_schema().empty_table()))
+    con.execute("INSERT INTO span_rows SELECT * FROM batch")
+
+
+def test_promoted_keys_are_exactly_the_attribute_sources() -> None:
+    # The stored bits index PROMOTED_KEYS, so it is kept by hand in a fixed order; a source
+    # added to SPAN_ATTRIBUTE_SOURCES without a promoted key would simply stay in the maps,
+    # a new key must be appended here too.
+    sources = {(key, column) for column, keys in schema.SPAN_ATTRIBUTE_SOURCES.items() for key in keys}
+    assert set(schema.PROMOTED_KEYS) == sources
+    assert len(schema.PROMOTED_KEYS) == len(sources) <= schema.RESOURCE_BIT_OFFSET
 
 
 @pytest.mark.parametrize(

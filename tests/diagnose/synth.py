@@ -21,6 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from sre_agent import schema
+from sre_agent._span_rows import to_span_rows
 
 T0_NS = 1_790_000_000 * 1_000_000_000
 # vLLM's default buckets
@@ -346,8 +347,8 @@ def build_store(path: Path, baseline: Side, candidate: Side, opts: Options | Non
         spans = _span_rows(reqs_b, baseline, opts, rng) + _span_rows(reqs_c, candidate, opts, rng)
         if spans:
             table = pa.Table.from_pylist(spans, schema=schema.spans_arrow_schema())
-            con.register("new_spans", table)
-            con.execute("INSERT INTO spans SELECT * FROM new_spans")
+            con.register("new_spans", to_span_rows(table))
+            con.execute("INSERT INTO span_rows BY NAME SELECT * FROM new_spans")
             con.unregister("new_spans")
         if opts.metrics:
             points = _metric_rows(reqs_b, baseline, t0) + _metric_rows(reqs_c, candidate, serving_s)

@@ -90,7 +90,7 @@ def test_since_last_deploy_uses_the_marker_then_the_version_change(store: tuple[
         assert c2.start_ns == first_v2
         assert "service.version change" in notes2[0]
         assert found == DeployPoint(first_v2, "v2", "v1")
-        con.execute("UPDATE spans SET service_version = 'v1'")
+        con.execute("UPDATE span_rows SET service_version = 'v1'")
         with pytest.raises(SelectionError, match=r"no deploy marker and no service\.version change"):
             resolve_windows(con, Selection(mode="since_last_deploy"))
 

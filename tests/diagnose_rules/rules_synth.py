@@ -24,6 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from sre_agent import schema
+from sre_agent._span_rows import to_span_rows
 
 NS = 1_000_000_000
 T0 = 1_790_000_000.0
@@ -212,8 +213,8 @@ def build(
         spans = _spans(reqs_b, baseline, gateway, cached_on_spans, rng) + _spans(
             reqs_c, candidate, gateway, cached_on_spans, rng
         )
-        con.register("new_spans", pa.Table.from_pylist(spans, schema=schema.spans_arrow_schema()))
-        con.execute("INSERT INTO spans SELECT * FROM new_spans")
+        con.register("new_spans", to_span_rows(pa.Table.from_pylist(spans, schema=schema.spans_arrow_schema())))
+        con.execute("INSERT INTO span_rows BY NAME SELECT * FROM new_spans")
         if metrics:
             points = _metrics(reqs_b, baseline, T0, rng) + _metrics(reqs_c, candidate, deploy, rng)
             con.register("new_points", pa.Table.from_pylist(points, schema=schema.metric_points_arrow_schema()))

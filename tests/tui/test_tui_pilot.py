@@ -232,7 +232,7 @@ async def test_no_deploy_in_the_store_is_explained(tmp_path: Path, make_app: Mak
     db = build_store(tmp_path / "nodeploy.duckdb", n_requests=3_000, incident=False)
     con = duckdb.connect(str(db))
     con.execute("DELETE FROM deploys")
-    con.execute("UPDATE spans SET service_version = 'v1'")
+    con.execute("UPDATE span_rows SET service_version = 'v1'")
     con.close()
     app = make_app(db=db)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -84,7 +84,7 @@ def build_store(
         e2e = "(queue_s + prefill_s + tpot_s * (output_tokens - 1))"
         con.execute(
             f"""
-            INSERT INTO spans BY NAME
+            INSERT INTO span_rows BY NAME
             SELECT {
                 common.format(
                     span_id="printf('%016x', 3 * i + 1)",
@@ -102,8 +102,8 @@ def build_store(
                    NULL AS queue_s, NULL AS ttft_s, NULL AS prefill_s, NULL AS decode_s, NULL AS inference_s,
                    NULL AS e2e_s, NULL AS tpot_s, NULL AS finish_reason, 0 AS attempt,
                    CASE WHEN failed THEN 'upstream_error' END AS error_type,
-                   map(['service.name'], ['gateway']) AS resource_attributes,
-                   map(['http.route', 'tenant.id'], [route, tenant]) AS attributes
+                   map(['service.name'], ['gateway']) AS extra_resource_attributes,
+                   map(['http.route', 'tenant.id'], [route, tenant]) AS extra_attributes
             FROM req
             UNION ALL
             SELECT {

@@ -1,0 +1,107 @@
+"""Canonical spans -> stored ``span_rows``: each promoted attribute kept once (issue 18).
+
+A decoded batch (:func:`sre_agent.schema.spans_arrow_schema`) carries every
+attribute in its two maps, including the dozen an engine span also has in
+canonical columns. DuckDB validates every MAP entry it appends, so those
+duplicates were most of the store's append cost. :func:`to_span_rows`
+leaves an entry of :data:`~sre_agent.schema.PROMOTED_KEYS` out of the stored
+map when the ``spans`` view will spell it back exactly, i.e. when its value
+equals DuckDB's ``CAST(column AS VARCHAR)`` of its span's column, and sets
+the entry's bit in ``promoted``.
+
+What "exactly" rests on: strings compare as they are; integers are spelled
+the same by Arrow and DuckDB; doubles only where Arrow's shortest round-trip
+spelling is DuckDB's too, which holds for non-integral values with
+``1e-4 <= |x| < 1e9`` (a test checks it on millions of values, so a DuckDB
+or Arrow that spells them differently fails there). Other doubles (``0``,
+``2``, ``3e-05``) stay in the map: cheaper to keep than to risk a respelling.
+Whatever this module does, a reader of ``spans`` sees the received strings.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sre_agent.schema import PROMOTED_KEYS, RESOURCE_BIT_OFFSET
+
+__all__ = ["to_span_rows"]
+
+_KEYS: Final = pa.array([key for key, _ in PROMOTED_KEYS], pa.string())
+_COLUMN_OF: Final = [column for _, column in PROMOTED_KEYS]
+#: Doubles whose Arrow and DuckDB spellings agree (see the module docstring).
+_SAFE_DOUBLE_MIN, _SAFE_DOUBLE_MAX = 1e-4, 1e9
+
+
+def _spelling(values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """DuckDB's VARCHAR spelling of each value, NULL where Arrow's might differ from it."""
+    array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    if pa.types.is_string(array.type):
+        return array
+    if pa.types.is_floating(array.type):
+        numbers = array.to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):
+            magnitude = np.abs(numbers)
+            safe = (magnitude >= _SAFE_DOUBLE_MIN) & (magnitude < _SAFE_DOUBLE_MAX) & (numbers != np.trunc(numbers))
+        return pc.if_else(pa.array(safe), pc.cast(array, pa.string()), pa.scalar(None, pa.string()))
+    if pa.types.is_integer(array.type):
+        return pc.cast(array, pa.string())
+    return pa.nulls(len(array), pa.string())
+
+
+def _split(attributes: pa.Array, spellings: dict[str, pa.Array], offset: int, promoted: np.ndarray) -> pa.MapArray:
+    """``attributes`` without the entries their columns reproduce; sets their bits in ``promoted``."""
+    if isinstance(attributes, pa.ChunkedArray):
+        attributes = attributes.combine_chunks()
+    assert isinstance(attributes, pa.MapArray)
+    offsets = np.asarray(attributes.offsets, np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    keys = attributes.keys.slice(first, last - first) if len(attributes.keys) != last - first else attributes.keys
+    items = attributes.items.slice(first, last - first) if len(attributes.items) != last - first else attributes.items
+    offsets = offsets - first
+    which = pc.fill_null(pc.index_in(keys, value_set=_KEYS), -1).to_numpy(zero_copy_only=False)
+    candidates = np.flatnonzero(which >= 0)
+    if candidates.size == 0:
+        return attributes if first == 0 else pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, items)
+    key_of = which[candidates].astype(np.int64)
+    span_of = np.searchsorted(offsets, candidates, side="right") - 1
+    drop = np.zeros(len(keys), bool)
+    for key in np.unique(key_of).tolist():
+        chosen = key_of == key
+        entries, spans = candidates[chosen], span_of[chosen]
+        same = pc.equal(items.take(pa.array(entries)), spellings[_COLUMN_OF[key]].take(pa.array(spans)))
+        hit = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+        drop[entries[hit]] = True
+        # Keys are unique within one map (the decoder keeps a repeated key's first value), so
+        # each (span, bit) is set once and plain fancy-index assignment is exact.
+        promoted[spans[hit]] |= np.int64(1) << np.int64(offset + key)
+    if not drop.any():
+        return attributes
+    keep = ~drop
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    new_offsets = pa.array(kept_before[offsets], pa.int32())
+    mask = pa.array(keep)
+    return pa.MapArray.from_arrays(new_offsets, keys.filter(mask), items.filter(mask))
+
+
+def to_span_rows(table: pa.Table) -> pa.Table:
+    """The ``span_rows`` form of canonical spans (same rows, same order).
+
+    Columns: every canonical column, then ``extra_resource_attributes``,
+    ``extra_attributes`` and ``promoted`` (BIGINT bit set, see
+    :data:`~sre_agent.schema.PROMOTED_KEYS`).
+    """
+    n = table.num_rows
+    spellings = {column: _spelling(table.column(column)) for column in set(_COLUMN_OF)}
+    promoted = np.zeros(n, np.int64)
+    extra_resource = _split(table.column("resource_attributes"), spellings, RESOURCE_BIT_OFFSET, promoted)
+    extra = _split(table.column("attributes"), spellings, 0, promoted)
+    rows = table.drop_columns(["resource_attributes", "attributes"])
+    return (
+        rows.append_column("extra_resource_attributes", extra_resource)
+        .append_column("extra_attributes", extra)
+        .append_column("promoted", pa.array(promoted, pa.int64()))
+    )
