@@ -206,10 +206,9 @@ def store_floors_us_per_span(batch: int, requests: int, commit: int) -> dict[str
     import duckdb
     import pyarrow as pa
 
+    from sre_agent._span_rows import to_span_rows
     from sre_agent.normalise import Normaliser
     from sre_agent.otlp import decode_traces
-
-    from sre_agent._span_rows import to_span_rows
 
     factory = PayloadFactory(batch)
     normaliser = Normaliser(hash_key=b"floor")
