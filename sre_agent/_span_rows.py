@@ -36,23 +36,35 @@ _COLUMN_OF: Final = [column for _, column in PROMOTED_KEYS]
 _SAFE_DOUBLE_MIN, _SAFE_DOUBLE_MAX = 1e-4, 1e9
 
 
-def _spelling(values: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """DuckDB's VARCHAR spelling of each value, NULL where Arrow's might differ from it."""
-    array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    if pa.types.is_string(array.type):
-        return array
-    if pa.types.is_floating(array.type):
-        numbers = array.to_numpy(zero_copy_only=False)
+def _reproduced(items: pa.Array, entries: np.ndarray, column: pa.Array, spans: np.ndarray) -> np.ndarray:
+    """Which ``items[entries]`` equal DuckDB's VARCHAR spelling of ``column[spans]`` (bool per entry).
+
+    Only the rows that hold the key are spelled, and doubles only where Arrow spells them as
+    DuckDB does (formatting a double is the costly part: ~6 a span).
+    """
+    values = column.take(pa.array(spans))
+    hit = np.zeros(entries.size, bool)
+    if pa.types.is_string(values.type):
+        chosen = np.arange(entries.size)
+    elif pa.types.is_floating(values.type):
+        numbers = values.to_numpy(zero_copy_only=False)
         with np.errstate(invalid="ignore"):
             magnitude = np.abs(numbers)
             safe = (magnitude >= _SAFE_DOUBLE_MIN) & (magnitude < _SAFE_DOUBLE_MAX) & (numbers != np.trunc(numbers))
-        return pc.if_else(pa.array(safe), pc.cast(array, pa.string()), pa.scalar(None, pa.string()))
-    if pa.types.is_integer(array.type):
-        return pc.cast(array, pa.string())
-    return pa.nulls(len(array), pa.string())
+        chosen = np.flatnonzero(safe)
+        values = pc.cast(values.take(pa.array(chosen)), pa.string())
+    elif pa.types.is_integer(values.type):
+        chosen = np.arange(entries.size)
+        values = pc.cast(values, pa.string())
+    else:
+        return hit
+    if chosen.size:
+        same = pc.equal(items.take(pa.array(entries[chosen])), values)
+        hit[chosen] = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+    return hit
 
 
-def _split(attributes: pa.Array, spellings: dict[str, pa.Array], offset: int, promoted: np.ndarray) -> pa.MapArray:
+def _split(attributes: pa.Array, columns: dict[str, pa.Array], offset: int, promoted: np.ndarray) -> pa.MapArray:
     """``attributes`` without the entries their columns reproduce; sets their bits in ``promoted``."""
     if isinstance(attributes, pa.ChunkedArray):
         attributes = attributes.combine_chunks()
@@ -69,11 +81,10 @@ def _split(attributes: pa.Array, spellings: dict[str, pa.Array], offset: int, pr
     key_of = which[candidates].astype(np.int64)
     span_of = np.searchsorted(offsets, candidates, side="right") - 1
     drop = np.zeros(len(keys), bool)
-    for key in np.unique(key_of).tolist():
+    for key in np.flatnonzero(np.bincount(key_of, minlength=len(_COLUMN_OF))).tolist():
         chosen = key_of == key
         entries, spans = candidates[chosen], span_of[chosen]
-        same = pc.equal(items.take(pa.array(entries)), spellings[_COLUMN_OF[key]].take(pa.array(spans)))
-        hit = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+        hit = _reproduced(items, entries, columns[_COLUMN_OF[key]], spans)
         drop[entries[hit]] = True
         # Keys are unique within one map (the decoder keeps a repeated key's first value), so
         # each (span, bit) is set once and plain fancy-index assignment is exact.
@@ -95,10 +106,10 @@ def to_span_rows(table: pa.Table) -> pa.Table:
     :data:`~sre_agent.schema.PROMOTED_KEYS`).
     """
     n = table.num_rows
-    spellings = {column: _spelling(table.column(column)) for column in set(_COLUMN_OF)}
+    columns = {name: table.column(name).combine_chunks() for name in set(_COLUMN_OF)}
     promoted = np.zeros(n, np.int64)
-    extra_resource = _split(table.column("resource_attributes"), spellings, RESOURCE_BIT_OFFSET, promoted)
-    extra = _split(table.column("attributes"), spellings, 0, promoted)
+    extra_resource = _split(table.column("resource_attributes"), columns, RESOURCE_BIT_OFFSET, promoted)
+    extra = _split(table.column("attributes"), columns, 0, promoted)
     rows = table.drop_columns(["resource_attributes", "attributes"])
     return (
         rows.append_column("extra_resource_attributes", extra_resource)

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -359,12 +360,12 @@ class Store:
         if table.num_rows == 0:
             return 0
         batch = _sorted_by(table, "start_ns")
-        rows = to_span_rows(batch)
         with self._lock:
             self._writable()
             inserted = self._insert(
                 "span_rows",
-                rows,
+                batch,
+                prepare=to_span_rows,
                 key=("trace_id", "span_id"),
                 time_column="start_ns",
                 lo=int(batch["start_ns"][0].as_py()),
@@ -393,7 +394,15 @@ class Store:
             )
 
     def _insert(
-        self, table_name: str, batch: pa.Table, *, key: tuple[str, str], time_column: str, lo: int, hi: int
+        self,
+        table_name: str,
+        batch: pa.Table,
+        *,
+        key: tuple[str, str],
+        time_column: str,
+        lo: int,
+        hi: int,
+        prepare: Callable[[pa.Table], pa.Table] | None = None,
     ) -> int:
         """Append the rows of ``batch`` (sorted by time) whose key is new; returns how many.
 
@@ -402,7 +411,8 @@ class Store:
         costly part of an Arrow insert), so a re-sent batch costs little. A
         re-sent row is identical to the stored one, so its time lies in the
         batch's [lo, hi] range and only that range of the table is scanned,
-        which the zone maps make cheap.
+        which the zone maps make cheap. ``prepare`` turns the new rows into
+        the table's stored form.
         """
         con = self._con
         ids = batch.select(list(key)).append_column("_position", pa.array(range(batch.num_rows), pa.int64()))
@@ -424,6 +434,8 @@ class Store:
             if len(fresh) == 0:
                 return 0
             rows = batch if len(fresh) == batch.num_rows else batch.take(pa.array(fresh))
+            if prepare is not None:  # only the new rows: a re-sent batch costs the check alone
+                rows = prepare(rows)
             if rows.num_rows < _STAGE_MIN_ROWS or not self._insert_staged(table_name, rows):
                 con.register("_sre_rows", rows)
                 try:
