@@ -91,7 +91,7 @@ class PayloadFactory:
 
 
 def _sender(
-    url: str, batch: int, requests: list[int], connections: int, result: multiprocessing.Queue, go: Any
+    url: str, batch: int, requests: list[int], connections: int, result: multiprocessing.Queue, *, go: Any
 ) -> None:
     """One sender process: ``connections`` threads, each with a keep-alive connection.
 
@@ -325,7 +325,8 @@ def main() -> int:
     senders = [
         ctx.Process(
             target=_sender,
-            args=(server.http_url, args.batch, indices[i :: args.senders], args.connections, results, go),
+            args=(server.http_url, args.batch, indices[i :: args.senders], args.connections, results),
+            kwargs={"go": go},
         )
         for i in range(args.senders)
     ]
@@ -362,7 +363,8 @@ def main() -> int:
     )
     print(server_line)
     print(
-        f"senders: cpu_us_per_span={sender_cpu_s / total * 1e6:.1f} (building payloads and HTTP, {args.senders} processes)"
+        f"senders: cpu_us_per_span={sender_cpu_s / total * 1e6:.1f} "
+        f"(building payloads and HTTP, {args.senders} processes)"
     )
     parse_only = parse_only_spans_per_s(args.batch, min(requests, 200))
     ratio = spans_per_s / parse_only
