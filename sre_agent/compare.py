@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from sre_agent import stats
-from sre_agent.attribute_sql import entries_sql, lookup_sql
+from sre_agent.attribute_sql import entries_sql, lookup_sql, scan_relation
 from sre_agent.busy import BusyIntervals, Prefetch
 from sre_agent.compare_traces import MAX_DIMENSION_VALUES, TraceAggregates
 from sre_agent.compare_traces import NOT_DIMENSION_PREFIXES as _NOT_DIMENSION_PREFIXES
@@ -176,6 +176,7 @@ class Comparison(TraceAggregates):
         seed: int = 0,
     ) -> None:
         self.con = con
+        self._scan = scan_relation(con)
         self.selection = selection
         self.notes: list[str] = list(notes or [])
         self.slices = slices
@@ -311,7 +312,7 @@ class Comparison(TraceAggregates):
         derived columns. ``select`` may use :data:`QUEUE_SQL` and :data:`E2E_SQL`
         for the cleaned queue and e2e seconds.
         """
-        return f"SELECT {select} FROM spans WHERE {self._scope_sql()} AND ({where})"
+        return f"SELECT {select} FROM {self._scan} WHERE {self._scope_sql()} AND ({where})"
 
     def engine_sql(self, columns: str = "*", *, sampled: bool = False) -> str:
         """A subquery over the selected engine spans of both sides with derived latencies.
@@ -332,7 +333,7 @@ class Comparison(TraceAggregates):
               {queue} AS q_s, {ttft} AS t_s, {e2e} AS e_s, {prefill0} AS p_s, {decode0} AS d_s,
               coalesce(e2e_s < 0 OR isnan(e2e_s) OR ttft_s < 0 OR isnan(ttft_s) OR queue_s < 0 OR isnan(queue_s),
                        false) AS malformed
-            FROM spans WHERE {self._scope_sql(sampled)}
+            FROM {self._scan} WHERE {self._scope_sql(sampled)}
         """
         derived = f"""
             SELECT * EXCLUDE (queue_s, ttft_s, e2e_s, prefill_s, decode_s, tpot_s, q_s, t_s, e_s, p_s, d_s),
@@ -370,7 +371,11 @@ class Comparison(TraceAggregates):
         else:
             where = self._scope_sql()
             position = slice_position_sql(b, c, k)
-        sql = "SELECT {pos} AS g, {bkt} AS bucket, count(*) AS n FROM spans WHERE {where} {extra} GROUP BY ALL"
+        sql = (
+            "SELECT {pos} AS g, {bkt} AS bucket, count(*) AS n FROM "
+            + self._scan
+            + " WHERE {where} {extra} GROUP BY ALL"
+        )
         rows = self.con.sql(sql.format(pos=position, bkt=log_bucket_sql("e2e_s"), where=where, extra="")).fetchnumpy()
         g, buckets, n = _ints(rows["g"]), rows["bucket"], _ints(rows["n"])
         missing = _isnull(buckets)
@@ -510,7 +515,7 @@ class Comparison(TraceAggregates):
         hints = []
         for key, _ in self.selection.where:
             values = self.con.execute(
-                f"SELECT v FROM (SELECT {key_sql(key)} AS v FROM spans WHERE {where}) "
+                f"SELECT v FROM (SELECT {key_sql(key)} AS v FROM {self._scan} WHERE {where}) "
                 "WHERE v IS NOT NULL GROUP BY v ORDER BY count(*) DESC LIMIT 10"
             ).fetchall()
             hints.append(f"{key} values there: {', '.join(str(v[0]) for v in values) or 'none'}")
@@ -598,8 +603,8 @@ class Comparison(TraceAggregates):
     def _discover_dimensions(self, head_rows: int = 5000) -> list[str]:
         """Attribute keys with 2..64 distinct values in the first ``head_rows`` requests of each side."""
         heads = " UNION ALL ".join(
-            f"(SELECT * EXCLUDE (attributes, resource_attributes) FROM spans "
-            f"WHERE {self._scope_sql()} AND {self._windows[s].predicate()} LIMIT {head_rows})"
+            f"(SELECT * FROM {self._scan} WHERE {self._scope_sql()} AND {self._windows[s].predicate()} "
+            f"LIMIT {head_rows})"
             for s in SIDES
         )
         temp = f"sre_head_{self._tag}"

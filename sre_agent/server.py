@@ -209,7 +209,7 @@ class ApiContext:
 
 
 def _shadow_tables(cursor: duckdb.DuckDBPyConnection, tenant: str) -> None:
-    """Replace ``spans``/``metric_points`` by tenant-filtered temp views on this cursor only.
+    """Replace ``spans``/``span_rows``/``metric_points`` by tenant-filtered temp views on this cursor only.
 
     DuckDB resolves unqualified (and ``main.``-qualified) names to the temp
     catalog first, so every query on this cursor sees only the tenant's rows.
@@ -219,6 +219,10 @@ def _shadow_tables(cursor: duckdb.DuckDBPyConnection, tenant: str) -> None:
     qualified = '"' + database.replace('"', '""') + '".main'
     literal = _sql_literal(tenant)
     cursor.execute(f"CREATE OR REPLACE TEMP VIEW spans AS SELECT * FROM {qualified}.spans WHERE tenant_id = {literal}")
+    # The diagnosis's scans read the stored table (attribute_sql.SCAN): shadowed the same way.
+    cursor.execute(
+        f"CREATE OR REPLACE TEMP VIEW span_rows AS SELECT * FROM {qualified}.span_rows WHERE tenant_id = {literal}"
+    )
     cursor.execute(
         "CREATE OR REPLACE TEMP VIEW metric_points AS SELECT * FROM "
         f"{qualified}.metric_points WHERE coalesce(attributes['tenant.id'], "
