@@ -10,34 +10,12 @@ give the same value the rebuilt map would.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from sre_agent.resolve import quote
 from sre_agent.schema import PROMOTED_KEYS, RESOURCE_BIT_OFFSET
 
-if TYPE_CHECKING:
-    import duckdb
-
-__all__ = ["MAP_PARTS", "SCAN", "entries_sql", "lookup_sql", "scan_relation"]
-
-#: What the diagnosis's large scans read: the stored table, not the ``spans`` view. Read through
-#: any projection (a view, a subquery), DuckDB 2.0 plans the sampled engine scan of 10M spans
-#: 2.3x slower (0.25 s against 0.11 s, tests/benchmarks/diagnose.py). The columns are the
-#: view's less the two whole maps, plus their stored parts.
-SCAN: Final[str] = "span_rows"
-
-
-def scan_relation(con: duckdb.DuckDBPyConnection) -> str:
-    """:data:`SCAN`, unless this connection scopes ``spans`` by a temp view without scoping ``span_rows``.
-
-    A tenant-scoped cursor (server._shadow_tables) shadows both; a caller that shadows only
-    ``spans`` still gets what it asked for, at the view's speed.
-    """
-    rows = con.execute(
-        "SELECT view_name FROM duckdb_views() WHERE temporary AND view_name IN ('spans', 'span_rows')"
-    ).fetchall()
-    shadowed = {str(row[0]) for row in rows}
-    return "spans" if "spans" in shadowed and SCAN not in shadowed else SCAN
+__all__ = ["MAP_PARTS", "entries_sql", "lookup_sql"]
 
 
 #: Each whole map of the ``spans`` view -> (its stored part, the offset of its bits in ``promoted``).

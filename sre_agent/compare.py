@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from sre_agent import stats
-from sre_agent.attribute_sql import entries_sql, lookup_sql, scan_relation
+from sre_agent.attribute_sql import entries_sql, lookup_sql
 from sre_agent.busy import BusyIntervals, Prefetch
 from sre_agent.compare_traces import MAX_DIMENSION_VALUES, TraceAggregates
 from sre_agent.compare_traces import NOT_DIMENSION_PREFIXES as _NOT_DIMENSION_PREFIXES
@@ -46,6 +46,7 @@ from sre_agent.resolve import (
     log_bucket_sql,
     quote,
     resolve_windows,
+    scan_relation,
     service_sql,
     slice_position_sql,
 )
