@@ -183,7 +183,8 @@ def _migrate_spans(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("ALTER TABLE span_rows RENAME COLUMN attributes TO extra_attributes")
         con.execute("ALTER TABLE span_rows ADD COLUMN promoted BIGINT DEFAULT 0")
         con.execute(SPANS_VIEW_DDL)
-        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [SCHEMA_VERSION])
+        con.execute(_META_DDL)  # files written by DuckDB alone (not through Store) have none
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
         con.execute("COMMIT")
     except duckdb.Error:
         con.execute("ROLLBACK")

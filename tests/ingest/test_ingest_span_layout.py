@@ -140,6 +140,21 @@ def test_a_schema_1_store_migrates_on_open_without_losing_a_row(tmp_path: Path) 
         assert _maps(store.connection) == sorted(_expected(decoded) + _expected(more))
 
 
+def test_a_schema_1_file_without_a_meta_table_migrates_too(tmp_path: Path) -> None:
+    # Files built by DuckDB alone (the console benchmark's, users' own) carry no meta table; the
+    # first version of the migration failed on them, and the console then showed no figures.
+    path = tmp_path / "bare.duckdb"
+    decoded = _decode(trace_request([{"attributes": VLLM_V1}], resource={"service.name": "vllm"}))
+    con = duckdb.connect(str(path))
+    for ddl in (SCHEMA_1_SPANS_DDL, schema.METRIC_POINTS_DDL, schema.DEPLOYS_DDL):
+        con.execute(ddl)
+    con.register("batch", decoded)
+    con.execute("INSERT INTO spans SELECT * FROM batch")
+    con.close()
+    with Store.open(path, read_only=True) as store:
+        assert _maps(store.connection) == _expected(decoded)
+
+
 def test_arrow_and_duckdb_spell_the_doubles_the_layout_drops_alike() -> None:
     # The layout drops a double attribute only where Arrow's spelling (ingest's) is DuckDB's
     # (the view's): non-integral, 1e-4 <= |x| < 1e9. Checked here on 2 million values, so an
