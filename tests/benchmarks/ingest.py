@@ -10,9 +10,10 @@ machine). In the same run it measures
 how fast opentelemetry-proto alone parses the same payloads
 (``ExportTraceServiceRequest.FromString``), and the storage floors: process
 CPU of DuckDB appending the same spans (no duplicate check, no decoding timed)
-in commits of ``--floor-commit`` spans, by attribute layout (none, the MAP
-columns, the unmapped attributes as JSON text), and of the store's duplicate
-check. From each layout, the check, the parse and the CPU of an empty export
+in commits of ``--floor-commit`` spans, by attribute layout (none, the whole
+MAP columns of schema 1, the stored ``span_rows`` form, the unmapped attributes
+as JSON text), and of the store's duplicate check; and the stage costs of
+decoding and of the conversion to ``span_rows``. From each layout, the check, the parse and the CPU of an empty export
 (client and server), it prints the ceiling they set: the throughput, and the
 ratio, the machine's cores would reach if nothing else (decoding, the
 senders) cost anything. The last line is::
