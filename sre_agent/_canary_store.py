@@ -93,7 +93,7 @@ class _Sources:
         """side -> stored non-null values per latency column (a cheap scan): the expected counts."""
         columns = sorted(set(SPAN_COLUMN.values()))
         rows = self.comparison.con.execute(
-            f"SELECT {self.side}, {', '.join(f'count({col})' for col in columns)} FROM spans "
+            f"SELECT {self.side}, {', '.join(f'count({col})' for col in columns)} FROM {self.comparison.scan} "
             f"WHERE {self.where} GROUP BY 1"
         ).fetchall()
         out: dict[str, dict[str, int]] = {s: dict.fromkeys((f"n_{col}" for col in columns), 0) for s in SIDES}
@@ -107,7 +107,7 @@ class _Sources:
         validated = ", ".join(f"{_valid(col)} AS {col}" for col in sorted(set(SPAN_COLUMN.values())))
         inner = (
             f"SELECT {self.side} AS side, start_ns, status_code, error_type, {validated}, ({_FILLABLE}) AS fillable "
-            f"FROM spans WHERE {self.where}"
+            f"FROM {self.comparison.scan} WHERE {self.where}"
         )
         return f"(SELECT *, {self.slice} AS slice FROM ({inner}))"
 

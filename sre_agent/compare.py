@@ -315,6 +315,11 @@ class Comparison(TraceAggregates):
         """
         return f"SELECT {select} FROM {self._scan} WHERE {self._scope_sql()} AND ({where})"
 
+    @property
+    def scan(self) -> str:
+        """The relation large scans of the selected spans read (:func:`~sre_agent.resolve.scan_relation`)."""
+        return self._scan
+
     def engine_sql(self, columns: str = "*", *, sampled: bool = False) -> str:
         """A subquery over the selected engine spans of both sides with derived latencies.
 
