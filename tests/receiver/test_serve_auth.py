@@ -50,7 +50,15 @@ def routes(ctx: ApiContext) -> list[Route]:
         with ctx.read_cursor() as cur:
             row = cur.execute(_LEAKY_SQL).fetchone()
             main_row = cur.execute("SELECT count(*) FROM main.spans").fetchone()
-        return JSONResponse({"spans": row[0] if row else None, "main": main_row[0] if main_row else None})
+            # The stored table the diagnosis scans read (resolve.SCAN) is scoped as well.
+            stored_row = cur.execute("SELECT count(*) FROM span_rows").fetchone()
+        return JSONResponse(
+            {
+                "spans": row[0] if row else None,
+                "main": main_row[0] if main_row else None,
+                "span_rows": stored_row[0] if stored_row else None,
+            }
+        )
 
     return [Route("/api/v1/test-count", count_everything)]
 
@@ -107,7 +115,7 @@ async def test_tenant_token_reads_only_its_tenant(client: httpx.AsyncClient) -> 
     assert [s["tenant_id"] for s in by_admin.json()["spans"]] == ["globex"]
     # A route module that forgets about tenants is still scoped, even via `main.spans`.
     leaky = (await client.get("/api/v1/test-count", headers=_bearer("globex-token"))).json()
-    assert leaky == {"spans": 20, "main": 20}
+    assert leaky == {"spans": 20, "main": 20, "span_rows": 20}
 
 
 async def test_tenant_token_cannot_write(client: httpx.AsyncClient) -> None:
