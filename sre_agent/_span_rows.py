@@ -69,15 +69,14 @@ def _split(attributes: pa.Array, columns: dict[str, pa.Array], offset: int, prom
     if isinstance(attributes, pa.ChunkedArray):
         attributes = attributes.combine_chunks()
     assert isinstance(attributes, pa.MapArray)
+    # .keys/.items are this (possibly sliced) array's entries; .offsets still count from the child's start.
     offsets = np.asarray(attributes.offsets, np.int64)
-    first, last = int(offsets[0]), int(offsets[-1])
-    keys = attributes.keys.slice(first, last - first) if len(attributes.keys) != last - first else attributes.keys
-    items = attributes.items.slice(first, last - first) if len(attributes.items) != last - first else attributes.items
-    offsets = offsets - first
+    offsets -= offsets[0]
+    keys, items = attributes.keys, attributes.items
     which = pc.fill_null(pc.index_in(keys, value_set=_KEYS), -1).to_numpy(zero_copy_only=False)
     candidates = np.flatnonzero(which >= 0)
     if candidates.size == 0:
-        return attributes if first == 0 else pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, items)
+        return attributes
     key_of = which[candidates].astype(np.int64)
     span_of = np.searchsorted(offsets, candidates, side="right") - 1
     drop = np.zeros(len(keys), bool)

@@ -13,34 +13,24 @@ from __future__ import annotations
 from typing import Final
 
 from sre_agent.resolve import quote
-from sre_agent.schema import PROMOTED_KEYS, RESOURCE_BIT_OFFSET
+from sre_agent.schema import MAP_PARTS, PROMOTED_KEYS, promoted_sql
 
-__all__ = ["MAP_PARTS", "entries_sql", "lookup_sql"]
+__all__ = ["entries_sql", "lookup_sql"]
 
 
-#: Each whole map of the ``spans`` view -> (its stored part, the offset of its bits in ``promoted``).
-MAP_PARTS: Final[dict[str, tuple[str, int]]] = {
-    "attributes": ("extra_attributes", 0),
-    "resource_attributes": ("extra_resource_attributes", RESOURCE_BIT_OFFSET),
-}
 _INDEX: Final[dict[str, int]] = {key: i for i, (key, _) in enumerate(PROMOTED_KEYS)}
-
-
-def _promoted_value(key: str, offset: int) -> str | None:
-    index = _INDEX.get(key)
-    if index is None:
-        return None
-    column = PROMOTED_KEYS[index][1]
-    return f"CASE WHEN (promoted >> {offset + index}) & 1 = 1 THEN CAST({column} AS VARCHAR) END"
 
 
 def lookup_sql(key: str, whole_map: str) -> str:
     """``whole_map[key]`` (``attributes`` or ``resource_attributes``) read from the stored parts."""
     stored, offset = MAP_PARTS[whole_map]
     direct = f"{stored}[{quote(key)}]"
-    promoted = _promoted_value(key, offset)
+    index = _INDEX.get(key)
+    if index is None:
+        return direct
+    bit, value = promoted_sql(index, offset)
     # A promoted entry is never also in the stored map, so at most one of the two is non-NULL.
-    return direct if promoted is None else f"coalesce({direct}, {promoted})"
+    return f"coalesce({direct}, CASE WHEN {bit} THEN {value} END)"
 
 
 def entries_sql(relation: str, whole_map: str, extra: str = "") -> str:
@@ -50,9 +40,7 @@ def entries_sql(relation: str, whole_map: str, extra: str = "") -> str:
     """
     stored, offset = MAP_PARTS[whole_map]
     parts = [f"SELECT unnest(map_entries({stored}), recursive := true){extra} FROM {relation}"]
-    for index, (key, column) in enumerate(PROMOTED_KEYS):
-        parts.append(
-            f"SELECT {quote(key)} AS key, CAST({column} AS VARCHAR) AS value{extra} FROM {relation} "
-            f"WHERE (promoted >> {offset + index}) & 1 = 1"
-        )
+    for index, (key, _) in enumerate(PROMOTED_KEYS):
+        bit, value = promoted_sql(index, offset)
+        parts.append(f"SELECT {quote(key)} AS key, {value} AS value{extra} FROM {relation} WHERE {bit}")
     return " UNION ALL ".join(parts)

@@ -177,7 +177,8 @@ class Comparison(TraceAggregates):
         seed: int = 0,
     ) -> None:
         self.con = con
-        self._scan = scan_relation(con)
+        # The relation large scans of the selected spans read (resolve.scan_relation).
+        self.scan = scan_relation(con)
         self.selection = selection
         self.notes: list[str] = list(notes or [])
         self.slices = slices
@@ -313,12 +314,7 @@ class Comparison(TraceAggregates):
         derived columns. ``select`` may use :data:`QUEUE_SQL` and :data:`E2E_SQL`
         for the cleaned queue and e2e seconds.
         """
-        return f"SELECT {select} FROM {self._scan} WHERE {self._scope_sql()} AND ({where})"
-
-    @property
-    def scan(self) -> str:
-        """The relation large scans of the selected spans read (:func:`~sre_agent.resolve.scan_relation`)."""
-        return self._scan
+        return f"SELECT {select} FROM {self.scan} WHERE {self._scope_sql()} AND ({where})"
 
     def engine_sql(self, columns: str = "*", *, sampled: bool = False) -> str:
         """A subquery over the selected engine spans of both sides with derived latencies.
@@ -339,7 +335,7 @@ class Comparison(TraceAggregates):
               {queue} AS q_s, {ttft} AS t_s, {e2e} AS e_s, {prefill0} AS p_s, {decode0} AS d_s,
               coalesce(e2e_s < 0 OR isnan(e2e_s) OR ttft_s < 0 OR isnan(ttft_s) OR queue_s < 0 OR isnan(queue_s),
                        false) AS malformed
-            FROM {self._scan} WHERE {self._scope_sql(sampled)}
+            FROM {self.scan} WHERE {self._scope_sql(sampled)}
         """
         derived = f"""
             SELECT * EXCLUDE (queue_s, ttft_s, e2e_s, prefill_s, decode_s, tpot_s, q_s, t_s, e_s, p_s, d_s),
@@ -379,7 +375,7 @@ class Comparison(TraceAggregates):
             position = slice_position_sql(b, c, k)
         sql = (
             "SELECT {pos} AS g, {bkt} AS bucket, count(*) AS n FROM "
-            + self._scan
+            + self.scan
             + " WHERE {where} {extra} GROUP BY ALL"
         )
         rows = self.con.sql(sql.format(pos=position, bkt=log_bucket_sql("e2e_s"), where=where, extra="")).fetchnumpy()
@@ -521,7 +517,7 @@ class Comparison(TraceAggregates):
         hints = []
         for key, _ in self.selection.where:
             values = self.con.execute(
-                f"SELECT v FROM (SELECT {key_sql(key)} AS v FROM {self._scan} WHERE {where}) "
+                f"SELECT v FROM (SELECT {key_sql(key)} AS v FROM {self.scan} WHERE {where}) "
                 "WHERE v IS NOT NULL GROUP BY v ORDER BY count(*) DESC LIMIT 10"
             ).fetchall()
             hints.append(f"{key} values there: {', '.join(str(v[0]) for v in values) or 'none'}")
@@ -609,7 +605,7 @@ class Comparison(TraceAggregates):
     def _discover_dimensions(self, head_rows: int = 5000) -> list[str]:
         """Attribute keys with 2..64 distinct values in the first ``head_rows`` requests of each side."""
         heads = " UNION ALL ".join(
-            f"(SELECT * FROM {self._scan} WHERE {self._scope_sql()} AND {self._windows[s].predicate()} "
+            f"(SELECT * FROM {self.scan} WHERE {self._scope_sql()} AND {self._windows[s].predicate()} "
             f"LIMIT {head_rows})"
             for s in SIDES
         )

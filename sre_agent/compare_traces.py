@@ -56,11 +56,11 @@ def _ident(name: str) -> str:
 class TraceAggregates:
     """Trace-level views of a comparison.
 
-    Needs ``con``, ``_scan``, ``_windows``, ``_tag``, ``requests`` and ``engine_sql``.
+    Needs ``con``, ``scan``, ``_windows``, ``_tag``, ``requests`` and ``engine_sql``.
     """
 
     con: duckdb.DuckDBPyConnection
-    _scan: str  # the relation large scans read (attribute_sql.scan_relation)
+    scan: str  # the relation large scans read (resolve.scan_relation)
     _windows: dict[str, SideWindow]
     _tag: str
     _trace_cache: pl.DataFrame | None
@@ -111,7 +111,7 @@ class TraceAggregates:
                 WITH t AS (
                   SELECT trace_id, span_id, parent_span_id, coalesce(is_engine, false) AS engine,
                     CASE WHEN duration_s >= 0 AND isfinite(duration_s) THEN duration_s END AS dur
-                  FROM {self._scan} s WHERE start_ns >= {lo} AND start_ns < {hi}
+                  FROM {self.scan} s WHERE start_ns >= {lo} AND start_ns < {hi}
                     AND trace_id IN (SELECT trace_id FROM {reg})
                 ),
                 engine_parents AS (SELECT DISTINCT trace_id, parent_span_id AS span_id FROM t WHERE engine)
@@ -130,7 +130,7 @@ class TraceAggregates:
             self.con.execute(
                 f"""
                 CREATE OR REPLACE TEMP TABLE {roots} AS
-                SELECT s.* FROM {self._scan} s
+                SELECT s.* FROM {self.scan} s
                 JOIN {temp} r ON s.trace_id = r.trace_id AND s.span_id = r.root_span_id
                 WHERE s.start_ns >= {lo} AND s.start_ns < {hi}
                 """
@@ -188,7 +188,7 @@ class TraceAggregates:
         rows = self.con.sql(
             f"""
             SELECT {slice_position_sql(b, c, k)} AS g, {log_bucket_sql("duration_s")} AS bucket, count(*) AS n
-            FROM {self._scan}
+            FROM {self.scan}
             WHERE parent_span_id IS NULL AND NOT coalesce(is_engine, false) AND duration_s >= 0
               AND isfinite(duration_s) AND start_ns >= {min(b.start_ns, c.start_ns)}
               AND start_ns < {max(b.end_ns, c.end_ns)}
@@ -250,7 +250,7 @@ class TraceAggregates:
             SELECT side, service_name, name, kind, count(*) AS count,
               quantile_cont(duration_s, 0.5) AS p50_s, quantile_cont(duration_s, 0.99) AS p99_s,
               avg(duration_s) AS mean_s, count(*) FILTER (WHERE status_code = 'error') AS errors
-            FROM (SELECT {side} AS side, * FROM {self._scan} WHERE NOT coalesce(is_engine, false)
+            FROM (SELECT {side} AS side, * FROM {self.scan} WHERE NOT coalesce(is_engine, false)
                   AND duration_s >= 0 AND isfinite(duration_s) {svc})
             WHERE side IS NOT NULL GROUP BY ALL ORDER BY service_name, name, side
             """

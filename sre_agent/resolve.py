@@ -105,15 +105,12 @@ def slice_position_sql(baseline: SideWindow, candidate: SideWindow, slices: int)
     )
 
 
-def _check_service(con: duckdb.DuckDBPyConnection, selection: Selection) -> None:
+def _check_service(con: duckdb.DuckDBPyConnection, selection: Selection, scan: str) -> None:
     """Raise :class:`EmptySelectionError` naming ``--service`` when no span or metric carries it."""
     if selection.service is None:
         return
     svc = service_sql(selection)
-    exists = (
-        f"SELECT EXISTS (SELECT 1 FROM {scan_relation(con)} WHERE {svc}) "
-        f"OR EXISTS (SELECT 1 FROM metric_points WHERE {svc})"
-    )
+    exists = f"SELECT EXISTS (SELECT 1 FROM {scan} WHERE {svc}) OR EXISTS (SELECT 1 FROM metric_points WHERE {svc})"
     row = fetch_one(con.execute(exists))
     if row is not None and row[0]:
         return
@@ -204,7 +201,8 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     # populations inside the windows (Comparison's scans), it does not move them. Otherwise
     # narrowing to a slice that started late would shift both windows, and the console's
     # drill-down would no longer compare the same time ranges as the overview.
-    _check_service(con, selection)
+    scan = scan_relation(con)  # once: each call is a catalog query
+    _check_service(con, selection, scan)
     where = f"is_engine AND {service_sql(selection)}"
     notes: list[str] = []
 
@@ -213,9 +211,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     def extent(extra: str = "TRUE") -> tuple[int | None, int | None, int]:
         if extra not in extents:
             row = fetch_one(
-                con.execute(
-                    f"SELECT min(start_ns), max(start_ns), count(*) FROM {scan_relation(con)} WHERE {where} AND {extra}"
-                )
+                con.execute(f"SELECT min(start_ns), max(start_ns), count(*) FROM {scan} WHERE {where} AND {extra}")
             )
             assert row is not None
             extents[extra] = (row[0], row[1], int(row[2]))
@@ -239,7 +235,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
             lo, hi, n = extent(f"service_version = {quote(version)}")
             if lo is None or hi is None or n == 0:
                 known = [r[0] for r in con.execute(
-                    f"SELECT DISTINCT service_version FROM {scan_relation(con)} "
+                    f"SELECT DISTINCT service_version FROM {scan} "
                     f"WHERE {where} AND service_version IS NOT NULL "
                     "ORDER BY 1 LIMIT 20").fetchall()]  # fmt: skip
                 raise SelectionError(
@@ -249,9 +245,9 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
             out.append(SideWindow(side, lo, hi + 1, version))  # type: ignore[arg-type]
         return Windows(out[0], out[1], notes, None)
     if selection.mode == "since_last_deploy":
-        deploy, how = _last_deploy(con, selection, where)
+        deploy, how = _last_deploy(con, selection, where, scan)
         notes.append(how)
-        split, note = _canary_split(con, where, deploy, selection.window_ns, extent())
+        split, note = _canary_split(con, where, deploy, selection.window_ns, extent(), scan=scan)
         if note:
             notes.append(note)
         if split is not None:
@@ -262,7 +258,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     deploy_ns = deploy.time_ns
     lo, hi, n = extent()
     # Where each side's serving stops and starts (the deploy itself without request spans).
-    last_before, first_after = _serving_edges(con, where, deploy_ns) if n else (deploy_ns, deploy_ns)
+    last_before, first_after = _serving_edges(con, where, deploy_ns, scan) if n else (deploy_ns, deploy_ns)
     window_ns = selection.window_ns
     if window_ns is None:
         if lo is None or hi is None or n == 0:
@@ -302,7 +298,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
 DEAD_TIME_NS: Final[int] = 5 * _NS
 
 
-def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int) -> tuple[int, int]:
+def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int, scan: str) -> tuple[int, int]:
     """The end of serving before ``deploy_ns`` and its start after (ns): the last and first request starts.
 
     A deploy marker is when the new version appeared, not when it served: a vLLM restart
@@ -317,7 +313,7 @@ def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int) -
     row = fetch_one(
         con.execute(
             f"SELECT max(start_ns) FILTER (WHERE start_ns < {deploy_ns}), "
-            f"min(start_ns) FILTER (WHERE start_ns >= {deploy_ns}) FROM {scan_relation(con)} WHERE {where}"
+            f"min(start_ns) FILTER (WHERE start_ns >= {deploy_ns}) FROM {scan} WHERE {where}"
         )
     )
     before, after = (row[0], row[1]) if row else (None, None)
@@ -326,7 +322,9 @@ def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int) -
     return last_before, first_after
 
 
-def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: str) -> tuple[DeployPoint, str]:
+def _last_deploy(
+    con: duckdb.DuckDBPyConnection, selection: Selection, where: str, scan: str
+) -> tuple[DeployPoint, str]:
     """The latest deploy marker, else the latest ``service.version`` change; and a note saying which."""
     row = fetch_one(
         con.execute(
@@ -338,7 +336,7 @@ def _last_deploy(con: duckdb.DuckDBPyConnection, selection: Selection, where: st
         at = int(row[0])
         return DeployPoint(at, row[2], row[3]), f"deploy marker: {row[1]} {row[2]} at {format_time(at)}"
     rows = con.execute(
-        f"SELECT service_version, min(start_ns) AS first FROM {scan_relation(con)} "
+        f"SELECT service_version, min(start_ns) AS first FROM {scan} "
         f"WHERE {where} AND service_version IS NOT NULL "
         "GROUP BY 1 ORDER BY first"
     ).fetchall()
@@ -369,6 +367,8 @@ def _canary_split(
     deploy: DeployPoint,
     window_ns: int | None,
     data: tuple[int | None, int | None, int],
+    *,
+    scan: str,
 ) -> tuple[tuple[SideWindow, SideWindow] | None, str]:
     """Whether the deploy's previous version kept serving beside it: version-pair windows and a note.
 
@@ -388,8 +388,7 @@ def _canary_split(
     # One version at a time and only after the deploy: on a store sorted by time, row groups of
     # other versions or earlier times are skipped by their min/max, so a hot swap costs nothing.
     after = f"{where} AND start_ns >= {deploy.time_ns} AND service_version = "
-    query = f"SELECT count(*), max(start_ns) FROM {scan_relation(con)} WHERE {after}{quote(old)}"
-    row = fetch_one(con.execute(query))
+    row = fetch_one(con.execute(f"SELECT count(*), max(start_ns) FROM {scan} WHERE {after}{quote(old)}"))
     old_after, old_last = (int(row[0]), row[1]) if row else (0, None)
     if old_after < MIN_REQUESTS or old_last is None:
         return None, ""
@@ -403,7 +402,7 @@ def _canary_split(
             f"{serving}: the candidate window mixes both versions; "
             f"--baseline-version {old} --candidate-version {new} compares them side by side"
         )
-    row = fetch_one(con.execute(f"SELECT count(*) FROM {scan_relation(con)} WHERE {after}{quote(new)}"))
+    row = fetch_one(con.execute(f"SELECT count(*) FROM {scan} WHERE {after}{quote(new)}"))
     if row is None or int(row[0]) < MIN_REQUESTS:
         return None, ""
     end = both_end if window_ns is None else min(both_end, deploy.time_ns + window_ns)

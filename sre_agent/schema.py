@@ -61,6 +61,7 @@ __all__ = [
     "METRIC_POINTS_DDL",
     "METRIC_POINT_COLUMNS",
     "METRIC_SIGNALS",
+    "MAP_PARTS",
     "PROMOTED_KEYS",
     "RESOURCE_BIT_OFFSET",
     "RESOURCE_FIRST_COLUMNS",
@@ -72,6 +73,7 @@ __all__ = [
     "Column",
     "canonical_metric_name",
     "metric_points_arrow_schema",
+    "promoted_sql",
     "spans_arrow_schema",
 ]
 
@@ -201,41 +203,13 @@ def spans_arrow_schema() -> pa.Schema:
 # PRIMARY KEY: DuckDB's ART index for it made the file ~4x larger (about
 # 100 bytes per row) and must be maintained on every insert.
 
-#: Attribute keys a canonical column is read from, in a fixed order: bit ``i``
-#: of ``span_rows.promoted`` stands for ``PROMOTED_KEYS[i]`` in the span's
-#: attributes, bit ``RESOURCE_BIT_OFFSET + i`` for it in the resource's. Stored
-#: rows depend on this order: append new keys at the end, never reorder.
-PROMOTED_KEYS: Final[tuple[tuple[str, str], ...]] = (
-    ("service.name", "service_name"),
-    ("service.version", "service_version"),
-    ("service.instance.id", "service_instance"),
-    ("k8s.pod.name", "service_instance"),
-    ("host.name", "host_name"),
-    ("k8s.node.name", "host_name"),
-    ("tenant.id", "tenant_id"),
-    ("gen_ai.request.model", "model"),
-    ("gen_ai.response.model", "model"),
-    ("gen_ai.request.id", "request_id"),
-    ("rid", "request_id"),
-    ("gen_ai.usage.input_tokens", "input_tokens"),
-    ("gen_ai.usage.prompt_tokens", "input_tokens"),
-    ("gen_ai.usage.output_tokens", "output_tokens"),
-    ("gen_ai.usage.completion_tokens", "output_tokens"),
-    ("gen_ai.usage.cache_read.input_tokens", "cached_tokens"),
-    ("gen_ai.usage.cached_tokens", "cached_tokens"),
-    ("gen_ai.latency.time_in_queue", "queue_s"),
-    ("gen_ai.latency.time_in_scheduler", "queue_s"),
-    ("gen_ai.latency.time_to_first_token", "ttft_s"),
-    ("gen_ai.latency.time_in_model_prefill", "prefill_s"),
-    ("gen_ai.latency.time_in_model_decode", "decode_s"),
-    ("gen_ai.latency.time_in_model_inference", "inference_s"),
-    ("gen_ai.latency.time_in_model_execute", "inference_s"),
-    ("gen_ai.latency.e2e", "e2e_s"),
-    ("gen_ai.response.finish_reasons", "finish_reason"),
-    ("finish_reason", "finish_reason"),
-    ("http.request.resend_count", "attempt"),
-    ("error.type", "error_type"),
-    ("exception.type", "error_type"),
+#: Attribute keys a canonical column is read from, as ``(key, column)`` in the order of
+#: :data:`SPAN_ATTRIBUTE_SOURCES`: bit ``i`` of ``span_rows.promoted`` stands for
+#: ``PROMOTED_KEYS[i]`` in the span's attributes, bit ``RESOURCE_BIT_OFFSET + i`` for it in the
+#: resource's. Stored rows depend on this order, so a new source is appended at the end of
+#: SPAN_ATTRIBUTE_SOURCES (tests/core/test_schema.py pins the order).
+PROMOTED_KEYS: Final[tuple[tuple[str, str], ...]] = tuple(
+    (key, column) for column, keys in SPAN_ATTRIBUTE_SOURCES.items() for key in keys
 )
 RESOURCE_BIT_OFFSET: Final[int] = 32
 
@@ -251,34 +225,40 @@ SPAN_ROWS_DDL: Final[str] = (
 )
 
 
-def _promoted_map_sql(offset: int) -> str:
-    """The promoted entries of one map as a MAP, rebuilt from the canonical columns and their bits."""
-    bits = [f"(promoted >> {offset + i}) & 1 = 1" for i in range(len(PROMOTED_KEYS))]
+#: Each whole map of the ``spans`` view -> (its stored part, the offset of its bits in ``promoted``).
+MAP_PARTS: Final[dict[str, tuple[str, int]]] = {
+    "resource_attributes": ("extra_resource_attributes", RESOURCE_BIT_OFFSET),
+    "attributes": ("extra_attributes", 0),
+}
+
+
+def promoted_sql(index: int, offset: int) -> tuple[str, str]:
+    """``(is it promoted, its value)`` in SQL for ``PROMOTED_KEYS[index]`` in the map whose bits start at ``offset``."""
+    column = PROMOTED_KEYS[index][1]
+    return f"(promoted >> {offset + index}) & 1 = 1", f"CAST({column} AS VARCHAR)"
+
+
+def _map_view_sql(whole_map: str) -> str:
+    """The whole map: the stored part, plus the promoted entries rebuilt from their columns."""
+    stored, offset = MAP_PARTS[whole_map]
+    bits, values = zip(*(promoted_sql(i, offset) for i in range(len(PROMOTED_KEYS))), strict=True)
     keys = ", ".join(f"'{key}'" for key, _ in PROMOTED_KEYS)
-    values = ", ".join(
-        f"CASE WHEN {bit} THEN CAST({column} AS VARCHAR) END"
-        for bit, (_, column) in zip(bits, PROMOTED_KEYS, strict=True)
-    )
     mask = ", ".join(bits)
-    return f"MAP(list_where([{keys}], [{mask}]), list_where([{values}], [{mask}]))"
-
-
-def _map_view_sql(stored: str, offset: int) -> str:
+    lazy = ", ".join(f"CASE WHEN {bit} THEN {value} END" for bit, value in zip(bits, values, strict=True))
     every = (1 << len(PROMOTED_KEYS)) - 1
     return (
         f"CASE WHEN (promoted >> {offset}) & {every} = 0 THEN {stored} "
-        f"ELSE map_concat({stored}, {_promoted_map_sql(offset)}) END"
+        f"ELSE map_concat({stored}, MAP(list_where([{keys}], [{mask}]), list_where([{lazy}], [{mask}]))) END"
     )
 
 
 #: ``spans`` as every reader sees it: the canonical columns and both attribute maps whole.
 #: The stored parts stay visible too: rebuilding a map costs ~10 us a row, so the query
-#: code reads one key from them (:func:`sre_agent.compare.key_sql`) without building any map.
+#: code reads one key from them (:mod:`sre_agent.attribute_sql`) without building any map.
 SPANS_VIEW_DDL: Final[str] = (
     "CREATE OR REPLACE VIEW spans AS SELECT\n    "
     + ",\n    ".join(c.name for c in _CANONICAL_SPAN_COLUMNS)
-    + f",\n    {_map_view_sql('extra_resource_attributes', RESOURCE_BIT_OFFSET)} AS resource_attributes"
-    + f",\n    {_map_view_sql('extra_attributes', 0)} AS attributes"
+    + "".join(f",\n    {_map_view_sql(name)} AS {name}" for name in MAP_PARTS)
     + ",\n    extra_resource_attributes, extra_attributes, promoted\nFROM span_rows"
 )
 

@@ -219,7 +219,7 @@ def _shadow_tables(cursor: duckdb.DuckDBPyConnection, tenant: str) -> None:
     qualified = '"' + database.replace('"', '""') + '".main'
     literal = _sql_literal(tenant)
     cursor.execute(f"CREATE OR REPLACE TEMP VIEW spans AS SELECT * FROM {qualified}.spans WHERE tenant_id = {literal}")
-    # The diagnosis's scans read the stored table (attribute_sql.SCAN): shadowed the same way.
+    # The diagnosis's scans read the stored table (resolve.SCAN): shadowed the same way.
     cursor.execute(
         f"CREATE OR REPLACE TEMP VIEW span_rows AS SELECT * FROM {qualified}.span_rows WHERE tenant_id = {literal}"
     )
