@@ -17,7 +17,15 @@ alone read from Arrow and from Parquet without storing them, and two
 candidate layouts for the attributes (key/value LIST columns; JSON text).
 These are the storage floors behind the end-to-end ingest figure.
 
-Run: ``python tests/benchmarks/store_append.py [--prefill 1000000] [--batch 50000] [--batches 3] [--floors]``
+``--checkpoint`` first appends ``--checkpoint-spans`` spans in commits of
+``--floor-batch`` (the size a loaded receiver commits) into two fresh stores,
+one with DuckDB's default checkpoint threshold (16 MB of log) and one with the
+store's (:data:`sre_agent.store.CHECKPOINT_THRESHOLD`), alternating commits,
+and prints each one's wall time per span by quarter of the run and the final
+checkpoint: the automatic checkpoints' share of a busy writer's time.
+
+Run: ``python tests/benchmarks/store_append.py [--prefill 1000000] [--batch 50000] [--batches 3] [--floors]
+[--checkpoint]``
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import pyarrow as pa
 
 from sre_agent.normalise import Normaliser
 from sre_agent.otlp import decode_traces
-from sre_agent.store import Store
+from sre_agent.store import CHECKPOINT_THRESHOLD, Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -160,19 +168,66 @@ def floors(tables: list[pa.Table], batch: int) -> None:
         print(f"  {name:50s} {seconds / spans * 1e6:6.1f} us/span")
 
 
+def checkpoints(tables: list[pa.Table], batch: int, spans: int) -> None:
+    """Print wall us/span of appending with DuckDB's default checkpoint threshold and the store's."""
+    rows = pa.concat_tables(tables)
+    commits = []
+    for shift in range(max(1, -(-spans // rows.num_rows))):
+        # Shifted copies: fresh ids and later times, as a long run's traffic would be.
+        copy = rows if shift == 0 else _shifted(rows, shift)
+        commits.extend(copy.slice(i, batch) for i in range(0, copy.num_rows - batch + 1, batch))
+    commits = commits[: max(4, spans // batch)]
+    thresholds = {"DuckDB default (16MB)": "16MB", f"store ({CHECKPOINT_THRESHOLD})": CHECKPOINT_THRESHOLD}
+    quarters: dict[str, list[float]] = {name: [0.0] * 4 for name in thresholds}
+    final: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        stores = {name: Store.open(os.path.join(folder, f"ckpt{i}.duckdb")) for i, name in enumerate(thresholds)}
+        for name, threshold in thresholds.items():
+            stores[name].connection.execute(f"SET checkpoint_threshold = '{threshold}'")
+        for i, commit in enumerate(commits):
+            for name in list(thresholds) if i % 2 == 0 else list(thresholds)[::-1]:
+                started = time.perf_counter()
+                stores[name].append_spans(commit)
+                quarters[name][min(3, 4 * i // len(commits))] += time.perf_counter() - started
+        for name, store in stores.items():
+            started = time.perf_counter()
+            store.connection.execute("CHECKPOINT")
+            final[name] = time.perf_counter() - started
+            store.close()
+    per_quarter = len(commits) * batch / 4
+    print(f"checkpoint threshold, {len(commits)} commits of {batch} spans, wall us/span by quarter:")
+    for name in thresholds:
+        figures = " ".join(f"{seconds / per_quarter * 1e6:6.2f}" for seconds in quarters[name])
+        print(f"  {name:24s} {figures}   final checkpoint {final[name]:.2f} s")
+
+
+def _shifted(rows: pa.Table, shift: int) -> pa.Table:
+    """``rows`` with new trace ids and start times ``shift`` hours later."""
+    import pyarrow.compute as pc
+
+    trace = pc.binary_join_element_wise(pa.scalar(f"{shift:04x}"), pc.utf8_slice_codeunits(rows["trace_id"], 4), "")
+    start = pc.add(rows["start_ns"], pa.scalar(shift * 3_600_000_000_000, pa.int64()))
+    rows = rows.set_column(rows.schema.get_field_index("trace_id"), "trace_id", trace)
+    return rows.set_column(rows.schema.get_field_index("start_ns"), "start_ns", start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prefill", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--floors", action="store_true", help="first print the storage floors (see above)")
-    parser.add_argument("--floor-batch", type=int, default=4096, help="spans per commit for --floors")
+    parser.add_argument("--floor-batch", type=int, default=4096, help="spans per commit for --floors/--checkpoint")
+    parser.add_argument("--checkpoint", action="store_true", help="first compare checkpoint thresholds (see above)")
+    parser.add_argument("--checkpoint-spans", type=int, default=1_000_000, help="spans per store for --checkpoint")
     args = parser.parse_args()
     normaliser = Normaliser(hash_key=b"benchmark")
     bodies = build_bodies(args.batch * args.batches, 1000)
     tables = [decode_traces(b, "application/x-protobuf", normaliser=normaliser).table for b in bodies]
     if args.floors:
         floors(tables, args.floor_batch)
+    if args.checkpoint:
+        checkpoints(tables, args.floor_batch, args.checkpoint_spans)
     per_batch = len(tables) // args.batches
     batches = [pa.concat_tables(tables[i * per_batch : (i + 1) * per_batch]) for i in range(args.batches)]
     with tempfile.TemporaryDirectory() as folder, Store.open(os.path.join(folder, "bench.duckdb")) as store:
