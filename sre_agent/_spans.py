@@ -10,6 +10,7 @@ for :data:`~sre_agent.schema.RESOURCE_FIRST_COLUMNS` where the resource wins.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from sre_agent.normalise import (
 )
 from sre_agent.schema import ENGINE_SPAN_NAMES, RESOURCE_FIRST_COLUMNS, SPAN_ATTRIBUTE_SOURCES, spans_arrow_schema
 
-__all__ = ["MAX_ERRORS", "flatten_spans"]
+__all__ = ["MAX_ERRORS", "CollectedSpans", "build_spans", "collect_spans", "flatten_spans"]
 
 MAX_ERRORS = 5  # reasons kept per batch; the count is always exact
 _SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
@@ -72,16 +73,32 @@ class _Batch:
         self.scopes: list[tuple[int, str | None]] = []  # (spans so far, scope name)
         self.resource_slots: list[tuple[int, list[Any]]] = []  # (spans so far, canonical values)
         self.resource_maps: list[tuple[int, list[str], list[str]]] = []  # (spans so far, keys, values)
-        self.spans: list[Any] = []  # the span messages, kept only to word rejections
 
 
-def flatten_spans(request: Any, norm: Normaliser) -> tuple[pa.Table, int, list[str]]:
-    """Return ``(table, rejected, errors)`` for a request parsed with the lite classes."""
+class CollectedSpans:
+    """One request's spans, read and checked but not yet columnar (see :func:`collect_spans`).
+
+    What a receiver must know before queueing a request is known here: how
+    many spans will be stored (``num_rows``), and the rejected ones with their
+    reasons. Building the columns (:func:`build_spans`) can wait and be done
+    for several requests at once, which costs less per span.
+    """
+
+    def __init__(self, batch: _Batch, valid: np.ndarray, errors: list[str], normaliser: Normaliser) -> None:
+        self.batch = batch
+        self.valid = valid
+        self.num_rows = int(np.count_nonzero(valid))
+        self.rejected = int(valid.size) - self.num_rows
+        self.errors = errors
+        self.normaliser = normaliser
+
+
+def collect_spans(request: Any, norm: Normaliser) -> CollectedSpans:
+    """Read a request parsed with the lite classes: its spans' fields, validity and rejection reasons."""
     batch = _collect(request, norm)
     valid = _valid_spans(batch)
-    rejected = int(valid.size - np.count_nonzero(valid))
     errors: list[str] = []
-    if rejected:
+    if not valid.all():
         spans = [
             span
             for resource_spans in request.resource_spans
@@ -89,7 +106,50 @@ def flatten_spans(request: Any, norm: Normaliser) -> tuple[pa.Table, int, list[s
             for span in scope.spans
         ]
         errors = [_rejection(spans[i]) for i in np.flatnonzero(~valid)[:MAX_ERRORS].tolist()]
-    return _table(batch, norm, valid), rejected, errors
+    return CollectedSpans(batch, valid, errors, norm)
+
+
+def build_spans(parts: Sequence[CollectedSpans]) -> pa.Table:
+    """The canonical table of the valid spans of ``parts``, in order, built in one pass.
+
+    Raises:
+        BadPayloadError: an attribute is not valid UTF-8 (the parts cannot
+            tell which one; build them one by one to find it).
+    """
+    if not parts:
+        raise ValueError("build_spans needs at least one part")
+    if len(parts) == 1:
+        return _table(parts[0].batch, parts[0].normaliser, parts[0].valid)
+    valid = np.concatenate([part.valid for part in parts])
+    return _table(_merged([part.batch for part in parts]), parts[0].normaliser, valid)
+
+
+def flatten_spans(request: Any, norm: Normaliser) -> tuple[pa.Table, int, list[str]]:
+    """Return ``(table, rejected, errors)`` for a request parsed with the lite classes."""
+    collected = collect_spans(request, norm)
+    return build_spans([collected]), collected.rejected, collected.errors
+
+
+def _merged(batches: Sequence[_Batch]) -> _Batch:
+    """One batch holding ``batches`` in order (run starts and span indexes shifted)."""
+    merged = _Batch()
+    for batch in batches:
+        base = len(merged.starts)
+        merged.trace_ids += batch.trace_ids
+        merged.span_ids += batch.span_ids
+        merged.parents += batch.parents
+        merged.names += batch.names
+        merged.kinds += batch.kinds
+        merged.starts += batch.starts
+        merged.ends += batch.ends
+        merged.codes += batch.codes
+        merged.messages += batch.messages
+        merged.attributes += batch.attributes
+        merged.event_errors.update({base + i: error for i, error in batch.event_errors.items()})
+        merged.scopes += [(base + first, name) for first, name in batch.scopes]
+        merged.resource_slots += [(base + first, values) for first, values in batch.resource_slots]
+        merged.resource_maps += [(base + first, keys, values) for first, keys, values in batch.resource_maps]
+    return merged
 
 
 def _collect(request: Any, norm: Normaliser) -> _Batch:

@@ -88,6 +88,8 @@ def _export_handler(ctx: ApiContext, signal: str) -> Callable[[bytes, grpc.Servi
         if future is not None:
             try:
                 future.result()  # acknowledge only what is committed
+            except BadPayloadError as exc:  # found when the writer built the columns
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except StoreError as exc:
                 _abort_unavailable(context, f"not stored, retry: {exc}", 5)
         table = decoded.table
@@ -99,7 +101,7 @@ def _export_handler(ctx: ApiContext, signal: str) -> Callable[[bytes, grpc.Servi
             ctx.writer.check_capacity()
             if ctx.decode_pool is not None and request:
                 return ctx.decode_pool.submit(signal, request, PROTOBUF).result()
-            return decode_payload(signal, request, PROTOBUF, ctx.normaliser)
+            return decode_payload(signal, request, PROTOBUF, ctx.normaliser, defer_columns=True)
         except OverloadedError as exc:
             _abort_unavailable(context, str(exc), exc.retry_after_s)
             raise AssertionError("unreachable") from exc

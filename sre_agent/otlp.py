@@ -12,6 +12,11 @@ Public entry points:
   parsed at all raises :class:`~sre_agent.errors.BadPayloadError`.
 * :func:`spans_from_proto` / :func:`metrics_from_proto` do the same for an
   already parsed ``ExportTraceServiceRequest`` / ``ExportMetricsServiceRequest``.
+* :func:`collect_traces` / :func:`build_spans` are :func:`decode_traces` in two
+  halves, for the receivers: the first parses and checks one request (span
+  count, rejections, unparseable bodies), the second builds the columns of
+  many collected requests at once (~25 % less per span for a commit's worth
+  of 512-span requests than one by one).
 
 Why span attributes are parsed as raw bytes: with upb, reading one
 ``KeyValue`` through the message API (``kv.key``, ``kv.value``,
@@ -42,14 +47,17 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from sre_agent._otlp_json import fill_traces_request
 from sre_agent._otlp_metrics import flatten_metrics
-from sre_agent._spans import flatten_spans
+from sre_agent._spans import CollectedSpans, build_spans, collect_spans, flatten_spans
 from sre_agent.errors import BadPayloadError
 from sre_agent.normalise import Normaliser
 from sre_agent.schema import metric_points_arrow_schema
 
 __all__ = [
+    "CollectedSpans",
     "DecodedMetrics",
     "DecodedSpans",
+    "build_spans",
+    "collect_traces",
     "decode_json_document",
     "decode_metrics",
     "decode_traces",
@@ -144,6 +152,25 @@ def decode_traces(body: bytes, content_type: str, *, normaliser: Normaliser) -> 
     return DecodedSpans(table, rejected, errors)
 
 
+def collect_traces(body: bytes, content_type: str, *, normaliser: Normaliser) -> CollectedSpans:
+    """Parse and check an ``ExportTraceServiceRequest`` body, leaving the columns to :func:`build_spans`.
+
+    The receivers' half of :func:`decode_traces`: the span count and the
+    rejected spans are known at once (the request can be answered 4xx or
+    queued), while the columns are built later for many requests together.
+
+    Raises:
+        BadPayloadError: the body cannot be parsed at all.
+    """
+    if _is_json(content_type):
+        return collect_spans(_traces_request_of(_load_json(body)), normaliser)
+    try:
+        lite = _lite_request_class().FromString(body)
+    except DecodeError as exc:
+        raise _proto_error(exc) from exc
+    return collect_spans(lite, normaliser)
+
+
 def spans_from_proto(request: Message, normaliser: Normaliser) -> DecodedSpans:
     """Canonical spans from a parsed ``ExportTraceServiceRequest`` (e.g. from gRPC).
 
@@ -183,6 +210,12 @@ def _load_json(body: bytes) -> Any:
 
 
 def _spans_from_document(document: Any, normaliser: Normaliser) -> DecodedSpans:
+    table, rejected, errors = flatten_spans(_traces_request_of(document), normaliser)
+    return DecodedSpans(table, rejected, errors)
+
+
+def _traces_request_of(document: Any) -> Message:
+    """The (lite) traces request of an OTLP/JSON document."""
     if not isinstance(document, dict):
         raise BadPayloadError(f"OTLP JSON must be an object, not {type(document).__name__}")
     request = _lite_request_class()()
@@ -190,8 +223,7 @@ def _spans_from_document(document: Any, normaliser: Normaliser) -> DecodedSpans:
         fill_traces_request(document, request)
     except RecursionError as exc:
         raise BadPayloadError("OTLP JSON nested too deeply") from exc
-    table, rejected, errors = flatten_spans(request, normaliser)
-    return DecodedSpans(table, rejected, errors)
+    return request
 
 
 def _metrics_message(document: Any) -> Message:

@@ -1,11 +1,17 @@
 """The receivers' write path: a bounded queue in front of one writer thread.
 
 Every transport (OTLP/HTTP, OTLP/gRPC, the deploy-marker API) decodes its
-request into an Arrow table and calls :meth:`Writer.submit`. The writer
-thread is the only code that appends to the DuckDB store; it drains the
-queue in batches (group commit) and resolves each submission's future only
-after the batch holding it is committed, so an acknowledgement always means
-"durable in the store".
+request and calls :meth:`Writer.submit`. The writer thread is the only code
+that appends to the DuckDB store; it drains the queue in batches (group
+commit) and resolves each submission's future only after the batch holding
+it is committed, so an acknowledgement always means "durable in the store".
+
+Span requests are queued half decoded (:class:`~sre_agent.otlp.CollectedSpans`:
+parsed, checked and counted) and the writer builds the columns of a whole
+batch at once: per-request fixed costs are then paid once a commit, and the
+event loop, which also parses HTTP, does less. A request whose attributes
+turn out not to be UTF-8 fails alone (its batch is rebuilt one by one) with
+:class:`~sre_agent.errors.BadPayloadError`, answered 400 like any bad body.
 
 Back-pressure instead of memory growth: the queue is bounded in rows
 (``Config.queue_max_spans``); a submission that does not fit raises
@@ -32,11 +38,13 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from sre_agent.normalise import Normaliser
+    from sre_agent.otlp import CollectedSpans
     from sre_agent.store import Store
 
 __all__ = [
     "JSON",
     "PROTOBUF",
+    "CollectedRequest",
     "GzipInflater",
     "ReceiverStats",
     "Writer",
@@ -186,6 +194,19 @@ class ReceiverStats:
         return "\n".join(lines) + "\n"
 
 
+def _merged_rows(members: list[_Item]) -> pa.Table:
+    """The members' rows as one table; collected spans are built together (one pass for all)."""
+    import pyarrow as pa
+
+    from sre_agent.otlp import CollectedSpans, build_spans
+
+    tables = [item.table for item in members if isinstance(item.table, pa.Table)]
+    collected = [item.table for item in members if isinstance(item.table, CollectedSpans)]
+    if collected:
+        tables.append(build_spans(collected))
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
+
+
 def _failure(exc: BaseException) -> StoreError:
     """A StoreError (retryable for the client) wrapping ``exc``."""
     failure = StoreError(f"commit failed: {exc}")
@@ -195,12 +216,12 @@ def _failure(exc: BaseException) -> StoreError:
 
 @dataclass
 class _Item:
-    """One queued submission: an Arrow table to append, or a call to run on the store."""
+    """One queued submission: rows to append (a table, or spans to build), or a call to run on the store."""
 
     kind: TableKind | Literal["call"]
     rows: int
     future: concurrent.futures.Future[Any]
-    table: pa.Table | None = None
+    table: pa.Table | CollectedSpans | None = None
     call: Callable[[Store], Any] | None = None
 
 
@@ -296,7 +317,7 @@ class Writer:
                 self._pending -= 1
                 self._cond.notify()
 
-    def submit(self, kind: TableKind, table: pa.Table) -> concurrent.futures.Future[int]:
+    def submit(self, kind: TableKind, table: pa.Table | CollectedSpans) -> concurrent.futures.Future[int]:
         """Queue ``table`` for appending to ``kind``; the future resolves after commit.
 
         The future's result is ``table.num_rows`` once the batch holding the
@@ -413,21 +434,20 @@ class Writer:
         results: dict[int, Any],
         errors: dict[int, BaseException],
     ) -> int:
-        """Append the members' tables as one batch; returns rows newly inserted.
+        """Append the members' rows as one batch; returns rows newly inserted.
 
         When the merged append fails, each request is retried alone so that
         one bad request fails only itself, not the requests it was batched with.
         """
-        import pyarrow as pa
-
-        tables = [item.table for item in members if item.table is not None]
         try:
-            merged = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
-            inserted = append(merged)
+            inserted = append(_merged_rows(members))
         except Exception as exc:  # boundary: a failed commit fails its requests, never the writer thread
             if len(members) > 1:
                 log.warning("append of %d batched requests failed (%s); retrying one by one", len(members), exc)
                 return sum(self._append(append, [item], results, errors) for item in members)
+            if isinstance(exc, BadPayloadError):  # the client's bytes, found while building: not a commit failure
+                errors[id(members[0])] = exc
+                return 0
             log.error("append of one request (%d rows) failed: %s", members[0].rows, exc)
             self.stats.add(commit_failures=1)
             errors[id(members[0])] = _failure(exc)
@@ -524,9 +544,23 @@ class _NothingDecoded:
     errors: tuple[str, ...] = ()
 
 
-def decode_payload(signal: str, body: bytes, media_type: str, normaliser: Normaliser) -> Any:
+@dataclass(frozen=True)
+class CollectedRequest:
+    """A traces request parsed and checked; the writer builds ``table``'s columns when it commits."""
+
+    table: CollectedSpans
+    rejected: int
+    errors: tuple[str, ...]
+
+
+def decode_payload(
+    signal: str, body: bytes, media_type: str, normaliser: Normaliser, *, defer_columns: bool = False
+) -> Any:
     """Decode one OTLP body with the ingest layer (``DecodedSpans``/``DecodedMetrics``).
 
+    With ``defer_columns``, a traces body is only collected
+    (:class:`CollectedRequest`; same ``table.num_rows``, ``rejected`` and
+    ``errors``) and :class:`Writer` builds its columns with its batch.
     An empty protobuf body is a valid empty request (answered with success,
     per the OTLP specification) and skips the decoder entirely.
     """
@@ -534,8 +568,11 @@ def decode_payload(signal: str, body: bytes, media_type: str, normaliser: Normal
         import pyarrow as pa
 
         return _NothingDecoded(table=pa.table({}))
-    from sre_agent.otlp import decode_metrics, decode_traces
+    from sre_agent.otlp import collect_traces, decode_metrics, decode_traces
 
+    if signal == "traces" and defer_columns:
+        collected = collect_traces(body, media_type, normaliser=normaliser)
+        return CollectedRequest(collected, collected.rejected, tuple(collected.errors))
     if signal == "traces":
         return decode_traces(body, media_type, normaliser=normaliser)
     return decode_metrics(body, media_type, normaliser=normaliser)

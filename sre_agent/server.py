@@ -351,6 +351,8 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
         if future is not None:
             try:
                 await asyncio.wrap_future(future)  # acknowledge only what is committed
+            except BadPayloadError as exc:  # found when the writer built the columns
+                return status_response(400, _RPC_INVALID_ARGUMENT, str(exc), media_type)
             except StoreError as exc:
                 return status_response(
                     503, _RPC_UNAVAILABLE, f"not stored, retry: {exc}", media_type, headers={"Retry-After": "5"}
@@ -377,8 +379,10 @@ def _otlp_endpoint(ctx: ApiContext, signal: str) -> Callable[[Request], Awaitabl
             if len(body) > _INLINE_DECODE_BYTES:
                 from starlette.concurrency import run_in_threadpool
 
-                return await run_in_threadpool(decode_payload, signal, body, media_type, ctx.normaliser)
-            return decode_payload(signal, body, media_type, ctx.normaliser)
+                return await run_in_threadpool(
+                    decode_payload, signal, body, media_type, ctx.normaliser, defer_columns=True
+                )
+            return decode_payload(signal, body, media_type, ctx.normaliser, defer_columns=True)
         except OverloadedError as exc:
             return _overloaded(exc, media_type, closing=ctx.writer.closing)
         except BadPayloadError as exc:

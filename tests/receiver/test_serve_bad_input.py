@@ -190,3 +190,29 @@ def test_everything_accepted_is_in_the_store_after_shutdown(running: Running) ->
     assert running.server.stop() == 0
     assert count_rows(running.db) == expected
     assert "Traceback" not in running.server.stderr
+
+
+def test_a_bad_attribute_value_is_400_when_decoded_in_process(tmp_path: Path) -> None:
+    """In-process decoding builds columns in the writer: a non-UTF-8 attribute value is found
+    there, and must still be the client's 400, with the requests around it stored."""
+    import concurrent.futures
+
+    server = start_serve(tmp_path / "in_process.duckdb", grpc=False)
+    try:
+        bad = vllm_request(1, first_index=50_000)
+        bad.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="x").value.string_value = "PATCHME"
+        bad_body = bad.SerializeToString().replace(b"PATCHME", b"PAT\xff\xfeME")
+        bodies = [vllm_request(20, first_index=1000 * i).SerializeToString() for i in range(1, 7)]
+        with httpx.Client(base_url=server.http_url, timeout=30) as client:
+
+            def post(body: bytes) -> httpx.Response:
+                return client.post("/v1/traces", content=body, headers=_ct(PROTOBUF))
+
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                responses = list(pool.map(post, [*bodies[:3], bad_body, *bodies[3:]]))
+        assert [r.status_code for r in responses] == [200, 200, 200, 400, 200, 200, 200]
+        status = status_pb2.Status.FromString(responses[3].content)
+        assert "UTF-8" in status.message
+    finally:
+        assert server.stop() == 0, server.stderr
+    assert count_rows(tmp_path / "in_process.duckdb") == 6 * 20

@@ -80,6 +80,13 @@ def test_oversize_garbage_and_partial_success(stalled: tuple[ApiContext, grpc.Ch
     with pytest.raises(grpc.RpcError) as garbage:
         _export(channel, b"\x0a\x05\x0a\x03\xff")
     assert garbage.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Parses (span attributes are bytes to the parser) and fails when the writer builds its columns.
+    bad_value = vllm_request(1, first_index=4000)
+    bad_value.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="x").value.string_value = "PATCHME"
+    with pytest.raises(grpc.RpcError) as undecodable:
+        _export(channel, bad_value.SerializeToString().replace(b"PATCHME", b"PAT\xff\xfeME"))
+    assert undecodable.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UTF-8" in (undecodable.value.details() or "")
     mixed = vllm_request(3, first_index=3000)
     mixed.resource_spans[0].scope_spans[0].spans[1].trace_id = b"short"
     response = _export(channel, mixed)

@@ -1,0 +1,140 @@
+"""Decoding in two halves (issue 18): collect one request now, build many requests' columns later.
+
+The receivers collect a request (parse, check, count) when it arrives and
+the writer builds the columns of a whole commit at once. The rows must be
+exactly those of decoding each request alone: these tests build random
+groups of requests (several resources and scopes, rejected spans, exception
+events, resource-first columns) both ways and compare every column, and
+check that a bad attribute found while building fails only its own request.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp_builders import T0, VLLM_V1, key_values
+
+from sre_agent.errors import BadPayloadError
+from sre_agent.normalise import Normaliser
+from sre_agent.otlp import build_spans, collect_traces, decode_traces
+from sre_agent.receiver import Writer
+from sre_agent.store import Store
+
+NORM = Normaliser(hash_key=b"collect")
+PROTOBUF = "application/x-protobuf"
+
+
+def _request(draw: Any, index: int) -> bytes:
+    request = ExportTraceServiceRequest()
+    for r in range(draw(st.integers(1, 3))):
+        resource = request.resource_spans.add()
+        attributes: dict[str, Any] = {"service.name": f"svc-{index}-{r}"}
+        if draw(st.booleans()):
+            attributes["service.version"] = f"v{draw(st.integers(0, 3))}"
+        if draw(st.booleans()):
+            attributes["tenant.id"] = draw(st.sampled_from(["acme", "stark"]))
+        resource.resource.attributes.extend(key_values(attributes))
+        for s in range(draw(st.integers(0, 2))):
+            scope = resource.scope_spans.add()
+            scope.scope.name = draw(st.sampled_from(["", "vllm.llm_engine", "gateway"]))
+            for i in range(draw(st.integers(0, 4))):
+                valid = draw(st.integers(0, 5)) > 0
+                span = scope.spans.add(
+                    trace_id=os.urandom(16 if valid else 3),
+                    span_id=os.urandom(8),
+                    parent_span_id=os.urandom(8) if draw(st.booleans()) else b"",
+                    name=draw(st.sampled_from(["llm_request", "POST /v1/chat/completions", "redis GET"])),
+                    kind=draw(st.integers(0, 5)),
+                    start_time_unix_nano=T0 + 1_000_000 * (index * 100 + r * 10 + s + i),
+                    end_time_unix_nano=T0 + 1_000_000 * (index * 100 + r * 10 + s + i) + draw(st.integers(0, 10**9)),
+                )
+                span_attributes = dict(VLLM_V1) if draw(st.booleans()) else {"http.route": "/v1/chat/completions"}
+                if draw(st.booleans()):
+                    span_attributes["gen_ai.usage.completion_tokens"] = draw(st.integers(0, 4096))
+                if draw(st.booleans()):
+                    span_attributes["tenant.id"] = "from-span"
+                span.attributes.extend(key_values(span_attributes))
+                if draw(st.booleans()):
+                    event = span.events.add(name="exception", time_unix_nano=T0)
+                    event.attributes.extend(key_values({"exception.type": "TimeoutError"}))
+                    span.status.code = 2
+    return request.SerializeToString()
+
+
+@st.composite
+def bodies(draw: Any) -> list[bytes]:
+    return [_request(draw, index) for index in range(draw(st.integers(1, 5)))]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies())
+def test_building_collected_requests_together_gives_the_rows_of_decoding_each(group: list[bytes]) -> None:
+    alone = [decode_traces(body, PROTOBUF, normaliser=NORM) for body in group]
+    collected = [collect_traces(body, PROTOBUF, normaliser=NORM) for body in group]
+    assert [c.num_rows for c in collected] == [d.table.num_rows for d in alone]
+    assert [c.rejected for c in collected] == [d.rejected for d in alone]
+    assert [c.errors for c in collected] == [d.errors for d in alone]
+    together = build_spans(collected)
+    expected = pa.concat_tables([d.table for d in alone])
+    assert together.schema == expected.schema
+    for name in expected.column_names:
+        assert together[name].to_pylist() == expected[name].to_pylist(), name
+
+
+def _with_bad_attribute(first_index: int) -> bytes:
+    """A one-span request whose attribute value is not UTF-8: it parses, and fails only when built."""
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    span = scope.spans.add(
+        trace_id=first_index.to_bytes(16, "big"), span_id=b"\x01" * 8, name="llm_request", start_time_unix_nano=T0
+    )
+    span.attributes.extend(key_values({"tenant.id": "PATCHME"}))
+    body = request.SerializeToString().replace(b"PATCHME", b"PAT\xff\xfeME")
+    assert b"\xff\xfe" in body
+    return body
+
+
+def _good(first_index: int, spans: int = 3) -> bytes:
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for i in range(spans):
+        span = scope.spans.add(
+            trace_id=(first_index + i).to_bytes(16, "big"),
+            span_id=b"\x02" * 8,
+            name="llm_request",
+            start_time_unix_nano=T0 + i,
+        )
+        span.attributes.extend(key_values(VLLM_V1))
+    return request.SerializeToString()
+
+
+def test_a_bad_attribute_found_while_building_fails_only_its_request(tmp_path: Path) -> None:
+    bad = collect_traces(_with_bad_attribute(1000), PROTOBUF, normaliser=NORM)
+    assert bad.num_rows == 1  # collecting does not look inside attributes
+    with pytest.raises(BadPayloadError, match="UTF-8"):
+        build_spans([bad])
+    with Store.open(tmp_path / "store.duckdb") as store:
+        writer = Writer(store, queue_max_rows=1000, batch_max_rows=1000, flush_interval_s=0)
+        # Queued before the thread starts, so all three share one batch.
+        futures = [
+            writer.submit("spans", collect_traces(_good(1), PROTOBUF, normaliser=NORM)),
+            writer.submit("spans", bad),
+            writer.submit("spans", collect_traces(_good(2000), PROTOBUF, normaliser=NORM)),
+        ]
+        writer.start()
+        concurrent.futures.wait(futures, timeout=60)
+        writer.close(timeout_s=30)
+        assert futures[0].result() == 3
+        assert futures[2].result() == 3
+        with pytest.raises(BadPayloadError, match="UTF-8"):
+            futures[1].result()
+        assert writer.stats.commit_failures == 0  # the client's bytes, not the store's failure
+        assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (6,)
