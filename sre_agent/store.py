@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -426,22 +427,30 @@ class Store:
         the table's stored form.
         """
         con = self._con
-        ids = batch.select(list(key)).append_column("_position", pa.array(range(batch.num_rows), pa.int64()))
+        n = batch.num_rows
+        ids = batch.select(list(key)).append_column("_position", pa.array(range(n), pa.int64()))
         first, second = key
         try:
             con.register("_sre_ids", ids)
             try:
-                fresh = con.execute(
-                    f"""SELECT b._position FROM _sre_ids b
-                    ANTI JOIN (
-                        SELECT {first}, {second} FROM {table_name} WHERE {time_column} BETWEEN ? AND ?
-                    ) s ON s.{first} = b.{first} AND s.{second} = b.{second}
-                    QUALIFY row_number() OVER (PARTITION BY b.{first}, b.{second} ORDER BY b._position) = 1
-                    ORDER BY b._position""",
+                # The stored rows that a batch row repeats, by an inner join: DuckDB builds its hash
+                # table on the smaller side (the batch) and streams the time range past it. An ANTI
+                # JOIN hashed the whole range instead: 14-18 ms against 2-3 ms a commit when the
+                # range holds 200k rows, as it does when many exporters' batches interleave in time.
+                stored = con.execute(
+                    f"""SELECT b._position FROM {table_name} s
+                    JOIN _sre_ids b ON s.{first} = b.{first} AND s.{second} = b.{second}
+                    WHERE s.{time_column} BETWEEN ? AND ?""",
                     [lo, hi],
                 ).fetchnumpy()["_position"]
             finally:
                 con.unregister("_sre_ids")
+            keep = np.zeros(n, bool)
+            # A key repeated within the batch keeps its first row.
+            firsts = ids.group_by(list(key), use_threads=False).aggregate([("_position", "min")])["_position_min"]
+            keep[np.asarray(firsts)] = True
+            keep[stored] = False
+            fresh = np.flatnonzero(keep)
             if len(fresh) == 0:
                 return 0
             rows = batch if len(fresh) == batch.num_rows else batch.take(pa.array(fresh))

@@ -56,6 +56,19 @@ def test_duplicates_within_one_batch_and_partial_overlap(store: Store) -> None:
     assert _count(store) == 27
 
 
+def test_a_key_repeated_in_a_batch_keeps_its_first_row_even_across_a_wide_time_range(store: Store) -> None:
+    old = _spans(3)
+    assert store.append_spans(old) == 3
+    later = _spans(4, start=T0 + 86_400 * SECOND)
+    renamed = later.slice(1, 1).set_column(later.schema.get_field_index("name"), "name", pa.array(["second copy"]))
+    # A straggler from a day before makes the batch's time range span the whole table.
+    batch = pa.concat_tables([later, renamed, old.slice(2, 1)])
+    assert store.append_spans(batch) == 4
+    names = store.connection.execute("SELECT DISTINCT name FROM spans").fetchall()
+    assert names == [("llm_request",)]
+    assert _count(store) == 7
+
+
 def test_rows_are_kept_in_time_order_within_a_batch(store: Store) -> None:
     batch = _spans(30)
     store.append_spans(batch.take(list(reversed(range(30)))))
