@@ -28,12 +28,12 @@ import pyarrow.compute as pc
 
 from sre_agent.schema import PROMOTED_KEYS, RESOURCE_BIT_OFFSET
 
-__all__ = ["to_span_rows"]
+__all__ = ["SAFE_DOUBLE_MAX", "SAFE_DOUBLE_MIN", "split_promoted", "to_span_rows"]
 
 _KEYS: Final = pa.array([key for key, _ in PROMOTED_KEYS], pa.string())
 _COLUMN_OF: Final = [column for _, column in PROMOTED_KEYS]
 #: Doubles whose Arrow and DuckDB spellings agree (see the module docstring).
-_SAFE_DOUBLE_MIN, _SAFE_DOUBLE_MAX = 1e-4, 1e9
+SAFE_DOUBLE_MIN, SAFE_DOUBLE_MAX = 1e-4, 1e9
 
 
 def _reproduced(items: pa.Array, entries: np.ndarray, column: pa.Array, spans: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ def _reproduced(items: pa.Array, entries: np.ndarray, column: pa.Array, spans: n
         numbers = values.to_numpy(zero_copy_only=False)
         with np.errstate(invalid="ignore"):
             magnitude = np.abs(numbers)
-            safe = (magnitude >= _SAFE_DOUBLE_MIN) & (magnitude < _SAFE_DOUBLE_MAX) & (numbers != np.trunc(numbers))
+            safe = (magnitude >= SAFE_DOUBLE_MIN) & (magnitude < SAFE_DOUBLE_MAX) & (numbers != np.trunc(numbers))
         chosen = np.flatnonzero(safe)
         values = pc.cast(values.take(pa.array(chosen)), pa.string())
     elif pa.types.is_integer(values.type):
@@ -64,7 +64,9 @@ def _reproduced(items: pa.Array, entries: np.ndarray, column: pa.Array, spans: n
     return hit
 
 
-def _split(attributes: pa.Array, columns: dict[str, pa.Array], offset: int, promoted: np.ndarray) -> pa.MapArray:
+def split_promoted(
+    attributes: pa.Array, columns: dict[str, pa.Array], offset: int, promoted: np.ndarray
+) -> pa.MapArray:
     """``attributes`` without the entries their columns reproduce; sets their bits in ``promoted``."""
     if isinstance(attributes, pa.ChunkedArray):
         attributes = attributes.combine_chunks()
@@ -107,8 +109,8 @@ def to_span_rows(table: pa.Table) -> pa.Table:
     n = table.num_rows
     columns = {name: table.column(name).combine_chunks() for name in set(_COLUMN_OF)}
     promoted = np.zeros(n, np.int64)
-    extra_resource = _split(table.column("resource_attributes"), columns, RESOURCE_BIT_OFFSET, promoted)
-    extra = _split(table.column("attributes"), columns, 0, promoted)
+    extra_resource = split_promoted(table.column("resource_attributes"), columns, RESOURCE_BIT_OFFSET, promoted)
+    extra = split_promoted(table.column("attributes"), columns, 0, promoted)
     rows = table.drop_columns(["resource_attributes", "attributes"])
     return (
         rows.append_column("extra_resource_attributes", extra_resource)

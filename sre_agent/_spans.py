@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sre_agent._attrs import KIND_DOUBLE, KIND_INT, Attributes, decode_attributes
+from sre_agent._span_rows import SAFE_DOUBLE_MAX, SAFE_DOUBLE_MIN, split_promoted
 from sre_agent.normalise import (
     CANONICAL_COLUMNS,
     FLOAT_COLUMNS,
@@ -26,7 +27,14 @@ from sre_agent.normalise import (
     any_value_to_python,
     first_finish_reason,
 )
-from sre_agent.schema import ENGINE_SPAN_NAMES, RESOURCE_FIRST_COLUMNS, SPAN_ATTRIBUTE_SOURCES, spans_arrow_schema
+from sre_agent.schema import (
+    ENGINE_SPAN_NAMES,
+    PROMOTED_KEYS,
+    RESOURCE_BIT_OFFSET,
+    RESOURCE_FIRST_COLUMNS,
+    SPAN_ATTRIBUTE_SOURCES,
+    spans_arrow_schema,
+)
 
 __all__ = ["MAX_ERRORS", "CollectedSpans", "build_spans", "collect_spans", "flatten_spans"]
 
@@ -109,8 +117,12 @@ def collect_spans(request: Any, norm: Normaliser) -> CollectedSpans:
     return CollectedSpans(batch, valid, errors, norm)
 
 
-def build_spans(parts: Sequence[CollectedSpans]) -> pa.Table:
+def build_spans(parts: Sequence[CollectedSpans], *, stored: bool = False) -> pa.Table:
     """The canonical table of the valid spans of ``parts``, in order, built in one pass.
+
+    With ``stored``, the table is in the store's ``span_rows`` form instead
+    (what :func:`sre_agent._span_rows.to_span_rows` makes of the canonical
+    table, decided here from the decoded values, without spelling numbers).
 
     Raises:
         BadPayloadError: an attribute is not valid UTF-8 (the parts cannot
@@ -119,9 +131,9 @@ def build_spans(parts: Sequence[CollectedSpans]) -> pa.Table:
     if not parts:
         raise ValueError("build_spans needs at least one part")
     if len(parts) == 1:
-        return _table(parts[0].batch, parts[0].normaliser, parts[0].valid)
+        return _table(parts[0].batch, parts[0].normaliser, parts[0].valid, stored=stored)
     valid = np.concatenate([part.valid for part in parts])
-    return _table(_merged([part.batch for part in parts]), parts[0].normaliser, valid)
+    return _table(_merged([part.batch for part in parts]), parts[0].normaliser, valid, stored=stored)
 
 
 def flatten_spans(request: Any, norm: Normaliser) -> tuple[pa.Table, int, list[str]]:
@@ -222,7 +234,7 @@ def _event_error_type(events: Any) -> str | None:
     return None
 
 
-def _table(batch: _Batch, norm: Normaliser, valid: np.ndarray) -> pa.Table:
+def _table(batch: _Batch, norm: Normaliser, valid: np.ndarray, *, stored: bool = False) -> pa.Table:
     everything = bool(valid.all())
     kept = np.flatnonzero(valid)
     n = int(kept.size)
@@ -290,11 +302,23 @@ def _table(batch: _Batch, norm: Normaliser, valid: np.ndarray) -> pa.Table:
     columns["tpot_s"] = pc.if_else(pc.greater(tokens, _ONE), per_token, _NULL_FLOAT)
     elapsed = pc.subtract(columns["end_ns"], columns["start_ns"])
     columns["duration_s"] = pc.divide(pc.cast(elapsed, pa.float64(), safe=False), _NS_PER_S)
-    columns["attributes"] = _attribute_map(offsets, span_of_attr, attrs, n)
     resource_maps = [(int(before[first]), keys, values) for first, keys, values in batch.resource_maps]
-    columns["resource_attributes"] = _resource_map(resource_maps, n)
+    resource_map = _resource_map(resource_maps, n)
+    repeated = _repeated(span_of_attr, attrs, n)
     schema = spans_arrow_schema()
-    return pa.Table.from_arrays([_as_type(columns[f.name], f.type) for f in schema], schema=schema)
+    if not stored:
+        columns["attributes"] = _attribute_map(offsets, attrs, ~repeated)
+        columns["resource_attributes"] = resource_map
+        return pa.Table.from_arrays([_as_type(columns[f.name], f.type) for f in schema], schema=schema)
+    typed = {f.name: _as_type(columns[f.name], f.type) for f in schema if f.name in columns}
+    promoted = np.zeros(n, np.int64)
+    dropped = _reproduced_entries(attrs, span_of_attr, ~repeated, typed, promoted)
+    extra_resource = split_promoted(resource_map, typed, RESOURCE_BIT_OFFSET, promoted)
+    rows = {name: typed[name] for name in schema.names if name not in ("attributes", "resource_attributes")}
+    rows["extra_resource_attributes"] = extra_resource
+    rows["extra_attributes"] = _attribute_map(offsets, attrs, ~(repeated | dropped))
+    rows["promoted"] = pa.array(promoted, pa.int64())
+    return pa.Table.from_pydict(rows)
 
 
 def _kept(values: np.ndarray, kept: np.ndarray, everything: bool) -> np.ndarray:
@@ -340,25 +364,71 @@ def _as_type(values: Any, arrow_type: pa.DataType) -> pa.Array:
     return pa.array(values, type=arrow_type)
 
 
-def _attribute_map(offsets: np.ndarray, span_of_attr: np.ndarray, attrs: Attributes, n: int) -> pa.Array:
-    """The span attributes as a MAP; a key repeated within a span keeps its first value.
+def _repeated(span_of_attr: np.ndarray, attrs: Attributes, n: int) -> np.ndarray:
+    """Per attribute, whether an earlier attribute of its span has the same key (the map keeps the first).
 
     OTLP requires unique keys but does not enforce them, and DuckDB refuses a
     MAP with a repeated key, which would fail the whole commit.
     """
-    keys, values = attrs.keys, attrs.values
     width = max(1, len(attrs.key_names))
     pair = span_of_attr * width + attrs.key_ids
+    repeated = np.zeros(len(pair), bool)
     if _has_repeats(pair, n * width):
         order = np.argsort(pair, kind="stable")
-        repeated = np.zeros(len(pair), bool)
         repeated[order[1:]] = pair[order[1:]] == pair[order[:-1]]
-        keep = ~repeated
+    return repeated
+
+
+def _attribute_map(offsets: np.ndarray, attrs: Attributes, keep: np.ndarray) -> pa.Array:
+    """The span attributes as a MAP, without the entries ``keep`` leaves out."""
+    keys, values = attrs.keys, attrs.values
+    if not keep.all():
         kept = np.concatenate([[0], np.cumsum(keep)])
         offsets = kept[offsets]
         mask = pa.array(keep)
         keys, values = keys.filter(mask), values.filter(mask)
     return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, values)
+
+
+def _reproduced_entries(
+    attrs: Attributes, span_of_attr: np.ndarray, kept: np.ndarray, columns: dict[str, pa.Array], promoted: np.ndarray
+) -> np.ndarray:
+    """Which span attributes their span's column spells back exactly (bool per attribute); sets their bits.
+
+    The same rule as :func:`sre_agent._span_rows.to_span_rows`, decided from the decoded
+    values instead of spelling the column: a string equals the column; an integer sent as
+    an integer equals it; a double sent as a double equals it and lies where Arrow and
+    DuckDB spell doubles alike. Anything else (numbers sent as strings, integral doubles)
+    stays in the map, which is always correct, only less compact.
+    """
+    dropped = np.zeros(len(attrs.key_ids), bool)
+    index = {name: i for i, name in enumerate(attrs.key_names)}
+    for bit, (key, column_name) in enumerate(PROMOTED_KEYS):
+        key_id = index.get(key)
+        if key_id is None:
+            continue
+        entries = np.flatnonzero((attrs.key_ids == key_id) & kept)
+        if entries.size == 0:
+            continue
+        spans = span_of_attr[entries]
+        column = columns[column_name].take(pa.array(spans))
+        if pa.types.is_string(column.type):
+            same = pc.fill_null(pc.equal(column, attrs.values.take(pa.array(entries))), False)
+            hit = np.asarray(same.to_numpy(zero_copy_only=False), bool)
+        elif pa.types.is_integer(column.type):
+            candidate = attrs.kinds[entries] == KIND_INT
+            same = pc.fill_null(pc.equal(pc.cast(column, pa.int64()), pa.array(attrs.integers[entries])), False)
+            hit = candidate & np.asarray(same.to_numpy(zero_copy_only=False), bool)
+        else:
+            numbers = attrs.numbers[entries]
+            magnitude = np.abs(numbers)
+            candidate = (attrs.kinds[entries] == KIND_DOUBLE) & (magnitude >= SAFE_DOUBLE_MIN)
+            candidate &= (magnitude < SAFE_DOUBLE_MAX) & (numbers != np.trunc(numbers))
+            same = pc.fill_null(pc.equal(column, pa.array(numbers)), False)
+            hit = candidate & np.asarray(same.to_numpy(zero_copy_only=False), bool)
+        dropped[entries[hit]] = True
+        promoted[spans[hit]] |= np.int64(1) << np.int64(bit)
+    return dropped
 
 
 def _has_repeats(values: np.ndarray, bound: int) -> bool:

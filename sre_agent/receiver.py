@@ -203,7 +203,9 @@ def _merged_rows(members: list[_Item]) -> pa.Table:
     tables = [item.table for item in members if isinstance(item.table, pa.Table)]
     collected = [item.table for item in members if isinstance(item.table, CollectedSpans)]
     if collected:
-        tables.append(build_spans(collected))
+        # In the store's form (Store.append_spans then converts nothing), unless decoded
+        # tables share the batch (a decode pool), whose rows are canonical.
+        tables.append(build_spans(collected, stored=not tables))
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
 
 

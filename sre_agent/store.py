@@ -365,7 +365,9 @@ class Store:
     def append_spans(self, table: pa.Table) -> int:
         """Append canonical spans; returns how many were new.
 
-        Spans whose ``(trace_id, span_id)`` is already stored, or repeated
+        ``table`` has the schema of :func:`sre_agent.schema.spans_arrow_schema`,
+        or is already in the stored ``span_rows`` form (with ``promoted``; see
+        :func:`sre_agent.otlp.build_spans`). Spans whose ``(trace_id, span_id)`` is already stored, or repeated
         within the batch, are skipped. Also records automatically detected
         deploys (a new ``service.version`` for a ``service.name``).
         """
@@ -377,7 +379,8 @@ class Store:
             inserted = self._insert(
                 "span_rows",
                 batch,
-                prepare=to_span_rows,
+                # A receiver's batch may arrive in the stored form already (build_spans(stored=True)).
+                prepare=None if "promoted" in batch.column_names else to_span_rows,
                 key=("trace_id", "span_id"),
                 time_column="start_ns",
                 lo=int(batch["start_ns"][0].as_py()),

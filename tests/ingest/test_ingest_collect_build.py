@@ -29,6 +29,22 @@ from sre_agent.receiver import Writer
 from sre_agent.store import Store
 
 NORM = Normaliser(hash_key=b"collect")
+_ALIASES = [
+    ("gen_ai.usage.input_tokens", 77),
+    ("gen_ai.usage.prompt_tokens", 78),
+    ("gen_ai.usage.completion_tokens", 12.0),
+    ("gen_ai.usage.cached_tokens", "5"),
+    ("gen_ai.latency.time_in_scheduler", 0.125),
+    ("gen_ai.latency.time_in_queue", 0.25),
+    ("gen_ai.latency.e2e", 3),
+    ("gen_ai.latency.time_to_first_token", 2.5e-05),
+    ("gen_ai.response.model", "other-model"),
+    ("gen_ai.response.finish_reasons", '["length"]'),
+    ("finish_reason", "stop"),
+    ("service.name", "span-level-name"),
+    ("http.request.resend_count", 2),
+    ("error.type", "timeout"),
+]
 PROTOBUF = "application/x-protobuf"
 
 
@@ -61,6 +77,10 @@ def _request(draw: Any, index: int) -> bytes:
                     span_attributes["gen_ai.usage.completion_tokens"] = draw(st.integers(0, 4096))
                 if draw(st.booleans()):
                     span_attributes["tenant.id"] = "from-span"
+                # Aliases of one column with other values, and numbers in the other numeric type:
+                # only the entry a column is read from, spelled the same, may leave the map.
+                for key, value in draw(st.lists(st.sampled_from(_ALIASES), max_size=4)):
+                    span_attributes[key] = value
                 span.attributes.extend(key_values(span_attributes))
                 if draw(st.booleans()):
                     event = span.events.add(name="exception", time_unix_nano=T0)
@@ -138,3 +158,37 @@ def test_a_bad_attribute_found_while_building_fails_only_its_request(tmp_path: P
             futures[1].result()
         assert writer.stats.commit_failures == 0  # the client's bytes, not the store's failure
         assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (6,)
+
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=_SLOW_OK)
+@given(group=bodies())
+def test_the_stored_form_built_at_once_reads_back_as_the_canonical_rows(tmp_path: Path, group: list[bytes]) -> None:
+    """Rows built in ``span_rows`` form (what the receivers append) read back through ``spans`` exactly as
+    the canonical rows do, maps included, whatever aliases and number types the attributes use."""
+    collected = [collect_traces(body, PROTOBUF, normaliser=NORM) for body in group]
+    canonical = pa.concat_tables([decode_traces(body, PROTOBUF, normaliser=NORM).table for body in group])
+    stored = build_spans(collected, stored=True)
+    assert "promoted" in stored.column_names
+    assert "attributes" not in stored.column_names
+    folder = tmp_path / os.urandom(4).hex()
+    folder.mkdir()
+    with Store.open(folder / "a.duckdb") as a, Store.open(folder / "b.duckdb") as b:
+        assert a.append_spans(canonical) == b.append_spans(stored)
+        read = "SELECT * EXCLUDE (extra_attributes, extra_resource_attributes, promoted) FROM spans ORDER BY 1, 2"
+        assert b.connection.execute(read).fetchall() == a.connection.execute(read).fetchall()
+
+
+def test_the_stored_form_keeps_an_engine_span_as_compact_as_the_general_conversion(tmp_path: Path) -> None:
+    """On what vLLM sends (integers as integers, latencies as doubles) every promoted entry leaves the maps."""
+    from sre_agent._span_rows import to_span_rows
+
+    body = _good(1, spans=50)
+    converted = to_span_rows(decode_traces(body, PROTOBUF, normaliser=NORM).table)
+    built = build_spans([collect_traces(body, PROTOBUF, normaliser=NORM)], stored=True)
+    assert built.schema == converted.schema
+    assert built["promoted"].to_pylist() == converted["promoted"].to_pylist()
+    assert all(bits > 0 for bits in built["promoted"].to_pylist())
+    assert built["extra_attributes"].to_pylist() == converted["extra_attributes"].to_pylist()
