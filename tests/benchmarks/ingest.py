@@ -12,8 +12,10 @@ how fast opentelemetry-proto alone parses the same payloads
 CPU of DuckDB appending the same spans (no duplicate check, no decoding timed)
 in commits of ``--floor-commit`` spans, by attribute layout (none, the whole
 MAP columns of schema 1, the stored ``span_rows`` form, the unmapped attributes
-as JSON text), and of the store's duplicate check; and the stage costs of
-decoding and of the conversion to ``span_rows``. From each layout, the check, the parse and the CPU of an empty export
+as JSON text), and of the store's duplicate check; and the stage costs: as
+``serve`` decodes (collect a request on arrival, build a commit's worth of
+requests at once in the stored form) and as file import does (decode one
+request, convert it to ``span_rows``). From each layout, the check, the parse and the CPU of an empty export
 (client and server), it prints the ceiling they set: the throughput, and the
 ratio, the machine's cores would reach if nothing else (decoding, the
 senders) cost anything. The last line is::
@@ -220,25 +222,35 @@ def store_floors_us_per_span(batch: int, requests: int, commit: int) -> dict[str
 
     from sre_agent._span_rows import to_span_rows
     from sre_agent.normalise import Normaliser
-    from sre_agent.otlp import decode_traces
+    from sre_agent.otlp import build_spans, collect_traces, decode_traces
 
     factory = PayloadFactory(batch)
     normaliser = Normaliser(hash_key=b"floor")
     payloads = [factory.payload(r) for r in range(requests)]
+    spans = requests * batch
     started = time.process_time()
     decoded = [decode_traces(p, "application/x-protobuf", normaliser=normaliser).table for p in payloads]
-    decode_us = (time.process_time() - started) / (requests * batch) * 1e6
+    decode_us = (time.process_time() - started) / spans * 1e6
     full = pa.concat_tables(decoded).combine_chunks()
     started = time.process_time()
     stored = pa.concat_tables([to_span_rows(table) for table in decoded]).combine_chunks()
     convert_us = (time.process_time() - started) / full.num_rows * 1e6
+    # What `serve` does instead: collect each request on arrival, build a commit's worth at once.
+    started = time.process_time()
+    collected = [collect_traces(p, "application/x-protobuf", normaliser=normaliser) for p in payloads]
+    collect_us = (time.process_time() - started) / spans * 1e6
+    together = max(1, 4096 // batch)
+    started = time.process_time()
+    for first in range(0, requests, together):
+        build_spans(collected[first : first + together], stored=True)
+    build_us = (time.process_time() - started) / spans * 1e6
     layouts = {
         "canonical columns alone": full.drop_columns(["attributes", "resource_attributes"]),
         "with the whole attribute maps (schema 1)": full,
         "as stored (span_rows: promoted attributes once)": stored,
         "with the remaining attributes as JSON text": _remaining_as_json(full),
     }
-    floors = {"decode": decode_us, "convert to span_rows": convert_us}
+    floors = {"decode": decode_us, "convert to span_rows": convert_us, "collect": collect_us, "build": build_us}
     for layout, rows in layouts.items():
         with tempfile.TemporaryDirectory(prefix="sre-agent-floor-") as folder:
             con = duckdb.connect(os.path.join(folder, "floor.duckdb"))
@@ -374,11 +386,19 @@ def main() -> int:
     parse_us, http_us = 1e6 / parse_only, http_cpu_ms * 1e3 / args.batch
     check_us = floors.pop("duplicate check")
     decode_us, convert_us = floors.pop("decode"), floors.pop("convert to span_rows")
+    collect_us, build_us = floors.pop("collect"), floors.pop("build")
     print(
         f"floors: parse_us_per_span={parse_us:.2f} http_us_per_span={http_us:.2f} "
         f"duplicate_check_us_per_span={check_us:.2f} cores={cores}"
     )
-    print(f"stages: decode_us_per_span={decode_us:.2f} convert_to_span_rows_us_per_span={convert_us:.2f}")
+    print(
+        f"stages (serve): collect_us_per_span={collect_us:.2f} (event loop, per request) "
+        f"build_stored_us_per_span={build_us:.2f} (writer, {max(1, 4096 // args.batch)} requests at once)"
+    )
+    print(
+        f"stages (files, one request at a time): decode_us_per_span={decode_us:.2f} "
+        f"convert_to_span_rows_us_per_span={convert_us:.2f}"
+    )
     for layout, append_us in floors.items():
         # Counted: the parse, the empty HTTP exchange, the bare append and the duplicate check. Taken
         # as free: decoding, the senders' work; the cores as perfectly shared.

@@ -21,8 +21,9 @@ These are the storage floors behind the end-to-end ingest figure.
 ``--floor-batch`` (the size a loaded receiver commits) into two fresh stores,
 one with DuckDB's default checkpoint threshold (16 MB of log) and one with the
 store's (:data:`sre_agent.store.CHECKPOINT_THRESHOLD`), alternating commits,
-and prints each one's wall time per span by quarter of the run and the final
-checkpoint: the automatic checkpoints' share of a busy writer's time.
+and prints each one's wall time per span by quarter of the run, its commits'
+p99 and longest (a commit that triggers a checkpoint waits for it) and the
+final checkpoint: the automatic checkpoints' share of a busy writer's time.
 
 Run: ``python tests/benchmarks/store_append.py [--prefill 1000000] [--batch 50000] [--batches 3] [--floors]
 [--checkpoint]``
@@ -179,6 +180,7 @@ def checkpoints(tables: list[pa.Table], batch: int, spans: int) -> None:
     commits = commits[: max(4, spans // batch)]
     thresholds = {"DuckDB default (16MB)": "16MB", f"store ({CHECKPOINT_THRESHOLD})": CHECKPOINT_THRESHOLD}
     quarters: dict[str, list[float]] = {name: [0.0] * 4 for name in thresholds}
+    commit_s: dict[str, list[float]] = {name: [] for name in thresholds}
     final: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         stores = {name: Store.open(os.path.join(folder, f"ckpt{i}.duckdb")) for i, name in enumerate(thresholds)}
@@ -188,7 +190,8 @@ def checkpoints(tables: list[pa.Table], batch: int, spans: int) -> None:
             for name in list(thresholds) if i % 2 == 0 else list(thresholds)[::-1]:
                 started = time.perf_counter()
                 stores[name].append_spans(commit)
-                quarters[name][min(3, 4 * i // len(commits))] += time.perf_counter() - started
+                commit_s[name].append(time.perf_counter() - started)
+                quarters[name][min(3, 4 * i // len(commits))] += commit_s[name][-1]
         for name, store in stores.items():
             started = time.perf_counter()
             store.connection.execute("CHECKPOINT")
@@ -198,7 +201,12 @@ def checkpoints(tables: list[pa.Table], batch: int, spans: int) -> None:
     print(f"checkpoint threshold, {len(commits)} commits of {batch} spans, wall us/span by quarter:")
     for name in thresholds:
         figures = " ".join(f"{seconds / per_quarter * 1e6:6.2f}" for seconds in quarters[name])
-        print(f"  {name:24s} {figures}   final checkpoint {final[name]:.2f} s")
+        ordered = sorted(commit_s[name])
+        p99, longest = ordered[int(0.99 * (len(ordered) - 1))], ordered[-1]
+        print(
+            f"  {name:24s} {figures}   commit p99 {p99 * 1e3:.0f} ms, longest {longest * 1e3:.0f} ms; "
+            f"final checkpoint {final[name]:.2f} s"
+        )
 
 
 def _shifted(rows: pa.Table, shift: int) -> pa.Table:
