@@ -196,3 +196,24 @@ def test_cursor_reads_from_another_thread_and_close_is_idempotent(tmp_path: Path
     store.close()
     with pytest.raises(StoreError, match="closed"):
         store.append_spans(_spans(1))
+
+
+def test_a_writable_store_checkpoints_late_and_a_killed_writers_log_replays(tmp_path: Path) -> None:
+    """DuckDB's 16 MB default made checkpoints most of a busy writer's time (store.CHECKPOINT_THRESHOLD);
+    what stays in the log instead must come back when a killed writer's file is opened again."""
+    path = tmp_path / "store.duckdb"
+    with Store.open(path) as store:
+        threshold = store.connection.execute("SELECT current_setting('checkpoint_threshold')").fetchone()
+        assert threshold is not None
+        assert threshold[0].endswith("MiB")
+        assert float(threshold[0].split()[0]) >= 244  # 256 MB
+    script = (
+        "import os, sys; sys.path.insert(0, sys.argv[2]); from test_ingest_store import _spans; "
+        "from sre_agent.store import Store; s = Store.open(sys.argv[1]); s.append_spans(_spans(500)); os._exit(0)"
+    )
+    folder = str(Path(__file__).parent)
+    killed = tmp_path / "killed.duckdb"
+    subprocess.run([sys.executable, "-c", script, str(killed), folder], check=True, cwd=folder)
+    assert (tmp_path / "killed.duckdb.wal").exists()  # nothing was checkpointed before the exit
+    with Store.open(killed, read_only=True) as store:
+        assert _count(store) == 500
