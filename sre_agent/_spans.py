@@ -303,17 +303,16 @@ def _table(batch: _Batch, norm: Normaliser, valid: np.ndarray, *, stored: bool =
     elapsed = pc.subtract(columns["end_ns"], columns["start_ns"])
     columns["duration_s"] = pc.divide(pc.cast(elapsed, pa.float64(), safe=False), _NS_PER_S)
     resource_maps = [(int(before[first]), keys, values) for first, keys, values in batch.resource_maps]
-    resource_map = _resource_map(resource_maps, n)
     repeated = _repeated(span_of_attr, attrs, n)
     schema = spans_arrow_schema()
     if not stored:
         columns["attributes"] = _attribute_map(offsets, attrs, ~repeated)
-        columns["resource_attributes"] = resource_map
+        columns["resource_attributes"] = _resource_map(resource_maps, n)
         return pa.Table.from_arrays([_as_type(columns[f.name], f.type) for f in schema], schema=schema)
     typed = {f.name: _as_type(columns[f.name], f.type) for f in schema if f.name in columns}
     promoted = np.zeros(n, np.int64)
     dropped = _reproduced_entries(attrs, span_of_attr, ~repeated, typed, promoted)
-    extra_resource = split_promoted(resource_map, typed, RESOURCE_BIT_OFFSET, promoted)
+    extra_resource = split_promoted(_resource_map(resource_maps, n), typed, RESOURCE_BIT_OFFSET, promoted)
     rows = {name: typed[name] for name in schema.names if name not in ("attributes", "resource_attributes")}
     rows["extra_resource_attributes"] = extra_resource
     rows["extra_attributes"] = _attribute_map(offsets, attrs, ~(repeated | dropped))
@@ -532,7 +531,11 @@ def _coerce(name: str, value: Any) -> Any:
     if value is None:
         return None
     if name in INT_COLUMNS:
-        return _as_int(value)
+        number = _as_int(value)
+        # The span path drops an int32 column's out-of-range values too (_typed); one here failed the batch.
+        if number is not None and _ARROW_TYPES[name] == pa.int32() and not -(2**31) < number < 2**31:
+            return None
+        return number
     if name in FLOAT_COLUMNS:
         return _as_float(value)
     if name == "finish_reason":

@@ -192,3 +192,17 @@ def test_the_stored_form_keeps_an_engine_span_as_compact_as_the_general_conversi
     assert built["promoted"].to_pylist() == converted["promoted"].to_pylist()
     assert all(bits > 0 for bits in built["promoted"].to_pylist())
     assert built["extra_attributes"].to_pylist() == converted["extra_attributes"].to_pylist()
+
+
+def test_an_int32_column_out_of_range_on_the_resource_is_null_not_a_failed_request() -> None:
+    """Found by the layout property test: ``http.request.resend_count`` = 2**31 on a resource failed the
+    whole request (ArrowInvalid); on a span it was already dropped. The map keeps the value either way."""
+    from otlp_builders import trace_request
+
+    for value in (2.0**31, 2**31, -(2**31)):
+        body = trace_request([{}], resource={"http.request.resend_count": value}).SerializeToString()
+        table = decode_traces(body, PROTOBUF, normaliser=NORM).table
+        assert table["attempt"].to_pylist() == [None]
+        assert table["resource_attributes"].to_pylist()[0] == [("http.request.resend_count", str(int(value)))]
+    body = trace_request([{}], resource={"http.request.resend_count": 3}).SerializeToString()
+    assert decode_traces(body, PROTOBUF, normaliser=NORM).table["attempt"].to_pylist() == [3]
