@@ -28,12 +28,21 @@ import pyarrow.compute as pc
 
 from sre_agent.schema import PROMOTED_KEYS, RESOURCE_BIT_OFFSET
 
-__all__ = ["SAFE_DOUBLE_MAX", "SAFE_DOUBLE_MIN", "split_promoted", "to_span_rows"]
+__all__ = ["safe_doubles", "split_promoted", "to_span_rows"]
 
 _KEYS: Final = pa.array([key for key, _ in PROMOTED_KEYS], pa.string())
 _COLUMN_OF: Final = [column for _, column in PROMOTED_KEYS]
 #: Doubles whose Arrow and DuckDB spellings agree (see the module docstring).
-SAFE_DOUBLE_MIN, SAFE_DOUBLE_MAX = 1e-4, 1e9
+_SAFE_DOUBLE_MIN, _SAFE_DOUBLE_MAX = 1e-4, 1e9
+
+
+def safe_doubles(numbers: np.ndarray) -> np.ndarray:
+    """Which ``numbers`` Arrow and DuckDB spell alike: non-integral, ``1e-4 <= |x| < 1e9`` (NaN: no)."""
+    with np.errstate(invalid="ignore"):
+        magnitude = np.abs(numbers)
+        safe: np.ndarray = (magnitude >= _SAFE_DOUBLE_MIN) & (magnitude < _SAFE_DOUBLE_MAX)
+        safe &= numbers != np.trunc(numbers)
+    return safe
 
 
 def _reproduced(items: pa.Array, entries: np.ndarray, column: pa.Array, spans: np.ndarray) -> np.ndarray:
@@ -47,11 +56,7 @@ def _reproduced(items: pa.Array, entries: np.ndarray, column: pa.Array, spans: n
     if pa.types.is_string(values.type):
         chosen = np.arange(entries.size)
     elif pa.types.is_floating(values.type):
-        numbers = values.to_numpy(zero_copy_only=False)
-        with np.errstate(invalid="ignore"):
-            magnitude = np.abs(numbers)
-            safe = (magnitude >= SAFE_DOUBLE_MIN) & (magnitude < SAFE_DOUBLE_MAX) & (numbers != np.trunc(numbers))
-        chosen = np.flatnonzero(safe)
+        chosen = np.flatnonzero(safe_doubles(values.to_numpy(zero_copy_only=False)))
         values = pc.cast(values.take(pa.array(chosen)), pa.string())
     elif pa.types.is_integer(values.type):
         chosen = np.arange(entries.size)

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sre_agent._attrs import KIND_DOUBLE, KIND_INT, Attributes, decode_attributes
-from sre_agent._span_rows import SAFE_DOUBLE_MAX, SAFE_DOUBLE_MIN, split_promoted
+from sre_agent._span_rows import safe_doubles, split_promoted
 from sre_agent.normalise import (
     CANONICAL_COLUMNS,
     FLOAT_COLUMNS,
@@ -43,6 +43,7 @@ _SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consu
 _STATUS_CODES = ("unset", "ok", "error")
 _NS_LIMIT = 1 << 63  # fixed64 times beyond int64 (year 2262) cannot be stored
 _ARROW_TYPES = {f.name: f.type for f in spans_arrow_schema()}
+_INT32_BOUND = 2**31  # an int32 column keeps values strictly inside (-bound, bound)
 # Typed constants for compute calls: a bare Python scalar makes Arrow infer
 # its type, which tries (and, without python-dateutil, fails) an import on
 # every call, about 0.5 ms each.
@@ -412,19 +413,15 @@ def _reproduced_entries(
         spans = span_of_attr[entries]
         column = columns[column_name].take(pa.array(spans))
         if pa.types.is_string(column.type):
-            same = pc.fill_null(pc.equal(column, attrs.values.take(pa.array(entries))), False)
-            hit = np.asarray(same.to_numpy(zero_copy_only=False), bool)
+            candidate, decoded = np.ones(entries.size, bool), attrs.values.take(pa.array(entries))
         elif pa.types.is_integer(column.type):
-            candidate = attrs.kinds[entries] == KIND_INT
-            same = pc.fill_null(pc.equal(pc.cast(column, pa.int64()), pa.array(attrs.integers[entries])), False)
-            hit = candidate & np.asarray(same.to_numpy(zero_copy_only=False), bool)
+            column = pc.cast(column, pa.int64())
+            candidate, decoded = attrs.kinds[entries] == KIND_INT, pa.array(attrs.integers[entries])
         else:
             numbers = attrs.numbers[entries]
-            magnitude = np.abs(numbers)
-            candidate = (attrs.kinds[entries] == KIND_DOUBLE) & (magnitude >= SAFE_DOUBLE_MIN)
-            candidate &= (magnitude < SAFE_DOUBLE_MAX) & (numbers != np.trunc(numbers))
-            same = pc.fill_null(pc.equal(column, pa.array(numbers)), False)
-            hit = candidate & np.asarray(same.to_numpy(zero_copy_only=False), bool)
+            candidate, decoded = (attrs.kinds[entries] == KIND_DOUBLE) & safe_doubles(numbers), pa.array(numbers)
+        same = pc.fill_null(pc.equal(column, decoded), False).to_numpy(zero_copy_only=False)
+        hit = candidate & np.asarray(same, bool)
         dropped[entries[hit]] = True
         promoted[spans[hit]] |= np.int64(1) << np.int64(bit)
     return dropped
@@ -486,7 +483,7 @@ def _typed(name: str, chosen: np.ndarray, attrs: Attributes) -> pa.Array:
         is_number = (kinds == KIND_DOUBLE) | (kinds == KIND_INT)
         ok = present & (is_number if numeric else attrs.integer_ok[safe])
         if arrow_type == pa.int32():
-            ok &= (out > -(2**31)) & (out < 2**31)
+            ok &= (out > -_INT32_BOUND) & (out < _INT32_BOUND)
         # Numbers sent as strings (or other odd types) are parsed one by one.
         for span in np.flatnonzero(present & ~ok & ~is_number).tolist():
             index = int(chosen[span])
@@ -532,8 +529,8 @@ def _coerce(name: str, value: Any) -> Any:
         return None
     if name in INT_COLUMNS:
         number = _as_int(value)
-        # The span path drops an int32 column's out-of-range values too (_typed); one here failed the batch.
-        if number is not None and _ARROW_TYPES[name] == pa.int32() and not -(2**31) < number < 2**31:
+        # As _typed does for span values: a resource value beyond int32 once failed the whole batch.
+        if number is not None and _ARROW_TYPES[name] == pa.int32() and not -_INT32_BOUND < number < _INT32_BOUND:
             return None
         return number
     if name in FLOAT_COLUMNS:

@@ -548,11 +548,20 @@ class _NothingDecoded:
 
 @dataclass(frozen=True)
 class CollectedRequest:
-    """A traces request parsed and checked; the writer builds ``table``'s columns when it commits."""
+    """A traces request parsed and checked; the writer builds ``table``'s columns when it commits.
+
+    Shaped like ``DecodedSpans`` (``table.num_rows``, ``rejected``, ``errors``) for the transports.
+    """
 
     table: CollectedSpans
-    rejected: int
-    errors: tuple[str, ...]
+
+    @property
+    def rejected(self) -> int:
+        return self.table.rejected
+
+    @property
+    def errors(self) -> list[str]:
+        return self.table.errors
 
 
 def decode_payload(
@@ -573,8 +582,7 @@ def decode_payload(
     from sre_agent.otlp import collect_traces, decode_metrics, decode_traces
 
     if signal == "traces" and defer_columns:
-        collected = collect_traces(body, media_type, normaliser=normaliser)
-        return CollectedRequest(collected, collected.rejected, tuple(collected.errors))
+        return CollectedRequest(collect_traces(body, media_type, normaliser=normaliser))
     if signal == "traces":
         return decode_traces(body, media_type, normaliser=normaliser)
     return decode_metrics(body, media_type, normaliser=normaliser)

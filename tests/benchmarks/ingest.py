@@ -15,8 +15,9 @@ MAP columns of schema 1, the stored ``span_rows`` form, the unmapped attributes
 as JSON text), and of the store's duplicate check; and the stage costs: as
 ``serve`` decodes (collect a request on arrival, build a commit's worth of
 requests at once in the stored form) and as file import does (decode one
-request, convert it to ``span_rows``). From each layout, the check, the parse and the CPU of an empty export
-(client and server), it prints the ceiling they set: the throughput, and the
+request, convert it to ``span_rows``). From each layout, the check, the parse
+and the CPU of an empty export (client and server), it prints the ceiling
+they set: the throughput, and the
 ratio, the machine's cores would reach if nothing else (decoding, the
 senders) cost anything. The last line is::
 

@@ -25,8 +25,16 @@ and prints each one's wall time per span by quarter of the run, its commits'
 p99 and longest (a commit that triggers a checkpoint waits for it) and the
 final checkpoint: the automatic checkpoints' share of a busy writer's time.
 
+``--duplicate-check`` prints the time of the store's duplicate check (the
+stored rows a batch repeats, by an inner join that hashes the batch) against
+the ANTI JOIN it replaced (which hashed the stored time range), for a batch of
+``--floor-batch`` fresh spans whose time range covers 8k and 2M stored rows.
+``--replay`` appends ``--replay-spans`` spans in a child process that exits
+without closing the store (nothing checkpointed, as after a crash), then times
+the next open, which replays the log.
+
 Run: ``python tests/benchmarks/store_append.py [--prefill 1000000] [--batch 50000] [--batches 3] [--floors]
-[--checkpoint]``
+[--checkpoint] [--duplicate-check] [--replay]``
 """
 
 from __future__ import annotations
@@ -209,6 +217,75 @@ def checkpoints(tables: list[pa.Table], batch: int, spans: int) -> None:
         )
 
 
+_PREVIOUS_CHECK = """SELECT b._position FROM _sre_ids b
+    ANTI JOIN (SELECT trace_id, span_id FROM span_rows WHERE start_ns BETWEEN ? AND ?) s
+        ON s.trace_id = b.trace_id AND s.span_id = b.span_id
+    QUALIFY row_number() OVER (PARTITION BY b.trace_id, b.span_id ORDER BY b._position) = 1
+    ORDER BY b._position"""
+_STORE_CHECK = """SELECT b._position FROM span_rows s
+    JOIN _sre_ids b ON s.trace_id = b.trace_id AND s.span_id = b.span_id
+    WHERE s.start_ns BETWEEN ? AND ?"""
+
+
+def duplicate_checks(batch: int, repeat: int = 10) -> None:
+    """Print ms per check of the store's duplicate query and the one it replaced, narrow and wide ranges."""
+    import numpy as np
+
+    stored = 2_000_000
+    with tempfile.TemporaryDirectory() as folder, Store.open(os.path.join(folder, "dup.duckdb")) as store:
+        prefill(store, stored)
+        con = store.connection
+        rng = np.random.default_rng(7)
+        print(f"duplicate check, a batch of {batch} fresh spans against {stored} stored, ms per check:")
+        for covered in (8_000, stored):
+            # Fresh ids, start times spread over the last `covered` stored rows (one a second before T0).
+            offsets = rng.integers(1, covered + 1, batch)
+            ids = pa.table(
+                {
+                    "trace_id": [f"{0xF0000000 + i:032x}" for i in range(batch)],
+                    "span_id": [f"{i:016x}" for i in range(batch)],
+                    "_position": pa.array(range(batch), pa.int64()),
+                }
+            )
+            lo, hi = T0 - int(offsets.max()) * SECOND, T0 - int(offsets.min()) * SECOND
+            con.register("_sre_ids", ids)
+            timings = {}
+            for name, query in (("previous (anti join)", _PREVIOUS_CHECK), ("store (inner join)", _STORE_CHECK)):
+                started = time.perf_counter()
+                for _ in range(repeat):
+                    con.execute(query, [lo, hi]).fetchnumpy()
+                timings[name] = (time.perf_counter() - started) / repeat * 1e3
+            con.unregister("_sre_ids")
+            figures = ", ".join(f"{name} {ms:.1f}" for name, ms in timings.items())
+            print(f"  range covering {covered} stored rows: {figures}")
+
+
+def replay(tables: list[pa.Table], spans: int) -> None:
+    """Print the size of a killed writer's log and how long the next open takes to replay it."""
+    import pickle
+    import subprocess
+
+    rows = pa.concat_tables(tables)
+    copies = [rows] + [_shifted(rows, shift) for shift in range(1, max(1, -(-spans // rows.num_rows)))]
+    data = pa.concat_tables(copies).slice(0, spans)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "killed.duckdb")
+        batches = os.path.join(folder, "batches.pickle")
+        with open(batches, "wb") as out:
+            pickle.dump([data.slice(i, 4096) for i in range(0, data.num_rows, 4096)], out)
+        child = (
+            "import os, pickle, sys; from sre_agent.store import Store; s = Store.open(sys.argv[1]); "
+            "[s.append_spans(b) for b in pickle.load(open(sys.argv[2], 'rb'))]; os._exit(0)"
+        )
+        subprocess.run([sys.executable, "-c", child, path, batches], check=True)
+        log_mib = os.path.getsize(path + ".wal") / 2**20 if os.path.exists(path + ".wal") else 0.0
+        started = time.perf_counter()
+        with Store.open(path, read_only=True) as store:
+            opened = time.perf_counter() - started
+            count = store.counts()["spans"]
+    print(f"replay: a killed writer's log of {log_mib:.0f} MiB ({count} spans) replayed on open in {opened:.2f} s")
+
+
 def _shifted(rows: pa.Table, shift: int) -> pa.Table:
     """``rows`` with new trace ids and start times ``shift`` hours later."""
     import pyarrow.compute as pc
@@ -228,6 +305,9 @@ def main() -> None:
     parser.add_argument("--floor-batch", type=int, default=4096, help="spans per commit for --floors/--checkpoint")
     parser.add_argument("--checkpoint", action="store_true", help="first compare checkpoint thresholds (see above)")
     parser.add_argument("--checkpoint-spans", type=int, default=1_000_000, help="spans per store for --checkpoint")
+    parser.add_argument("--duplicate-check", action="store_true", help="first time the duplicate check (see above)")
+    parser.add_argument("--replay", action="store_true", help="first time a killed writer's log replay (see above)")
+    parser.add_argument("--replay-spans", type=int, default=500_000, help="spans in the log for --replay")
     args = parser.parse_args()
     normaliser = Normaliser(hash_key=b"benchmark")
     bodies = build_bodies(args.batch * args.batches, 1000)
@@ -236,6 +316,10 @@ def main() -> None:
         floors(tables, args.floor_batch)
     if args.checkpoint:
         checkpoints(tables, args.floor_batch, args.checkpoint_spans)
+    if args.duplicate_check:
+        duplicate_checks(args.floor_batch)
+    if args.replay:
+        replay(tables, args.replay_spans)
     per_batch = len(tables) // args.batches
     batches = [pa.concat_tables(tables[i * per_batch : (i + 1) * per_batch]) for i in range(args.batches)]
     with tempfile.TemporaryDirectory() as folder, Store.open(os.path.join(folder, "bench.duckdb")) as store:
