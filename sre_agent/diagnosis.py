@@ -1,7 +1,7 @@
 """Run the rules over a comparison and rank what they find.
 
 ``diagnose(source, selection)`` resolves the selection (:mod:`sre_agent.compare`),
-estimates every latency quantile with block-bootstrap CIs, picks the headline
+estimates every latency quantile with CIs over time blocks, picks the headline
 regression, runs each registered rule with only the context it asks for
 (by parameter name, as sqlglot's optimizer passes its rules their arguments),
 and ranks the findings by ``explained x confidence``. When nothing
@@ -60,8 +60,8 @@ _METRIC_HISTOGRAMS: Final[dict[str, str]] = {
 }
 
 
-def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[MetricEstimate]:
-    """Every latency x quantile on both sides with 95 % block-bootstrap CIs.
+def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
+    """Every latency x quantile on both sides with 95 % CIs over time blocks (:func:`stats.compare_quantile`).
 
     Span-derived where spans exist; where a side has no spans, from the
     metric stream's latency histograms (no CI: the histogram deltas are not
@@ -82,9 +82,7 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
         # No engine request spans, but the gateway's root spans time every request: the one
         # latency with per-request values, so it gets a CI like any span latency.
         for q in QUANTILES:
-            cq = stats.compare_quantile(
-                roots["baseline"], roots["candidate"], q, resamples=resamples, seed=comparison.seed
-            )
+            cq = stats.compare_quantile(roots["baseline"], roots["candidate"], q)
             compared.append(("trace", cq))
     for name in names:
         if not have_spans:
@@ -93,7 +91,7 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
         if b_hist.n == 0 and c_hist.n == 0:
             continue
         for q in QUANTILES:
-            cq = stats.compare_quantile(b_hist, c_hist, q, resamples=resamples, seed=comparison.seed)
+            cq = stats.compare_quantile(b_hist, c_hist, q)
             compared.append((name, cq))
     # Every user-facing latency is a chance to find a regression by accident: each one's bar is
     # the family's (Bonferroni over the headline latencies that have a CI; the quantiles of one
@@ -122,7 +120,7 @@ def estimate_metrics(comparison: Comparison, *, resamples: int = 200) -> list[Me
             bq = b.quantile(q) if b else None
             cq_ = c.quantile(q) if c else None
             enough = bool(b and c and min(b.count, c.count) >= stats.min_samples_for_quantile(q))
-            # Without a bootstrap CI, demand twice the effect before calling it a regression, and
+            # Without a CI, demand twice the effect before calling it a regression, and
             # that the two sides' order-statistic intervals (binomial ranks read through the
             # buckets) do not overlap: a p99 of 700 requests is 7 values, and a none deploy's
             # TTFT p99 moves 1.3x on those alone. The intervals run bucket edge to bucket edge, so
@@ -463,7 +461,7 @@ def diagnose(
         selection: what to compare (CONTRACTS section 2).
         rules: names of the rules to run (``None`` = every installed rule).
         sample_per_side: requests per side kept for mix and slice analysis.
-        seed: seed of the bootstraps (results are reproducible).
+        seed: seed of the request sample and the Hodges-Lehmann draws (results are reproducible).
 
     Raises:
         SelectionError: the selection cannot be resolved or selects nothing.

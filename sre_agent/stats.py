@@ -8,14 +8,17 @@ diagnose and canary.
   so a quantile read from a histogram is within ~0.5 % of the exact one.
   DuckDB builds them per time slice in one scan; the bootstraps below resample
   the slices, never the millions of requests.
-* **Block bootstrap.** Requests in one engine batch share their fate, so
-  requests are not independent; whole time slices are resampled with
-  replacement (a moving-block-free, non-overlapping block bootstrap), which
-  keeps the within-slice correlation in every resample. Correlation *between*
-  slices (load swings that outlast a slice) is measured per comparison
-  (:meth:`SliceHistogram.correlation_inflation`, an AR(1) variance factor)
-  and widens the bootstrap spread accordingly, so a 7-minute window's chance
-  swings are not mistaken for a regression.
+* **Quantile comparisons by time blocks.** Requests in one engine batch share
+  their fate, so requests are not independent. A quantile's standard error is
+  read from the share of requests above it per time slice (batch means) and
+  the local density there (:meth:`SliceHistogram.log_quantile_se`, the same
+  estimator the canary gate uses, :mod:`sre_agent.exceedance`), at blocks of
+  one, two and four consecutive slices, the largest kept: load swings that
+  outlast a slice count, and a trend the deploy started inside the candidate
+  window is not mistaken for noise (as a parametric AR(1) factor, fitted per
+  window, mistook it).
+* **Block bootstrap.** :func:`quantile_ci` resamples whole time slices for a
+  one-population CI.
 * **Location test.** Mann-Whitney U (normal approximation with tie
   correction) and the Hodges-Lehmann shift, as Kayenta uses them.
 * **Tail test.** A location test misses a variance-only change in the tail,
@@ -65,6 +68,11 @@ MIN_REQUESTS: Final[int] = 20
 #: of the tail and the rules that read the tail all use it, so a quantile that can be reported
 #: as regressed always has a tail large enough to be explained.
 MIN_TAIL: Final[int] = 5
+#: Block lengths, in consecutive time slices, at which a quantile's batch-means variance is read;
+#: the largest is kept. With 40 slices a side, blocks of 4 slices are 10 blocks: correlation that
+#: lasts up to a tenth of the window (a minute-long load swing in 7 minutes) shows as a larger
+#: variance at the longer blocks. Longer blocks would be too few to estimate a variance from.
+BLOCK_SCALES: Final[tuple[int, ...]] = (1, 2, 4, 8)
 
 
 def min_samples_for_quantile(q: float) -> int:
@@ -136,31 +144,42 @@ class SliceHistogram:
         """Number of non-empty time slices (bootstrap blocks)."""
         return int(self.counts.shape[0])
 
-    def correlation_inflation(self, q: float = 0.5) -> float:
-        """How much correlation *between* time slices inflates the variance of quantile ``q`` (>= 1).
+    def log_quantile_se(self, q: float) -> float:
+        """Standard error of ``ln`` of quantile ``q`` of this side, time correlation included.
 
-        The block bootstrap resamples slices as if they were independent; load
-        swings that outlast a slice (a burst of arrivals fills every batch for a
-        minute) or phases of the workload make neighbouring slices alike, and
-        then a side's quantile varies more than the bootstrap says. Two per-slice
-        series are read, and the larger factor wins: the share of requests above
-        this side's quantile (``q`` clamped to 0.1..0.9, so every slice has a few
-        such requests; a quantile is where that share crosses ``1 - q``), and the
-        mean of ln(latency) (the swing of the whole distribution, which a sparse
-        tail share can miss). See :func:`_ar1_inflation`. 1 when there are fewer
-        than 8 slices.
+        The quantile is where the share of requests above it crosses ``1 - q``;
+        that share's variance by batch means over time blocks, divided by the
+        local density of ``ln(latency)`` at the quantile, is the log quantile's
+        variance (:func:`sre_agent.exceedance.log_quantile_se`, the canary's
+        estimator). It is read with blocks of each length in
+        :data:`BLOCK_SCALES` and the largest is returned: requests that shared
+        a burst land in one block, and swings that outlast a slice make longer
+        blocks vary more. ``inf`` when the side is empty.
         """
-        k = self.slices
-        if k < 8:
-            return 1.0
-        totals = np.maximum(self.counts.sum(axis=1), 1).astype(np.float64)
+        from sre_agent.exceedance import DENSITY_WINDOW, ShareCounts, log_quantile_se
+
+        threshold = self.quantile(q)
+        if threshold is None:
+            return math.inf
         values = bucket_value(self.buckets)
-        threshold = self.quantile(min(0.9, max(0.1, q))) or 0.0
-        above = self.counts[:, values > threshold].sum(axis=1)
-        p = float(above.sum() / totals.sum())
-        share = _ar1_inflation(above / totals, float(np.mean(p * (1.0 - p) / totals)))
-        mean_log = _ar1_inflation((self.counts @ np.log(np.maximum(values, 1e-9))) / totals, 0.0)
-        return max(share, mean_log)
+        hits = self.counts[:, values > threshold].sum(axis=1)
+        sizes = self.counts.sum(axis=1)
+        near_below = int(self.counts[:, (values >= threshold / (1.0 + DENSITY_WINDOW)) & (values <= threshold)].sum())
+        near_above = int(self.counts[:, (values > threshold) & (values <= threshold * (1.0 + DENSITY_WINDOW))].sum())
+        largest = 0.0
+        for scale in BLOCK_SCALES:
+            blocks = -(-sizes.size // scale)  # ceil: the last block may be shorter
+            if blocks < 2:
+                continue
+            edges = np.arange(0, sizes.size, scale)
+            counts = ShareCounts(
+                tuple(int(x) for x in np.add.reduceat(sizes, edges)),
+                tuple(int(x) for x in np.add.reduceat(hits, edges)),
+                near_below,
+                near_above,
+            )
+            largest = max(largest, log_quantile_se(counts, 1.0 - q))
+        return largest
 
     def quantile(self, q: float) -> float | None:
         """Quantile ``q`` in seconds, or ``None`` when empty."""
@@ -217,10 +236,10 @@ class SliceHistogram:
 
 @dataclass(frozen=True)
 class QuantileComparison:
-    """Quantile ``q`` on both sides with 95 % block-bootstrap CIs (``None`` = not estimable).
+    """Quantile ``q`` on both sides with 95 % CIs (``None`` = not estimable), see :func:`compare_quantile`.
 
     ``log_ratio_se`` is the standard error of ``ln(candidate / baseline)``
-    (bootstrap, inflated for correlation between slices), for tests at other levels.
+    (time blocks, :meth:`SliceHistogram.log_quantile_se`), for tests at other levels.
     """
 
     quantile: float
@@ -258,77 +277,27 @@ def compare_quantile(
     candidate: SliceHistogram,
     q: float,
     *,
-    resamples: int = 400,
     level: float = 0.95,
-    seed: int = 0,
 ) -> QuantileComparison:
-    """Quantile ``q`` on both sides and CIs of their difference and ratio.
+    """Quantile ``q`` on both sides and CIs of their difference (seconds) and ratio.
 
-    The two sides are resampled independently (each by its own slices), and
-    both sides' bootstrap spreads are widened by the square root of the larger
-    :meth:`SliceHistogram.correlation_inflation` (in log space, around the
-    median draw), so time-correlated requests do not pass for independent ones.
+    ``ln(candidate / baseline)`` is normal with the two sides'
+    :meth:`SliceHistogram.log_quantile_se` added in quadrature; the ratio CI
+    is its ``level`` interval, and the difference CI is the baseline times
+    that interval minus one. No CI below :func:`min_samples_for_quantile`
+    requests a side, with fewer than two time slices, or at a zero quantile.
     """
     b_est, c_est = baseline.quantile(q), candidate.quantile(q)
     need = min_samples_for_quantile(q)
     if b_est is None or c_est is None or baseline.n < need or candidate.n < need:
         return QuantileComparison(q, b_est, c_est, None, None)
-    if baseline.slices < 2 or candidate.slices < 2:
+    if baseline.slices < 2 or candidate.slices < 2 or not (b_est > 0 and c_est > 0):
         return QuantileComparison(q, b_est, c_est, None, None)
-    rng = np.random.default_rng(seed)
-    # One factor for both sides: how long load swings last is a property of the traffic, which
-    # both versions share, and one side's 40 slices estimate it poorly; the larger is the safe side.
-    inflation = max(baseline.correlation_inflation(q), candidate.correlation_inflation(q))
-    b_draws = _widen(baseline.bootstrap_quantiles(q, resamples, rng), inflation)
-    c_draws = _widen(candidate.bootstrap_quantiles(q, resamples, rng), inflation)
-    alpha = (1.0 - level) / 2.0
-    diff = c_draws - b_draws
-    diff_ci = (float(np.quantile(diff, alpha)), float(np.quantile(diff, 1.0 - alpha)))
-    ratio_ci: tuple[float, float] | None = None
-    log_se: float | None = None
-    if np.all(b_draws > 0) and np.all(c_draws > 0):
-        ratio = c_draws / b_draws
-        ratio_ci = (float(np.quantile(ratio, alpha)), float(np.quantile(ratio, 1.0 - alpha)))
-        log_se = float(np.std(np.log(ratio), ddof=1))
-    return QuantileComparison(q, b_est, c_est, diff_ci, ratio_ci, log_se)
-
-
-def _ar1_inflation(series: FloatArray, noise: float) -> float:
-    """Variance inflation of the mean of ``series`` over independent draws, under AR(1) correlation.
-
-    ``noise`` is the part of the series' variance that is independent from
-    slice to slice (binomial sampling of a share); the rest gets the factor
-    ``(1 + rho) / (1 - rho)`` of first-order autocorrelation ``rho``, itself
-    corrected for that noise and, Kendall, for the short series
-    (``+ (1 + 3 rho) / n``), and capped at 0.9. A parametric factor rather than
-    a sum of sample autocorrelations: over 40 slices those are biased low and
-    the sum's truncation drops the long tail of a slow swing, and both made
-    chance moves look significant.
-    """
-    k = series.size
-    centred = series - series.mean()
-    signal = float(centred @ centred) / k - noise
-    if signal <= 0:
-        return 1.0
-    rho = float(centred[1:] @ centred[:-1]) / k / signal
-    rho = min(0.9, max(0.0, rho + (1.0 + 3.0 * rho) / k))
-    return (noise + signal * (1.0 + rho) / (1.0 - rho)) / (noise + signal)
-
-
-def _widen(draws: FloatArray, inflation: float) -> FloatArray:
-    """Bootstrap draws with their spread scaled by ``sqrt(inflation)`` around the median draw."""
-    if inflation <= 1.0:
-        return draws
-    scale = math.sqrt(inflation)
-    if np.all(draws > 0):
-        # in log space, so widened quantiles stay positive
-        logs = np.log(draws)
-        centre = float(np.median(logs))
-        out: FloatArray = np.exp(centre + (logs - centre) * scale)
-        return out
-    centre = float(np.median(draws))
-    widened: FloatArray = np.maximum(0.0, centre + (draws - centre) * scale)
-    return widened
+    log_se = math.hypot(baseline.log_quantile_se(q), candidate.log_quantile_se(q))
+    z = normal_isf((1.0 - level) / 2.0)
+    log_ratio = math.log(c_est / b_est)
+    lo, hi = math.exp(log_ratio - z * log_se), math.exp(log_ratio + z * log_se)
+    return QuantileComparison(q, b_est, c_est, (b_est * (lo - 1.0), b_est * (hi - 1.0)), (lo, hi), log_se)
 
 
 def normal_isf(p: float) -> float:
