@@ -22,7 +22,9 @@ load per replica did not move (more work per request at the same arrival rate
 fills the slots: ``_engine_cost.service_time_queue_share``). For decode-side headlines (TPOT/ITL) the mechanism acts
 through prefill chunks sharing steps with decodes, so ``explained`` is then
 the relative rise of tokens computed per request (newly uncached prompt
-tokens over the baseline's uncached prompt + output tokens), capped at 1.
+tokens over the baseline's uncached prompt + output tokens), capped at 1;
+for other headlines the decode stage's share of the tail excess times that
+same rise is added (the tail's decode steps carry the extra prefill too).
 
 The drop is measured against the hit rate *expected* for the candidate's
 prompts under the baseline's caching (see ``_expected_hit_rate``), so a
@@ -184,18 +186,22 @@ def prefix_cache(
     cand = side(frame, "candidate").filter(pl.col(col).is_not_null())
     excess = regression.excess
     explained = 0.0
-    if regression.metric in ("tpot", "itl", "decode") and frame.height:
-        # Decode steps share the engine with prefill chunks: they now carry this much more work.
+    shared_steps = 0.0  # the share of a decode-time rise the extra prefill in shared steps accounts for
+    if frame.height and cand.height:
+        # Decode steps share the engine with prefill chunks (V0: prefill steps the decodes wait
+        # through): they now carry this much more work.
         base_tokens = float(cand.select((pl.col("input_tokens") * (1 - rate.baseline)).sum()).item()) + float(
             cand["output_tokens"].fill_null(0).sum()
         )
         extra_tokens = drop * float(cand["input_tokens"].sum())
-        explained = clip01(extra_tokens / base_tokens) if base_tokens > 0 else 0.0
+        shared_steps = clip01(extra_tokens / base_tokens) if base_tokens > 0 else 0.0
         evidence.append(
             Evidence("tokens_computed_per_request", rnd(base_tokens / max(1, cand.height), 1),
                      rnd((base_tokens + extra_tokens) / max(1, cand.height), 1),
                      "uncached prompt + output tokens: the extra prefill shares steps with decodes")
         )  # fmt: skip
+    if regression.metric in ("tpot", "itl", "decode") and frame.height:
+        explained = shared_steps
     elif not frame.height:
         explained = _counter_share(metrics, rate, drop, regression)
         evidence.append(
@@ -212,6 +218,13 @@ def prefix_cache(
                      f"{explained:.0%} of the {regression.metric} p{round(regression.quantile * 100)} excess "
                      f"({excess:.4f} s) at {seconds_per_token * 1e3:.3f} ms per uncached token")
         )  # fmt: skip
+        decode = stages.shares.get("decode", 0.0) * shared_steps
+        if decode > 0:
+            # The tail's decode time grew too: its steps carry the extra prefill (as for a TPOT headline).
+            explained = clip01(explained + decode)
+            evidence.append(Evidence("decode_share_from_shared_steps", None, rnd(decode),
+                                     f"decode share of the tail excess ({stages.shares.get('decode', 0.0):.0%}) x "
+                                     f"the rise of tokens computed per request ({shared_steps:.0%})"))  # fmt: skip
         queue = service_time_queue_share(comparison, stages, regression, metrics)
         if queue > 0:
             # Each request now brings more prefill work to the same replicas at the same arrival rate:
