@@ -48,6 +48,14 @@ _MECHANISM = {
     "prefill_slowdown": "prefill seconds per uncached token rose at equal batch",
     "decode_slowdown": "seconds per output token rose at equal batch",
 }
+#: What the title says when no driver was measured: the stage's own change, never a driver it
+#: did not measure (outside the engine there are no drivers to split).
+_STAGE_MECHANISM = {
+    "prefill": "prefill took longer per request, with no driver measured",
+    "decode": "decode took longer per request, with no driver measured",
+    "dependency": "non-engine spans (dependency calls) took longer",
+    "gateway": "the gateway's own time outside engine calls grew",
+}
 
 
 def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: MetricView | None) -> dict[str, float]:
@@ -158,7 +166,7 @@ def stages(
     )
     label = f"{stages.metric} p{round(stages.quantile * 100)}"
     where = f"{share:.0%} of the {label} tail excess is {dominant} time"
-    mechanism = _MECHANISM.get(cause) if cause in drivers else None
+    mechanism = _MECHANISM.get(cause) if cause in drivers else _STAGE_MECHANISM.get(dominant)
     return Finding(
         cause=cause,
         title=f"{mechanism[0].upper()}{mechanism[1:]} ({where})" if mechanism else where,
