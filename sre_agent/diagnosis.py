@@ -155,7 +155,7 @@ def _requests_per_side(comparison: Comparison) -> dict[str, int]:
     for signal in ("e2e_seconds", "ttft_seconds"):
         if comparison.metrics.has(signal):
             hist = comparison.metrics.histogram(signal)
-            counts: dict[str, int] = {s: h.count for s, h in ((s, hist[s]) for s in SIDES) if h is not None}
+            counts = {s: h.count for s, h in ((s, hist[s]) for s in SIDES) if h is not None}
             if len(counts) == len(SIDES):
                 return counts
     return {}
