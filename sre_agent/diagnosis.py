@@ -52,8 +52,6 @@ STAGE_METRICS: Final[tuple[str, ...]] = ("dependency", "gateway", "queue", "pref
 STAGE_MIN_EFFECT: Final[float] = 1.5
 #: ...and by 10 ms (a 2 ms queue becoming 4 ms is not an incident).
 STAGE_MIN_DELTA_S: Final[float] = 0.010
-#: Metric histograms observed once per output token rather than once per request.
-_PER_TOKEN_HISTOGRAMS: Final[frozenset[str]] = frozenset({"itl"})
 _METRIC_HISTOGRAMS: Final[dict[str, str]] = {
     "e2e": "e2e_seconds",
     "ttft": "ttft_seconds",
@@ -118,24 +116,16 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             continue
         hist = metrics.histogram(signal)
         b, c = hist["baseline"], hist["candidate"]
-        # ITL is observed once per output token, and a request's tokens share its batches and its
-        # context: they are not independent draws. Counting them as such made the intervals below
-        # so narrow that a 1.4x chance move of a healthy deploy's ITL p90 was "apart". A request is
-        # the unit of independence, as it is for every span latency.
-        units = _requests_per_side(comparison) if name in _PER_TOKEN_HISTOGRAMS else {}
-        b_n = units.get("baseline", b.count if b else 0)
-        c_n = units.get("candidate", c.count if c else 0)
         for q in QUANTILES:
             bq = b.quantile(q) if b else None
             cq_ = c.quantile(q) if c else None
-            enough = bool(b and c and min(b_n, c_n) >= stats.min_samples_for_quantile(q))
+            enough = bool(b and c and min(b.count, c.count) >= stats.min_samples_for_quantile(q))
             # Without a CI, demand twice the effect before calling it a regression, and
             # that the two sides' order-statistic intervals (binomial ranks read through the
             # buckets) do not overlap: a p99 of 700 requests is 7 values, and a none deploy's
             # TTFT p99 moves 1.3x on those alone. The intervals run bucket edge to bucket edge, so
             # two that only share an edge are apart: the candidate's lies wholly in higher buckets.
-            b_iv = b.quantile_interval(q, independent=b_n) if b else None
-            c_iv = c.quantile_interval(q, independent=c_n) if c else None
+            b_iv, c_iv = (b.quantile_interval(q) if b else None), (c.quantile_interval(q) if c else None)
             apart = bool(b_iv and c_iv and c_iv[0] >= b_iv[1])
             sig = bool(enough and apart and bq and cq_ and cq_ / bq >= 1 + 2 * (MIN_EFFECT - 1))
             out.append(MetricEstimate(name, q, bq, cq_, None, None, sig, source="metrics"))
@@ -146,19 +136,6 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             if e.name == "tpot"
         )
     return out
-
-
-def _requests_per_side(comparison: Comparison) -> dict[str, int]:
-    """Requests per side: engine request spans, else the e2e (then TTFT) histogram's count; {} when unknown."""
-    if all(comparison.request_counts[s] > 0 for s in SIDES):
-        return {s: int(comparison.request_counts[s]) for s in SIDES}
-    for signal in ("e2e_seconds", "ttft_seconds"):
-        if comparison.metrics.has(signal):
-            hist = comparison.metrics.histogram(signal)
-            counts = {s: h.count for s, h in ((s, hist[s]) for s in SIDES) if h is not None}
-            if len(counts) == len(SIDES):
-                return counts
-    return {}
 
 
 def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:

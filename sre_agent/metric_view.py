@@ -79,16 +79,11 @@ class HistogramDelta:
         """Quantile by linear interpolation inside the bucket (Prometheus style); ``None`` when empty."""
         return self.value_at_rank(q * self.count)
 
-    def quantile_interval(
-        self, q: float, z: float = 1.96, *, independent: int | None = None
-    ) -> tuple[float, float] | None:
+    def quantile_interval(self, q: float, z: float = 1.96) -> tuple[float, float] | None:
         """Distribution-free interval for the ``q`` quantile, as wide as the buckets force it to be.
 
         The rank of the sample quantile is binomial (order statistics): the quantile lies
-        between the observations of ranks ``n q -+ z sqrt(n q (1-q))``. When the ``n``
-        observations hold only ``independent`` independent units (the output tokens of that
-        many requests), the rank's spread is that of ``independent`` draws scaled to ``n``:
-        ``n sqrt(q (1-q) / independent)``. A histogram only says
+        between the observations of ranks ``n q -+ z sqrt(n q (1-q))``. A histogram only says
         which bucket each of those lies in, so the interval runs from the lower edge of the
         bucket holding the low rank to the upper edge of the one holding the high rank
         (interpolating inside a bucket assumes a shape and under-covers: 86 % for a nominal
@@ -98,8 +93,7 @@ class HistogramDelta:
         n = self.count
         if n == 0:
             return None
-        units = n if independent is None else max(1, min(n, independent))
-        half = z * n * math.sqrt(q * (1 - q) / units)
+        half = z * math.sqrt(n * q * (1 - q))
         lo_rank, hi_rank = max(0.0, n * q - half), min(float(n), n * q + half)
         edges = (0.0, *self.bounds, math.inf)
         seen, lo, hi = 0, None, None
