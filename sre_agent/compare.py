@@ -7,7 +7,7 @@ request spans (``is_engine``). Rules then read, through the same object:
 
 * **histograms**: one DuckDB scan builds per-side, per-time-slice log-bucket
   histograms of every latency column (exact over all rows); quantiles and
-  block-bootstrap CIs come from them (:mod:`sre_agent.stats`);
+  CIs over time blocks come from them (:mod:`sre_agent.stats`);
 * **requests**: one hash-sampled frame of at most ``sample_per_side``
   requests per side, with every low-cardinality attribute flattened into a
   column, for mix reweighting and slice localisation;
@@ -322,7 +322,7 @@ class Comparison(TraceAggregates):
         Columns: every canonical column (latencies cleaned and derived: a
         missing TTFT is queue + prefill, a missing e2e the span duration,
         and so on), plus ``side`` ('baseline'|'candidate') and ``slice``
-        (0..slices-1, the bootstrap block). ``columns`` selects from it;
+        (0..slices-1, the time block). ``columns`` selects from it;
         ``sampled`` restricts it to the rows of :attr:`requests`.
         """
         b, c = self._windows["baseline"], self._windows["candidate"]

@@ -173,7 +173,7 @@ class TraceAggregates:
 
         Every root span that is not an engine span, assigned by its start to a window. For
         telemetry without engine request spans (a gateway's spans plus engine metrics), this is
-        the one latency with per-request values, so the headline gets a block-bootstrap CI.
+        the one latency with per-request values, so the headline gets a CI over time blocks.
         Empty histograms when the windows hold no such spans, are version windows (a gateway
         span does not carry the engine's version), or a ``--where``/``--service`` filter is set
         (root spans cannot be filtered by the engine's attributes).

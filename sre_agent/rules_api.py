@@ -137,7 +137,7 @@ class SidePair:
 
 @dataclass(frozen=True)
 class MetricEstimate:
-    """A latency quantile on both sides with a block-bootstrap CI of the ratio.
+    """A latency quantile on both sides with a CI of the ratio over time blocks (:func:`stats.compare_quantile`).
 
     Attributes:
         name: ``ttft``, ``tpot``, ``itl``, ``e2e``, ``queue``, ``prefill``, ``decode``.

@@ -155,7 +155,7 @@ class LocalSource:
     def diagnose(self, selection: Selection) -> dict[str, Any]:
         """Run the diagnose engine in a child process and return the report's JSON form.
 
-        The engine is CPU-heavy Python (bootstraps, rules); in a thread it would
+        The engine is CPU-heavy Python (estimates, rules); in a thread it would
         hold the GIL and make every key press wait, in a process it cannot.
         """
         if importlib.util.find_spec("sre_agent.diagnosis") is None:

@@ -18,7 +18,7 @@ __all__ = ["register"]
 EPILOG = """The report ranks causes from a closed vocabulary (prefix_cache, batch_composition,
 kv_pressure, capacity, load, traffic_mix, dependency, decode_slowdown, prefill_slowdown,
 retry_amplification, errors; none when nothing regressed), each with a score, evidence
-and the next check. Latency quantiles carry 95% block-bootstrap confidence intervals.
+and the next check. Latency quantiles carry 95% confidence intervals over time blocks.
 
 exit codes: 0 report written (whatever it says), 2 usage error or a selection without data,
             1 store or server error

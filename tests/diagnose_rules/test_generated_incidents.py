@@ -230,7 +230,7 @@ def test_slower_decode_steps_are_named_by_what_slowed_them(seed: int, cause: str
 
 def test_gateway_spans_without_engine_spans_give_the_headline_a_ci(tmp_path: Path) -> None:
     # Telemetry of a gateway's spans plus engine metrics (no engine request spans): the root
-    # spans time every request, so the headline is their duration with a block-bootstrap CI
+    # spans time every request, so the headline is their duration with a CI over time blocks
     # (metric histograms alone carry none), and the trace headline must not break the stage split.
     assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
     incident = generate(54, SHARED_TRACES, max_per_side=1200)
