@@ -6,14 +6,14 @@ diagnose and canary.
 * **Log-bucket histograms.** Latencies are binned on a log scale with
   :data:`BUCKETS_PER_E` buckets per unit of ``ln(seconds)`` (about 1 % wide),
   so a quantile read from a histogram is within ~0.5 % of the exact one.
-  DuckDB builds them per time slice in one scan; the bootstraps below resample
-  the slices, never the millions of requests.
+  DuckDB builds them per time slice in one scan; everything below reads the
+  slices, never the millions of requests.
 * **Quantile comparisons by time blocks.** Requests in one engine batch share
   their fate, so requests are not independent. A quantile's standard error is
   read from the share of requests above it per time slice (batch means) and
   the local density there (:meth:`SliceHistogram.log_quantile_se`, the same
   estimator the canary gate uses, :mod:`sre_agent.exceedance`), at blocks of
-  one, two and four consecutive slices, the largest kept: load swings that
+  :data:`BLOCK_SCALES` consecutive slices, the largest kept: load swings that
   outlast a slice count, and a trend the deploy started inside the candidate
   window is not mistaken for noise (as a parametric AR(1) factor, fitted per
   window, mistook it).
@@ -69,9 +69,10 @@ MIN_REQUESTS: Final[int] = 20
 #: as regressed always has a tail large enough to be explained.
 MIN_TAIL: Final[int] = 5
 #: Block lengths, in consecutive time slices, at which a quantile's batch-means variance is read;
-#: the largest is kept. With 40 slices a side, blocks of 4 slices are 10 blocks: correlation that
-#: lasts up to a tenth of the window (a minute-long load swing in 7 minutes) shows as a larger
-#: variance at the longer blocks. Longer blocks would be too few to estimate a variance from.
+#: the largest is kept. With 40 slices a side the longest are 5 blocks of 8 slices: correlation
+#: that lasts up to a fifth of the window (a minute-long load swing in 7 minutes) shows as a
+#: larger variance there. Without the 8-slice blocks, 4 of 40 healthy deploys under such a swing
+#: were flagged, with them 1 (``python tests/benchmarks/noise_swing.py --scales 1,2,4``).
 BLOCK_SCALES: Final[tuple[int, ...]] = (1, 2, 4, 8)
 
 
@@ -141,7 +142,7 @@ class SliceHistogram:
 
     @property
     def slices(self) -> int:
-        """Number of non-empty time slices (bootstrap blocks)."""
+        """Number of non-empty time slices (the time blocks of every estimate)."""
         return int(self.counts.shape[0])
 
     def log_quantile_se(self, q: float) -> float:
