@@ -15,7 +15,6 @@ helpers here give those comparisons the same statistics everywhere:
 * :func:`confined_slice`: the one attribute value that holds most of a
   signal's change while carrying a minority of the traffic, if any.
 * :func:`metric_hit_rate`: the prefix-cache hit rate from counter deltas.
-* :func:`other_spans_sql`: the non-engine spans of both windows, sided.
 
 Engine-cost helpers (running batch, costs at equal batch size, step shape,
 offered load) live in :mod:`sre_agent.rules._engine_cost`.
@@ -49,7 +48,6 @@ LOAD_Z: Final[float] = 3.0
 Z_FULL: Final[float] = 5.0
 #: Fewest requests per side and per covariate bucket for a conditional comparison.
 MIN_BUCKET: Final[int] = 20
-_NS: Final[int] = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -307,46 +305,6 @@ def per_request(total: float | None, requests: int) -> float | None:
     return None if total is None or requests <= 0 else total / requests
 
 
-# ---------------------------------------------------------- non-engine spans
-def other_spans_sql(comparison: Comparison) -> str:
-    """A subquery over the non-engine spans of both windows (by each span's own start time).
-
-    Columns: ``side``, ``slice`` (the comparison's time slices), ``trace_id``,
-    ``span_id``, ``service_name``, ``name``, ``kind``, ``duration_s``,
-    ``status_code``, ``error_type``, ``attempt``, ``is_root`` (no parent),
-    ``wraps_engine`` (an engine request span is its child, or it is a client span naming a
-    model, ``gen_ai.request.model``: a gateway's inference call even when the engine sends no spans).
-    The ``--service`` filter is not applied: dependencies live in other services.
-    """
-    b, c = comparison.window("baseline"), comparison.window("candidate")
-    k = comparison.slices
-    lo, hi = min(b.start_ns, c.start_ns), max(b.end_ns, c.end_ns)
-    side_sql = (
-        f"CASE WHEN s.start_ns >= {b.start_ns} AND s.start_ns < {b.end_ns} THEN 'baseline' "
-        f"WHEN s.start_ns >= {c.start_ns} AND s.start_ns < {c.end_ns} THEN 'candidate' END"
-    )
-    in_b = f"s.start_ns >= {b.start_ns} AND s.start_ns < {b.end_ns}"
-    b_len, c_len = max(1, b.end_ns - b.start_ns), max(1, c.end_ns - c.start_ns)
-    slice_sql = (
-        f"CAST(floor((s.start_ns - CASE WHEN {in_b} THEN {b.start_ns} ELSE {c.start_ns} END) * {k}.0 "
-        f"/ CASE WHEN {in_b} THEN {b_len} ELSE {c_len} END) AS INTEGER)"
-    )
-    return f"""(
-        WITH eng AS (
-          SELECT DISTINCT trace_id, parent_span_id FROM spans
-          WHERE is_engine AND parent_span_id IS NOT NULL
-            AND start_ns >= {lo - 3600 * _NS} AND start_ns < {hi + 3600 * _NS}
-        )
-        SELECT {side_sql} AS side, {slice_sql} AS slice, s.trace_id, s.span_id, s.service_name, s.name, s.kind,
-          CASE WHEN s.duration_s >= 0 AND isfinite(s.duration_s) THEN s.duration_s END AS duration_s,
-          s.status_code, s.error_type, s.attempt, s.parent_span_id IS NULL AS is_root,
-          eng.trace_id IS NOT NULL OR (s.kind = 'client' AND s.model IS NOT NULL) AS wraps_engine
-        FROM spans s LEFT JOIN eng ON eng.trace_id = s.trace_id AND eng.parent_span_id = s.span_id
-        WHERE NOT coalesce(s.is_engine, false) AND s.start_ns >= {lo} AND s.start_ns < {hi}
-          AND {side_sql} IS NOT NULL
-    )"""
-
-
 def wide_enough(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> StageDecomposition:
     """The stage decomposition, at a lower quantile when the headline's tail is too small to split.
 
@@ -423,7 +381,6 @@ __all__ = [
     "headline_column",
     "latency_share",
     "metric_hit_rate",
-    "other_spans_sql",
     "per_replica",
     "per_request",
     "pow2_bucket",

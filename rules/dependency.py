@@ -43,7 +43,6 @@ from sre_agent.rules._mechanism import (
     clip01,
     confined_slice,
     latency_share,
-    other_spans_sql,
     ratio_estimate,
     rnd,
     side,
@@ -96,23 +95,12 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
         raise RuleSkipped("no spans outside the engine (no gateway or dependency instrumentation)")
     if windows_overlap(comparison):
         raise RuleSkipped("the windows overlap (version comparison): dependency spans cannot be assigned a side")
-    sql = other_spans_sql(comparison)
-    slices = comparison.con.sql(
-        f"""SELECT side, slice, service_name, name, kind, count(*) AS n, sum(duration_s) AS total_s
-            FROM {sql} WHERE NOT is_root AND duration_s IS NOT NULL GROUP BY ALL"""
-    ).pl()
-    roots = comparison.con.sql(f"SELECT side, count(*) AS n FROM {sql} WHERE is_root GROUP BY side").pl()
-    root_n = {r["side"]: int(r["n"]) for r in roots.to_dicts()}
-    # Engine-call groups (gateway attempt spans) are not dependencies, including their failed
-    # attempts that never reached an engine: a group is an engine call if any of its spans wraps one.
-    callers = comparison.con.sql(f"SELECT DISTINCT service_name, name, kind FROM {sql} WHERE wraps_engine").pl()
-    slices = slices.join(callers, on=["service_name", "name", "kind"], how="anti", nulls_equal=True)
+    spans = comparison.other_spans
+    slices = spans.dependency_groups()
     if slices.height == 0:
         raise RuleSkipped("no dependency spans (only gateway roots and engine-call wrappers)")
-    p99 = comparison.con.sql(
-        f"""SELECT side, service_name, name, kind, quantile_cont(duration_s, 0.99) AS p99_s FROM {sql}
-            WHERE NOT is_root GROUP BY ALL"""
-    ).pl()
+    root_n = spans.root_counts()
+    p99 = spans.group_p99()
     shifted: list[_Shift] = []
     positive_total = 0.0
     for key, group in slices.group_by("service_name", "name", "kind"):
@@ -164,7 +152,7 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
                      f"{shift.calls:.2f} calls per request x mean shift; {share_of_deps:.0%} of all dependency "
                      f"shifts; {detail}"),
         ]  # fmt: skip
-        scope = _scope(comparison, sql, (service, name, kind), dimensions)
+        scope = _scope(comparison, (service, name, kind), dimensions)
         if scope is not None:
             evidence.append(Evidence(f"shift_share[{scope[0]}={scope[1]}]", None, rnd(scope[2]),
                                      f"share of the added time; {scope[3]:.0%} of the traffic"))  # fmt: skip
@@ -206,18 +194,13 @@ def _dependency_share_of_tail(comparison: Comparison, regression: Regression) ->
 
 
 def _scope(
-    comparison: Comparison, sql: str, group: tuple[str, str, str], dimensions: list[str]
+    comparison: Comparison, group: tuple[str, str, str], dimensions: list[str]
 ) -> tuple[str, str, float, float] | None:
     """The attribute value confining the group's shift, from the sampled requests' lifted dimensions."""
     dims = [d for d in dimensions if d in comparison.requests.columns]
     if not dims:
         return None
-    spans = comparison.con.sql(
-        f"""SELECT side, trace_id, duration_s FROM {sql} WHERE service_name IS NOT DISTINCT FROM ?
-            AND name IS NOT DISTINCT FROM ? AND kind IS NOT DISTINCT FROM ? AND duration_s IS NOT NULL
-            AND NOT is_root""",
-        params=list(group),
-    ).pl()
+    spans = comparison.other_spans.group_spans(*group)
     per_trace = comparison.requests.select("trace_id", *dims).unique("trace_id")
     joined = spans.join(per_trace, on="trace_id", how="inner")
     if joined.height == 0:

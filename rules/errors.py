@@ -51,7 +51,6 @@ from sre_agent.rules._mechanism import (
     clip01,
     confined_slice,
     headline_column,
-    other_spans_sql,
     ratio_estimate,
     rnd,
     side,
@@ -129,9 +128,7 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
     engine = comparison.requests
     roots_seen = False
     if comparison.has_other_spans and not windows_overlap(comparison):
-        roots = comparison.con.sql(
-            f"SELECT side, slice, duration_s, status_code, error_type FROM {other_spans_sql(comparison)} WHERE is_root"
-        ).pl()
+        roots = comparison.other_spans.roots()
         if roots.height:
             roots_seen = True
             roots = _categories(roots, {"error_rate": "status_code", "error.type": "error_type"})

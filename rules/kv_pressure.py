@@ -150,7 +150,7 @@ def kv_pressure(
     queue_part = min(at_stake, engine["queue"]) if filled else 0.0
     explained = queue_part + (at_stake - queue_part) * coverage
     stage = max(engine, key=lambda s: engine[s]) if sum(engine.values()) > 0 else None
-    scope, scope_evidence = _scope(_preemptions_by_replica(comparison, metrics))
+    scope, scope_evidence = _scope(metrics.counter_delta_by_replica("preemptions"))
     if scope_evidence is not None:
         evidence.append(scope_evidence)
     what = (
@@ -169,35 +169,6 @@ def kv_pressure(
         evidence=tuple(evidence),
         next_check=NEXT_CHECK,
     )
-
-
-def _preemptions_by_replica(comparison: Comparison, metrics: MetricView) -> dict[tuple[str, str], float]:
-    """Candidate-window preemption counter deltas per replica, keyed by (attribute, value).
-
-    The replica is named by ``host.name``, else ``service.instance.id``, as the
-    metric points carry them. (MetricView sums over series; the scope needs them apart.)
-    """
-    name = metrics.name_for("preemptions")
-    if name is None:
-        return {}
-    w = comparison.window("candidate")
-    version = "" if w.version is None else "AND service_version = ?"
-    params: list[object] = [name, w.start_ns, w.end_ns] + ([w.version] if w.version is not None else [])
-    rows = comparison.con.execute(
-        f"""
-        SELECT CASE WHEN host_name IS NOT NULL THEN 'host.name' ELSE 'service.instance.id' END,
-          coalesce(host_name, service_instance), sum(inc)
-        FROM (SELECT host_name, service_instance,
-                CASE WHEN temporality = 'delta' THEN value WHEN prev IS NULL THEN 0
-                     WHEN value >= prev THEN value - prev ELSE value END AS inc
-              FROM (SELECT *, lag(value) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev
-                    FROM metric_points WHERE name = ? AND time_ns >= ? AND time_ns < ? {version}
-                      AND isfinite(value)))
-        WHERE coalesce(host_name, service_instance) IS NOT NULL GROUP BY ALL
-        """,
-        params,
-    ).fetchall()
-    return {(str(k), str(v)): float(n or 0.0) for k, v, n in rows}
 
 
 def _scope(by_replica: dict[tuple[str, str], float]) -> tuple[dict[str, str], Evidence | None]:

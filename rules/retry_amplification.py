@@ -44,7 +44,6 @@ from sre_agent.compare import Comparison
 from sre_agent.rules._mechanism import (
     clip01,
     latency_share,
-    other_spans_sql,
     ratio_estimate,
     rnd,
     side,
@@ -75,22 +74,7 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
         raise RuleSkipped("no gateway spans: attempts per logical request are unknown")
     if windows_overlap(comparison):
         raise RuleSkipped("the windows overlap (version comparison): gateway traces cannot be assigned a side")
-    sql = other_spans_sql(comparison)
-    per_trace = comparison.con.sql(
-        f"""
-        WITH t AS (
-          SELECT trace_id,
-            any_value(side) FILTER (WHERE is_root) AS side, any_value(slice) FILTER (WHERE is_root) AS slice,
-            max(duration_s) FILTER (WHERE is_root) AS trace_s,
-            count(*) FILTER (WHERE wraps_engine OR coalesce(attempt, 0) > 0) AS wrapped,
-            max(coalesce(attempt, 0)) AS max_resend,
-            coalesce(bool_or(status_code = 'error') FILTER (WHERE is_root), false) AS failed
-          FROM {sql} GROUP BY trace_id
-        )
-        SELECT trace_id, side, slice, trace_s, wrapped, greatest(wrapped, max_resend + 1) AS attempts, failed FROM t
-        WHERE side IS NOT NULL AND trace_s IS NOT NULL
-        """
-    ).pl()
+    per_trace = comparison.other_spans.attempts_per_trace()
     if per_trace.height == 0:
         raise RuleSkipped("no root spans of logical requests in the windows")
     source = "gateway attempt spans per logical request"

@@ -14,6 +14,7 @@ import numpy as np
 from sre_agent import stats
 from sre_agent.attribute_sql import entries_sql, lookup_sql
 from sre_agent.metric_view import fetch_one
+from sre_agent.other_spans import OtherSpans
 from sre_agent.resolve import log_bucket_sql, slice_position_sql
 
 if TYPE_CHECKING:
@@ -79,6 +80,11 @@ class TraceAggregates:
         raise NotImplementedError
 
     # --------------------------------------------------------- other spans
+    @cached_property
+    def other_spans(self) -> OtherSpans:
+        """The non-engine spans of both windows as frames for the rules (:mod:`sre_agent.other_spans`)."""
+        return OtherSpans(self.con, self._windows["baseline"], self._windows["candidate"], self.slices)
+
     @cached_property
     def has_other_spans(self) -> bool:
         """Whether the windows hold any non-engine spans (gateway, dependencies)."""

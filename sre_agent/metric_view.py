@@ -299,21 +299,44 @@ class MetricView:
             return SidePair(None, None)
         out: list[float | None] = []
         for side in ("baseline", "candidate"):
-            row = fetch_one(
-                self._con.execute(
-                    f"""
-                SELECT sum(CASE WHEN temporality = 'delta' THEN value
-                                WHEN prev IS NULL THEN 0
-                                WHEN value >= prev THEN value - prev
-                                ELSE value END)  -- a reset: the counter restarted from 0
-                FROM (SELECT value, temporality,
-                        lag(value) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev
-                      FROM metric_points WHERE {self._where(side, name)} AND isfinite(value))
-                """
-                )
-            )
+            row = fetch_one(self._con.execute(f"SELECT sum(inc) FROM {self._increments_sql(side, name)}"))
             out.append(None if row is None or row[0] is None else float(row[0]))
         return SidePair(out[0], out[1])
+
+    def _increments_sql(self, side: str, name: str) -> str:
+        """A subquery of a counter's increments (column ``inc``) between consecutive points of each series.
+
+        A cumulative counter's first point in the window adds nothing (its increase before the
+        window is not the window's); a value below the previous one is a reset, and the counter
+        restarted from 0; delta points are increments already. Also carries ``host_name`` and
+        ``service_instance`` for per-replica sums.
+        """
+        return f"""(
+            SELECT host_name, service_instance,
+              CASE WHEN temporality = 'delta' THEN value WHEN prev IS NULL THEN 0
+                   WHEN value >= prev THEN value - prev ELSE value END AS inc
+            FROM (SELECT value, temporality, host_name, service_instance,
+                    lag(value) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev
+                  FROM metric_points WHERE {self._where(side, name)} AND isfinite(value)))"""
+
+    def counter_delta_by_replica(self, signal: str, side: str = "candidate") -> dict[tuple[str, str], float]:
+        """:meth:`counter_delta` of one side per replica, keyed by (attribute, value).
+
+        The replica is named by ``host.name``, else ``service.instance.id``, as the metric
+        points carry them; points naming neither are left out. Empty when the signal is absent.
+        """
+        name = self.name_for(signal)
+        if name is None:
+            return {}
+        rows = self._con.execute(
+            f"""
+            SELECT CASE WHEN host_name IS NOT NULL THEN 'host.name' ELSE 'service.instance.id' END,
+              coalesce(host_name, service_instance), sum(inc)
+            FROM {self._increments_sql(side, name)}
+            WHERE coalesce(host_name, service_instance) IS NOT NULL GROUP BY ALL
+            """
+        ).fetchall()
+        return {(str(k), str(v)): float(n or 0.0) for k, v, n in rows}
 
     def counter_rate(self, signal: str) -> SidePair:
         """:meth:`counter_delta` per second of window."""

@@ -44,3 +44,36 @@ def test_import_linter_contracts_hold() -> None:
     assert lint is not None
     result = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# What a rule may not do with the comparison: run SQL on its connection or hold one (issue 16:
+# rules get data from the comparison, so the same rules can run over another engine).
+_ENGINE_ATTRIBUTES = frozenset({"con", "_con", "execute", "sql", "fetchall", "fetchone", "register"})
+
+
+def _engine_uses(path: Path) -> list[str]:
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in _ENGINE_ATTRIBUTES:
+            found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"{path.name}:{node.lineno}: import {n}" for n in names if n.split(".")[0] == "duckdb"]
+    return found
+
+
+def test_no_rule_touches_the_engine() -> None:
+    rules = sorted((ROOT / "rules").glob("*.py"))
+    assert len(rules) > 10
+    uses = [use for path in rules for use in _engine_uses(path)]
+    assert not uses, "rules must read data from the comparison, not the engine:\n" + "\n".join(uses)
+
+
+def test_the_engine_check_sees_a_query(tmp_path: Path) -> None:
+    # The check above could pass by looking at nothing; it must catch the forms rules used to take.
+    bad = tmp_path / "bad_rule.py"
+    bad.write_text("import duckdb\n\ndef rule(comparison):\n    return comparison.con.sql('SELECT 1').pl()\n")
+    assert len(_engine_uses(bad)) == 3  # the import, .con and .sql

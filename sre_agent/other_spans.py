@@ -1,0 +1,151 @@
+"""Spans outside the engine, handed to the rules as frames: roots, attempts, dependency groups.
+
+The rules that read gateway and dependency spans (``dependency``, ``errors``,
+``retry_amplification``) get these frames from :attr:`Comparison.other_spans
+<sre_agent.compare.Comparison.other_spans>`; the SQL that sides, slices and
+groups the spans lives here, so no rule touches the connection (issue 16).
+
+Every frame is built from one relation, the non-engine spans of both windows by
+each span's own start time, with columns ``side``, ``slice`` (the comparison's
+time slices), ``trace_id``, ``span_id``, ``service_name``, ``name``, ``kind``,
+``duration_s`` (seconds; ``NULL`` when negative or not finite), ``status_code``,
+``error_type``, ``attempt``, ``is_root`` (no parent) and ``wraps_engine`` (an
+engine request span is its child, or it is a client span naming a model,
+``gen_ai.request.model``: a gateway's inference call even when the engine sends
+no spans). The ``--service`` filter is not applied: dependencies live in other
+services.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+    from sre_agent.resolve import SideWindow
+
+__all__ = ["OtherSpans"]
+
+_NS: Final[int] = 1_000_000_000
+#: How far outside the windows an engine span may start and still mark its parent as an engine
+#: call (seconds): a long request's engine span starts before the gateway attempt that ends in it.
+_ENGINE_MARGIN_S: Final[int] = 3600
+
+
+class OtherSpans:
+    """The non-engine spans of a comparison's two windows, read on demand as polars frames.
+
+    ``slices`` is the number of time slices per window (the comparison's cluster unit).
+    """
+
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, baseline: SideWindow, candidate: SideWindow, slices: int
+    ) -> None:
+        self._con = con
+        self._b, self._c = baseline, candidate
+        self._slices = slices
+
+    @cached_property
+    def _sql(self) -> str:
+        """The sided subquery every frame reads (see the module docstring for its columns)."""
+        b, c, k = self._b, self._c, self._slices
+        lo, hi = min(b.start_ns, c.start_ns), max(b.end_ns, c.end_ns)
+        in_b = f"s.start_ns >= {b.start_ns} AND s.start_ns < {b.end_ns}"
+        in_c = f"s.start_ns >= {c.start_ns} AND s.start_ns < {c.end_ns}"
+        # A span in both windows (overlapping windows) is the baseline's; callers refuse overlaps.
+        side_sql = f"CASE WHEN {in_b} THEN 'baseline' WHEN {in_c} THEN 'candidate' END"
+        b_len, c_len = max(1, b.end_ns - b.start_ns), max(1, c.end_ns - c.start_ns)
+        slice_sql = (
+            f"CAST(floor((s.start_ns - CASE WHEN {in_b} THEN {b.start_ns} ELSE {c.start_ns} END) * {k}.0 "
+            f"/ CASE WHEN {in_b} THEN {b_len} ELSE {c_len} END) AS INTEGER)"
+        )
+        margin = _ENGINE_MARGIN_S * _NS
+        return f"""(
+            WITH eng AS (
+              SELECT DISTINCT trace_id, parent_span_id FROM spans
+              WHERE is_engine AND parent_span_id IS NOT NULL
+                AND start_ns >= {lo - margin} AND start_ns < {hi + margin}
+            )
+            SELECT {side_sql} AS side, {slice_sql} AS slice, s.trace_id, s.span_id, s.service_name, s.name, s.kind,
+              CASE WHEN s.duration_s >= 0 AND isfinite(s.duration_s) THEN s.duration_s END AS duration_s,
+              s.status_code, s.error_type, s.attempt, s.parent_span_id IS NULL AS is_root,
+              eng.trace_id IS NOT NULL OR (s.kind = 'client' AND s.model IS NOT NULL) AS wraps_engine
+            FROM spans s LEFT JOIN eng ON eng.trace_id = s.trace_id AND eng.parent_span_id = s.span_id
+            WHERE NOT coalesce(s.is_engine, false) AND s.start_ns >= {lo} AND s.start_ns < {hi}
+              AND {side_sql} IS NOT NULL
+        )"""
+
+    def _frame(self, sql: str, params: list[object] | None = None) -> pl.DataFrame:
+        frame: pl.DataFrame = self._con.sql(sql, params=params).pl()
+        return frame
+
+    def roots(self) -> pl.DataFrame:
+        """Root spans (logical requests): ``side``, ``slice``, ``duration_s``, ``status_code``, ``error_type``."""
+        return self._frame(f"SELECT side, slice, duration_s, status_code, error_type FROM {self._sql} WHERE is_root")
+
+    def root_counts(self) -> dict[str, int]:
+        """Root spans per side (absent sides are missing from the dict)."""
+        rows = self._con.sql(f"SELECT side, count(*) FROM {self._sql} WHERE is_root GROUP BY side").fetchall()
+        return {str(side): int(n) for side, n in rows}
+
+    def dependency_groups(self) -> pl.DataFrame:
+        """Non-root spans with a duration per ``side``, ``slice``, ``service_name``, ``name``, ``kind``.
+
+        Columns ``n`` (spans) and ``total_s`` (seconds). Groups that call an engine
+        (gateway attempt spans) are left out, including their failed attempts that
+        never reached one: a group is an engine call if any of its spans wraps one.
+        """
+        return self._frame(
+            f"""
+            WITH o AS (SELECT * FROM {self._sql}),
+            callers AS (SELECT DISTINCT service_name, name, kind FROM o WHERE wraps_engine)
+            SELECT side, slice, service_name, name, kind, count(*) AS n, sum(duration_s) AS total_s
+            FROM o WHERE NOT is_root AND duration_s IS NOT NULL
+              AND NOT EXISTS (SELECT 1 FROM callers c WHERE c.service_name IS NOT DISTINCT FROM o.service_name
+                              AND c.name IS NOT DISTINCT FROM o.name AND c.kind IS NOT DISTINCT FROM o.kind)
+            GROUP BY ALL
+            """
+        )
+
+    def group_p99(self) -> pl.DataFrame:
+        """99th percentile of non-root span durations: ``side``, ``service_name``, ``name``, ``kind``, ``p99_s``."""
+        return self._frame(
+            f"""SELECT side, service_name, name, kind, quantile_cont(duration_s, 0.99) AS p99_s FROM {self._sql}
+                WHERE NOT is_root GROUP BY ALL"""
+        )
+
+    def group_spans(self, service: str | None, name: str | None, kind: str | None) -> pl.DataFrame:
+        """One group's non-root spans with a duration: ``side``, ``trace_id``, ``duration_s``."""
+        return self._frame(
+            f"""SELECT side, trace_id, duration_s FROM {self._sql} WHERE service_name IS NOT DISTINCT FROM ?
+                AND name IS NOT DISTINCT FROM ? AND kind IS NOT DISTINCT FROM ? AND duration_s IS NOT NULL
+                AND NOT is_root""",
+            [service, name, kind],
+        )
+
+    def attempts_per_trace(self) -> pl.DataFrame:
+        """Per trace with a root span: ``trace_id``, ``side``, ``slice``, ``trace_s``, ``wrapped``, ``attempts``,
+        ``failed``.
+
+        ``wrapped`` counts spans that wrap an engine call or carry a resend count;
+        ``attempts`` is the larger of that and the highest resend count + 1; ``failed``
+        is whether the root's status is an error.
+        """
+        return self._frame(
+            f"""
+            WITH t AS (
+              SELECT trace_id,
+                any_value(side) FILTER (WHERE is_root) AS side, any_value(slice) FILTER (WHERE is_root) AS slice,
+                max(duration_s) FILTER (WHERE is_root) AS trace_s,
+                count(*) FILTER (WHERE wraps_engine OR coalesce(attempt, 0) > 0) AS wrapped,
+                max(coalesce(attempt, 0)) AS max_resend,
+                coalesce(bool_or(status_code = 'error') FILTER (WHERE is_root), false) AS failed
+              FROM {self._sql} GROUP BY trace_id
+            )
+            SELECT trace_id, side, slice, trace_s, wrapped, greatest(wrapped, max_resend + 1) AS attempts, failed
+            FROM t WHERE side IS NOT NULL AND trace_s IS NOT NULL
+            """
+        )
