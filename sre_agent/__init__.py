@@ -35,7 +35,6 @@ _LAZY: dict[str, str] = {
     "RemoteError": "sre_agent.errors",
     "Report": "sre_agent.report",
     "RetryBudget": "sre_agent.policy.budget",
-    "Scenario": "sre_agent.replays.scenario",
     "ScenarioError": "sre_agent.errors",
     "Selection": "sre_agent.selection",
     "SelectionError": "sre_agent.errors",
@@ -50,8 +49,6 @@ _LAZY: dict[str, str] = {
     "diagnose": "sre_agent.diagnosis",
     "ingest_files": "sre_agent.files",
     "load_config": "sre_agent.config",
-    "load_scenario": "sre_agent.replays.scenario",
-    "run_scenario": "sre_agent.replays.replay",
 }
 
 __all__ = [
@@ -75,7 +72,6 @@ __all__ = [
     "RemoteError",
     "Report",
     "RetryBudget",
-    "Scenario",
     "ScenarioError",
     "Selection",
     "SelectionError",
@@ -91,8 +87,6 @@ __all__ = [
     "diagnose",
     "ingest_files",
     "load_config",
-    "load_scenario",
-    "run_scenario",
 ]
 
 if TYPE_CHECKING:
@@ -121,8 +115,6 @@ if TYPE_CHECKING:
     from sre_agent.normalise import Normaliser
     from sre_agent.policy.budget import RetryBudget
     from sre_agent.policy.client import PolicyEngine
-    from sre_agent.replays.replay import run_scenario
-    from sre_agent.replays.scenario import Scenario, load_scenario
     from sre_agent.report import Report
     from sre_agent.rules_api import CAUSES, Evidence, Finding
     from sre_agent.selection import Selection, Window
