@@ -79,7 +79,7 @@ from sre_agent.rules._mechanism import (
     stage_share,
     tail_shares,
 )
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
+from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.
 MAX_RATE_CHANGE: Final[float] = 0.15
@@ -132,7 +132,7 @@ def batch_composition(
         s: side(frame, s)
         .select((pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0)).mean())
         .item()
-        for s in ("baseline", "candidate")
+        for s in SIDES
     }
     work_pair = SidePair(*(float(v) if v is not None else None for v in work.values()))
     load, load_unit = load_per_replica(comparison, metrics)
@@ -143,7 +143,7 @@ def batch_composition(
     running_how = "num_requests_running gauge, window mean"
     if running.baseline is None or running.candidate is None:
         overlap = frame.select("span_id", "side").join(running_batch(comparison, "decode"), on="span_id")
-        means = [side(overlap, s)["running"].mean() for s in ("baseline", "candidate")]
+        means = [side(overlap, s)["running"].mean() for s in SIDES]
         running = SidePair(*(float(m) if isinstance(m, int | float) else None for m in means))
         running_how = "requests running on the same replica (span overlap)"
     evidence = [

@@ -50,7 +50,7 @@ from sre_agent.rules._mechanism import (
     windows_overlap,
     z_change,
 )
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
+from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
 
 #: Smallest relative rise of a group's mean duration.
 MIN_RISE: Final[float] = 0.20
@@ -180,7 +180,7 @@ def _dependency_share_of_tail(comparison: Comparison, regression: Regression) ->
     traces = comparison.traces.filter(pl.col("trace_s").is_not_null())
     q = regression.quantile if regression.quantile >= 0.5 else 0.9
     means: dict[str, tuple[float, float]] = {}
-    for s in ("baseline", "candidate"):
+    for s in SIDES:
         part = side(traces, s)
         if part.height < 20:
             return None

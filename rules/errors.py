@@ -58,7 +58,7 @@ from sre_agent.rules._mechanism import (
     windows_overlap,
     z_change,
 )
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
+from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
 
 #: Smallest absolute rise of a share.
 MIN_RISE: Final[float] = 0.01
@@ -96,7 +96,7 @@ def _moved(frame: pl.DataFrame, duration: str, q: float, level: str) -> list[tup
     categories = [c for c in frame.columns if c.startswith("cat:")]
     # Split once, on just the needed columns: each filter of the wide frame copies every column.
     narrow = frame.select("side", "slice", duration, *categories)
-    sides = {s: side(narrow, s) for s in ("baseline", "candidate")}
+    sides = {s: side(narrow, s) for s in SIDES}
     for col in categories:
         eb = ratio_estimate(sides["baseline"], pl.col(col), pl.lit(1.0))
         ec = ratio_estimate(sides["candidate"], pl.col(col), pl.lit(1.0))
@@ -107,7 +107,7 @@ def _moved(frame: pl.DataFrame, duration: str, q: float, level: str) -> list[tup
         if z < MIN_Z or rise < MIN_RISE or ec.value < MIN_FACTOR * eb.value:
             continue
         tails = []
-        for s in ("baseline", "candidate"):
+        for s in SIDES:
             part = sides[s].filter(pl.col(duration).is_not_null())
             threshold = part[duration].quantile(q, interpolation="lower")
             tail = part.filter(pl.col(duration) >= threshold)
@@ -197,7 +197,7 @@ def _reached_users(roots: pl.DataFrame, engine: pl.DataFrame) -> tuple[float, Ev
     for name, frame, col in (("root", roots, "cat:error_rate"), ("engine", engine, "cat:engine_error_rate")):
         if col not in frame.columns:
             return None
-        shares[name] = [float(side(frame, s)[col].mean() or 0.0) for s in ("baseline", "candidate")]  # type: ignore[arg-type]
+        shares[name] = [float(side(frame, s)[col].mean() or 0.0) for s in SIDES]  # type: ignore[arg-type]
     engine_rise = shares["engine"][1] - shares["engine"][0]
     if engine_rise <= 0:
         return None

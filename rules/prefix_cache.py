@@ -66,7 +66,7 @@ from sre_agent.rules._mechanism import (
     significance,
     z_change,
 )
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
+from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair
 
 #: Smallest drop of the hit rate (absolute, fraction of prompt tokens) worth a finding.
 MIN_DROP: Final[float] = 0.05
@@ -106,7 +106,7 @@ def _expected_hit_rate(frame: pl.DataFrame, with_cache: pl.DataFrame | None, bas
             return baseline_rate
         weighted = cand.select((pl.col("input_tokens") * pl.col("_hit").fill_null(baseline_rate)).sum()).item()
         return float(weighted) / total
-    means = [side(frame, s)["input_tokens"].mean() for s in ("baseline", "candidate")]
+    means = [side(frame, s)["input_tokens"].mean() for s in SIDES]
     if isinstance(means[0], int | float) and isinstance(means[1], int | float) and means[1] > 0:
         return baseline_rate * min(1.0, float(means[0]) / float(means[1]))
     return baseline_rate
@@ -148,7 +148,7 @@ def prefix_cache(
     evidence: list[Evidence] = []
     span_rate: SidePair | None = None
     z = 0.0
-    if min(side(with_cache, s).height for s in ("baseline", "candidate")) >= MIN_BUCKET:
+    if min(side(with_cache, s).height for s in SIDES) >= MIN_BUCKET:
         cached, prompt = pl.col("cached_tokens").clip(0, None), pl.col("input_tokens")
         eb = ratio_estimate(side(with_cache, "baseline"), cached, prompt)
         ec = ratio_estimate(side(with_cache, "candidate"), cached, prompt)

@@ -51,7 +51,7 @@ from sre_agent.rules._mechanism import (
     windows_overlap,
     z_change,
 )
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
+from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
 
 #: Smallest rise of attempts per logical request.
 MIN_RISE: Final[float] = 0.02
@@ -102,10 +102,10 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
     if regression.metric in ("gateway", "dependency") and stage_col in comparison.requests.columns:
         per_request = comparison.requests.select("trace_id", stage_col).drop_nulls().unique("trace_id")
         joined = per_trace.join(per_request, on="trace_id", how="inner")
-        if min(side(joined, s).height for s in ("baseline", "candidate")) >= MIN_TAIL_TRACES:
+        if min(side(joined, s).height for s in SIDES) >= MIN_TAIL_TRACES:
             tail_col, tail_frame = stage_col, joined
     shares: dict[str, tuple[float, float]] = {}
-    for s in ("baseline", "candidate"):
+    for s in SIDES:
         part = side(tail_frame, s)
         threshold = part[tail_col].quantile(q, interpolation="lower")
         tail = part.filter(pl.col(tail_col) >= threshold)
@@ -152,7 +152,7 @@ def _failures_share(comparison: Comparison, per_trace: pl.DataFrame) -> float:
     ):
         return 0.0
     rates: dict[str, tuple[float, float]] = {}
-    for s in ("baseline", "candidate"):
+    for s in SIDES:
         part = side(per_trace, s)
         if part.height == 0:
             return 0.0

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from sre_agent.resolve import quote
 from sre_agent.schema import MAP_PARTS, PROMOTED_KEYS, promoted_sql
+from sre_agent.sql_text import literal
 
 __all__ = ["entries_sql", "lookup_sql"]
 
@@ -24,7 +24,7 @@ _INDEX: Final[dict[str, int]] = {key: i for i, (key, _) in enumerate(PROMOTED_KE
 def lookup_sql(key: str, whole_map: str) -> str:
     """``whole_map[key]`` (``attributes`` or ``resource_attributes``) read from the stored parts."""
     stored, offset = MAP_PARTS[whole_map]
-    direct = f"{stored}[{quote(key)}]"
+    direct = f"{stored}[{literal(key)}]"
     index = _INDEX.get(key)
     if index is None:
         return direct
@@ -42,5 +42,5 @@ def entries_sql(relation: str, whole_map: str, extra: str = "") -> str:
     parts = [f"SELECT unnest(map_entries({stored}), recursive := true){extra} FROM {relation}"]
     for index, (key, _) in enumerate(PROMOTED_KEYS):
         bit, value = promoted_sql(index, offset)
-        parts.append(f"SELECT {quote(key)} AS key, {value} AS value{extra} FROM {relation} WHERE {bit}")
+        parts.append(f"SELECT {literal(key)} AS key, {value} AS value{extra} FROM {relation} WHERE {bit}")
     return " UNION ALL ".join(parts)

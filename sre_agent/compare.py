@@ -44,7 +44,6 @@ from sre_agent.resolve import (
     Windows,
     describe_where,
     log_bucket_sql,
-    quote,
     resolve_windows,
     scan_relation,
     service_sql,
@@ -53,6 +52,7 @@ from sre_agent.resolve import (
 from sre_agent.rules_api import SidePair
 from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
 from sre_agent.selection import Selection, format_time
+from sre_agent.sql_text import ident, literal
 
 if TYPE_CHECKING:
     import duckdb
@@ -128,7 +128,7 @@ def key_sql(key: str, maps: tuple[str, ...] = ("attributes", "resource_attribute
 def filter_sql(selection: Selection) -> str:
     """The WHERE fragment for ``--service`` and ``--where`` (always a valid boolean expression)."""
     parts = [service_sql(selection)]
-    parts.extend(f"{key_sql(key)} = {quote(value)}" for key, value in selection.where)
+    parts.extend(f"{key_sql(key)} = {literal(value)}" for key, value in selection.where)
     return " AND ".join(parts)
 
 
@@ -148,7 +148,7 @@ def metric_key_sql(key: str) -> str:
     """SQL for the value of ``key`` on a metric point, as VARCHAR (the metric twin of :func:`key_sql`)."""
     if key in _METRIC_KEY_COLUMNS:
         return f'CAST("{_METRIC_KEY_COLUMNS[key]}" AS VARCHAR)'
-    return f"coalesce(attributes[{quote(key)}], resource_attributes[{quote(key)}])"
+    return f"coalesce(attributes[{literal(key)}], resource_attributes[{literal(key)}])"
 
 
 #: Queue seconds of a span, NULL when malformed.
@@ -568,7 +568,7 @@ class Comparison(TraceAggregates):
         import polars as pl
 
         keys = self._discover_dimensions()
-        dim_sql = "".join(f", {self._dimension_expr(d)} AS {_ident(d)}" for d in keys)
+        dim_sql = "".join(f", {self._dimension_expr(d)} AS {ident(d)}" for d in keys)
         base_cols = (
             "side, slice, start_ns, trace_id, span_id, parent_span_id, service_name, service_version, "
             "service_instance, host_name, "
@@ -681,7 +681,7 @@ class Comparison(TraceAggregates):
                 f"{describe_where(self.selection)}; findings rest on the filtered spans only"
             )
             return "FALSE"
-        return " AND ".join(f"{metric_key_sql(key)} = {quote(value)}" for key, value in self.selection.where)
+        return " AND ".join(f"{metric_key_sql(key)} = {literal(value)}" for key, value in self.selection.where)
 
 
 def _isnull(values: Any) -> Any:
@@ -694,7 +694,3 @@ def _isnull(values: Any) -> Any:
 
 def _ints(values: Any) -> Any:
     return np.ma.filled(values, 0).astype(np.int64)
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

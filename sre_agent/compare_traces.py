@@ -16,6 +16,8 @@ from sre_agent.attribute_sql import entries_sql, lookup_sql
 from sre_agent.metric_view import fetch_one
 from sre_agent.other_spans import OtherSpans
 from sre_agent.resolve import log_bucket_sql, slice_position_sql
+from sre_agent.rules_api import SIDES
+from sre_agent.sql_text import ident, literal
 
 if TYPE_CHECKING:
     import duckdb
@@ -43,15 +45,6 @@ NOT_DIMENSION_PREFIXES: tuple[str, ...] = (
     "process.pid",
     "telemetry.",
 )
-_SIDES = ("baseline", "candidate")
-
-
-def _q(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 class TraceAggregates:
@@ -155,7 +148,7 @@ class TraceAggregates:
             )
             dims = "".join(
                 f", coalesce({lookup_sql(k, 'attributes')}, {lookup_sql(k, 'resource_attributes')}) "
-                f"AS {_ident('root:' + k)}"
+                f"AS {ident('root:' + k)}"
                 for k in keys
             )
             table = self.con.sql(
@@ -184,7 +177,7 @@ class TraceAggregates:
         span does not carry the engine's version), or a ``--where``/``--service`` filter is set
         (root spans cannot be filtered by the engine's attributes).
         """
-        empty = {s: stats.SliceHistogram.from_long([], [], []) for s in _SIDES}
+        empty: dict[str, stats.SliceHistogram] = {s: stats.SliceHistogram.from_long([], [], []) for s in SIDES}
         b, c = self._windows["baseline"], self._windows["candidate"]
         if not self.has_other_spans or b.version is not None or c.version is not None:
             return empty
@@ -202,8 +195,8 @@ class TraceAggregates:
             """
         ).fetchnumpy()
         g, buckets, n = (np.asarray(rows[col], dtype=np.int64) for col in ("g", "bucket", "n"))
-        out = {}
-        for i, side in enumerate(_SIDES):
+        out: dict[str, stats.SliceHistogram] = {}
+        for i, side in enumerate(SIDES):
             mask = g // k == i
             out[side] = stats.SliceHistogram.from_long(g[mask] - i * k, buckets[mask], n[mask])
         return out
@@ -250,7 +243,7 @@ class TraceAggregates:
             f"CASE WHEN start_ns >= {b.start_ns} AND start_ns < {b.end_ns} THEN 'baseline' "
             f"WHEN start_ns >= {c.start_ns} AND start_ns < {c.end_ns} THEN 'candidate' END"
         )
-        svc = f"AND service_name = {_q(self.selection.service)}" if False else ""
+        svc = f"AND service_name = {literal(self.selection.service)}" if False else ""
         table = self.con.execute(
             f"""
             SELECT side, service_name, name, kind, count(*) AS count,
@@ -291,10 +284,10 @@ class TraceAggregates:
 
             failed = (pl.col("status_code") == "error") | pl.col("finish_reason").is_in(["abort", "error"])
             per_side = self.requests.group_by("side").agg(failed.fill_null(False).sum().alias("f"), pl.len().alias("n"))
-            sampled: dict[str, tuple[int, int]] = dict.fromkeys(_SIDES, (0, 0))
+            sampled: dict[str, tuple[int, int]] = dict.fromkeys(SIDES, (0, 0))
             sampled.update({str(r["side"]): (int(r["f"]), int(r["n"])) for r in per_side.to_dicts()})
             return sampled
         rows = self.con.sql(sql).fetchall()
-        out: dict[str, tuple[int, int]] = dict.fromkeys(_SIDES, (0, 0))
+        out: dict[str, tuple[int, int]] = dict.fromkeys(SIDES, (0, 0))
         out.update({str(r[0]): (int(r[1]), int(r[2])) for r in rows})
         return out

@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 
 from sre_agent.compare import key_sql, resolve_windows
 from sre_agent.errors import SelectionError, StoreError
+from sre_agent.rules_api import SIDES
 from sre_agent.selection import Selection, format_time
 
 __all__ = [
@@ -488,7 +489,7 @@ def stage_breakdown(
             FROM tail LEFT JOIN per_trace USING (trace_id) GROUP BY side"""
         rows = {r[0]: r for r in cur.execute(sql, params).fetchall()}
     out: dict[str, dict[str, float]] = {}
-    for name in ("baseline", "candidate"):
+    for name in SIDES:
         r = rows.get(name)
         out[name] = {stage: float(r[2 + i] or 0.0) if r else 0.0 for i, stage in enumerate(STAGES)}
     return StageBreakdown(

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sre_agent.rules_api import SidePair
+from sre_agent.rules_api import SIDES, SidePair
 from sre_agent.schema import METRIC_SIGNALS
+from sre_agent.sql_text import literal
 
 if TYPE_CHECKING:
     import duckdb
@@ -45,10 +46,6 @@ class _Window(Protocol):
 
     @property
     def seconds(self) -> float: ...
-
-
-def _q(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 @dataclass(frozen=True)
@@ -149,11 +146,11 @@ class MetricView:
 
     def _where(self, side: str, name: str) -> str:
         w = self._sides[side]
-        parts = [f"name = {_q(name)}", f"time_ns >= {w.start_ns}", f"time_ns < {w.end_ns}"]
+        parts = [f"name = {literal(name)}", f"time_ns >= {w.start_ns}", f"time_ns < {w.end_ns}"]
         if w.version is not None:
-            parts.append(f"service_version = {_q(w.version)}")
+            parts.append(f"service_version = {literal(w.version)}")
         if self._selection.service is not None:
-            parts.append(f"service_name = {_q(self._selection.service)}")
+            parts.append(f"service_name = {literal(self._selection.service)}")
         if self._filter_sql != "TRUE":
             parts.append(f"({self._filter_sql})")
         return " AND ".join(parts)
@@ -211,7 +208,7 @@ class MetricView:
             return SidePair(None, None)
         agg = {"mean": "avg(value)", "max": "max(value)", "p90": "quantile_cont(value, 0.9)"}
         values: list[float | None] = []
-        for side in ("baseline", "candidate"):
+        for side in SIDES:
             where = self._where(side, name) + " AND isfinite(value)"
             if stat == "sum_mean":
                 sql = f"SELECT avg(t) FROM (SELECT sum(value) AS t FROM metric_points WHERE {where} GROUP BY time_ns)"
@@ -231,7 +228,7 @@ class MetricView:
         if name is None:
             return SidePair(None, None)
         out: list[float | None] = []
-        for side in ("baseline", "candidate"):
+        for side in SIDES:
             row = fetch_one(
                 self._con.execute(
                     f"SELECT count(DISTINCT coalesce(service_instance, host_name, series_key)) FROM metric_points "
@@ -261,7 +258,7 @@ class MetricView:
             if name is None:
                 continue
             out: list[float | None] = []
-            for side in ("baseline", "candidate"):
+            for side in SIDES:
                 row = fetch_one(
                     self._con.execute(
                         f"""
@@ -298,7 +295,7 @@ class MetricView:
         if name is None:
             return SidePair(None, None)
         out: list[float | None] = []
-        for side in ("baseline", "candidate"):
+        for side in SIDES:
             row = fetch_one(self._con.execute(f"SELECT sum(inc) FROM {self._increments_sql(side, name)}"))
             out.append(None if row is None or row[0] is None else float(row[0]))
         return SidePair(out[0], out[1])
@@ -369,7 +366,7 @@ class MetricView:
             return cached
         out: dict[str, HistogramDelta | None] = {"baseline": None, "candidate": None}
         if name is not None:
-            for side in ("baseline", "candidate"):
+            for side in SIDES:
                 out[side] = self._histogram_delta(side, name)
         self._cache[key] = out
         return out

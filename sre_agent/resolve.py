@@ -12,11 +12,13 @@ the time both served. A ``--service`` that matches nothing is an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from sre_agent.errors import EmptySelectionError, SelectionError
 from sre_agent.metric_view import fetch_one
+from sre_agent.rules_api import SIDES, Side
 from sre_agent.selection import Selection, format_time
+from sre_agent.sql_text import literal
 from sre_agent.stats import BUCKETS_PER_E, MIN_REQUESTS, ZERO_BUCKET
 
 if TYPE_CHECKING:
@@ -31,22 +33,14 @@ __all__ = [
     "Windows",
     "describe_where",
     "log_bucket_sql",
-    "quote",
     "resolve_windows",
     "scan_relation",
     "service_sql",
     "slice_position_sql",
 ]
 
-Side = Literal["baseline", "candidate"]
-SIDES: Final[tuple[Side, Side]] = ("baseline", "candidate")
 
 _NS = 1_000_000_000
-
-
-def quote(value: str) -> str:
-    """A SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
 
 
 #: What the diagnosis's large scans read: the stored table, not the ``spans`` view. Read through
@@ -77,7 +71,7 @@ def scan_relation(con: duckdb.DuckDBPyConnection) -> str:
 
 def service_sql(selection: Selection) -> str:
     """The WHERE fragment for ``--service`` alone (``TRUE`` without it)."""
-    return "TRUE" if selection.service is None else f"service_name = {quote(selection.service)}"
+    return "TRUE" if selection.service is None else f"service_name = {literal(selection.service)}"
 
 
 def describe_where(selection: Selection) -> str:
@@ -148,7 +142,7 @@ class SideWindow:
         """SQL boolean selecting this side's rows (on ``start_ns`` and ``service_version``)."""
         sql = f"start_ns >= {self.start_ns} AND start_ns < {self.end_ns}"
         if self.version is not None:
-            sql += f" AND service_version = {quote(self.version)}"
+            sql += f" AND service_version = {literal(self.version)}"
         return sql
 
     def describe(self, selection: Selection) -> dict[str, Any]:
@@ -232,7 +226,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
             if explicit is not None:
                 out.append(SideWindow(side, explicit.start_ns, explicit.end_ns, version))  # type: ignore[arg-type]
                 continue
-            lo, hi, n = extent(f"service_version = {quote(version)}")
+            lo, hi, n = extent(f"service_version = {literal(version)}")
             if lo is None or hi is None or n == 0:
                 known = [r[0] for r in con.execute(
                     f"SELECT DISTINCT service_version FROM {scan} "
@@ -388,7 +382,7 @@ def _canary_split(
     # One version at a time and only after the deploy: on a store sorted by time, row groups of
     # other versions or earlier times are skipped by their min/max, so a hot swap costs nothing.
     after = f"{where} AND start_ns >= {deploy.time_ns} AND service_version = "
-    row = fetch_one(con.execute(f"SELECT count(*), max(start_ns) FROM {scan} WHERE {after}{quote(old)}"))
+    row = fetch_one(con.execute(f"SELECT count(*), max(start_ns) FROM {scan} WHERE {after}{literal(old)}"))
     old_after, old_last = (int(row[0]), row[1]) if row else (0, None)
     if old_after < MIN_REQUESTS or old_last is None:
         return None, ""
@@ -402,7 +396,7 @@ def _canary_split(
             f"{serving}: the candidate window mixes both versions; "
             f"--baseline-version {old} --candidate-version {new} compares them side by side"
         )
-    row = fetch_one(con.execute(f"SELECT count(*) FROM {scan} WHERE {after}{quote(new)}"))
+    row = fetch_one(con.execute(f"SELECT count(*) FROM {scan} WHERE {after}{literal(new)}"))
     if row is None or int(row[0]) < MIN_REQUESTS:
         return None, ""
     end = both_end if window_ns is None else min(both_end, deploy.time_ns + window_ns)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     pass
@@ -59,7 +59,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "CAUSES",
     "CONTEXT_NAMES",
-    "STAGES",
     "Evidence",
     "Finding",
     "MetricEstimate",
@@ -67,6 +66,9 @@ __all__ = [
     "Rule",
     "RuleResult",
     "RuleSkipped",
+    "SIDES",
+    "STAGES",
+    "Side",
     "SidePair",
     "run_late",
 ]
@@ -111,6 +113,11 @@ CONTEXT_NAMES: Final[dict[str, str]] = {
 
 class RuleSkipped(Exception):
     """Raised by a rule when the data it needs is absent; the message is shown as a note."""
+
+
+#: The two populations of a comparison, in the order every per-side loop and frame uses.
+Side = Literal["baseline", "candidate"]
+SIDES: Final[tuple[Side, Side]] = ("baseline", "candidate")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
 from sre_agent.errors import UsageError
+from sre_agent.rules_api import SIDES
 
 __all__ = [
     "Selection",
@@ -108,7 +109,7 @@ class Selection:
         if self.baseline_version is not None:
             out["baseline_version"] = self.baseline_version
             out["candidate_version"] = self.candidate_version
-        for side in ("baseline", "candidate"):
+        for side in SIDES:
             w = getattr(self, side)
             if w is not None:
                 out[side] = f"{format_time(w.start_ns)}..{format_time(w.end_ns)}"

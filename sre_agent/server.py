@@ -48,6 +48,7 @@ from sre_agent.receiver import (
     status_bytes,
     table_for_signal,
 )
+from sre_agent.sql_text import ident, literal
 
 if TYPE_CHECKING:
     import duckdb
@@ -93,10 +94,6 @@ class _Unset:
 
 
 UNSET: Final = _Unset()
-
-
-def _sql_literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 @dataclass
@@ -216,17 +213,19 @@ def _shadow_tables(cursor: duckdb.DuckDBPyConnection, tenant: str) -> None:
     """
     row = cursor.execute("SELECT current_database()").fetchone()
     database = str(row[0]) if row else "main"
-    qualified = '"' + database.replace('"', '""') + '".main'
-    literal = _sql_literal(tenant)
-    cursor.execute(f"CREATE OR REPLACE TEMP VIEW spans AS SELECT * FROM {qualified}.spans WHERE tenant_id = {literal}")
+    qualified = ident(database) + ".main"
+    tenant_sql = literal(tenant)
+    cursor.execute(
+        f"CREATE OR REPLACE TEMP VIEW spans AS SELECT * FROM {qualified}.spans WHERE tenant_id = {tenant_sql}"
+    )
     # The diagnosis's scans read the stored table (resolve.SCAN): shadowed the same way.
     cursor.execute(
-        f"CREATE OR REPLACE TEMP VIEW span_rows AS SELECT * FROM {qualified}.span_rows WHERE tenant_id = {literal}"
+        f"CREATE OR REPLACE TEMP VIEW span_rows AS SELECT * FROM {qualified}.span_rows WHERE tenant_id = {tenant_sql}"
     )
     cursor.execute(
         "CREATE OR REPLACE TEMP VIEW metric_points AS SELECT * FROM "
         f"{qualified}.metric_points WHERE coalesce(attributes['tenant.id'], "
-        f"resource_attributes['tenant.id']) = {literal}"
+        f"resource_attributes['tenant.id']) = {tenant_sql}"
     )
 
 
