@@ -125,7 +125,10 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             # buckets) do not overlap: a p99 of 700 requests is 7 values, and a none deploy's
             # TTFT p99 moves 1.3x on those alone. The intervals run bucket edge to bucket edge, so
             # two that only share an edge are apart: the candidate's lies wholly in higher buckets.
-            b_iv, c_iv = (b.quantile_interval(q) if b else None), (c.quantile_interval(q) if c else None)
+            # Observations that arrived together (a request's tokens, a step's requests) count as
+            # the independent ones they are worth, measured between scrape intervals.
+            b_iv = b.quantile_interval(q, independent=b.independent(q)) if b else None
+            c_iv = c.quantile_interval(q, independent=c.independent(q)) if c else None
             apart = bool(b_iv and c_iv and c_iv[0] >= b_iv[1])
             sig = bool(enough and apart and bq and cq_ and cq_ / bq >= 1 + 2 * (MIN_EFFECT - 1))
             out.append(MetricEstimate(name, q, bq, cq_, None, None, sig, source="metrics"))

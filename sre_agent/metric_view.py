@@ -48,6 +48,16 @@ class _Window(Protocol):
     def seconds(self) -> float: ...
 
 
+def _time_blocks(increments: list[tuple[int, list[int]]], width: int) -> tuple[tuple[int, ...], ...]:
+    """Histogram increments summed per scrape time (every series scraped at once), earliest first."""
+    by_time: dict[int, list[int]] = {}
+    for time_ns, inc in increments:
+        row = by_time.setdefault(time_ns, [0] * width)
+        for i, x in enumerate(inc):
+            row[i] += x
+    return tuple(tuple(by_time[t]) for t in sorted(by_time))
+
+
 @dataclass(frozen=True)
 class HistogramDelta:
     """Observations that arrived within a window, merged over series.
@@ -61,6 +71,38 @@ class HistogramDelta:
     bounds: tuple[float, ...]
     counts: tuple[int, ...]
     total_sum: float
+    #: The same counts per time block (consecutive scrape intervals, earliest first); empty when
+    #: not recorded. They measure how much observations that arrived together share their fate.
+    blocks: tuple[tuple[int, ...], ...] = ()
+
+    def independent(self, q: float) -> int:
+        """How many independent observations the ``q`` quantile rests on (design effect by batch means).
+
+        Observations that arrive together are not independent: the output tokens of one
+        request, the requests of one engine step. The share of observations above the
+        quantile's bucket varies between time blocks; its batch-means variance over the
+        binomial one is the design effect, and ``count / effect`` the effective sample. With
+        fewer than 4 blocks nothing can be measured and every observation counts.
+        """
+        n = self.count
+        blocks = [b for b in self.blocks if sum(b) > 0]
+        if n == 0 or len(blocks) < 4:
+            return n
+        rank, seen, cut = q * n, 0, len(self.counts)
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= rank:
+                cut = i + 1  # buckets above the one holding the quantile
+                break
+        hits = [sum(b[cut:]) for b in blocks]
+        sizes = [sum(b) for b in blocks]
+        share = sum(hits) / n
+        if not 0.0 < share < 1.0:
+            return n
+        k = len(blocks)
+        batch = sum((h - share * m) ** 2 for h, m in zip(hits, sizes, strict=True)) * k / (k - 1) / (n * n)
+        effect = max(1.0, batch / (share * (1.0 - share) / n))
+        return max(1, round(n / effect))
 
     @property
     def count(self) -> int:
@@ -76,11 +118,15 @@ class HistogramDelta:
         """Quantile by linear interpolation inside the bucket (Prometheus style); ``None`` when empty."""
         return self.value_at_rank(q * self.count)
 
-    def quantile_interval(self, q: float, z: float = 1.96) -> tuple[float, float] | None:
+    def quantile_interval(
+        self, q: float, z: float = 1.96, *, independent: int | None = None
+    ) -> tuple[float, float] | None:
         """Distribution-free interval for the ``q`` quantile, as wide as the buckets force it to be.
 
         The rank of the sample quantile is binomial (order statistics): the quantile lies
-        between the observations of ranks ``n q -+ z sqrt(n q (1-q))``. A histogram only says
+        between the observations of ranks ``n q -+ z sqrt(n q (1-q))``; when the ``n``
+        observations are worth only ``independent`` independent ones (:meth:`independent`),
+        the spread is ``n sqrt(q (1-q) / independent)``. A histogram only says
         which bucket each of those lies in, so the interval runs from the lower edge of the
         bucket holding the low rank to the upper edge of the one holding the high rank
         (interpolating inside a bucket assumes a shape and under-covers: 86 % for a nominal
@@ -90,7 +136,8 @@ class HistogramDelta:
         n = self.count
         if n == 0:
             return None
-        half = z * math.sqrt(n * q * (1 - q))
+        units = n if independent is None else max(1, min(n, independent))
+        half = z * n * math.sqrt(q * (1 - q) / units)
         lo_rank, hi_rank = max(0.0, n * q - half), min(float(n), n * q + half)
         edges = (0.0, *self.bounds, math.inf)
         seen, lo, hi = 0, None, None
@@ -374,16 +421,17 @@ class MetricView:
     def _histogram_delta(self, side: str, name: str) -> HistogramDelta | None:
         rows = self._con.execute(
             f"""
-            SELECT series_key, temporality, bounds, bucket_counts, sum FROM metric_points
+            SELECT series_key, temporality, bounds, bucket_counts, sum, time_ns FROM metric_points
             WHERE {self._where(side, name)} AND bucket_counts IS NOT NULL ORDER BY series_key, time_ns
             """
         ).fetchall()
+        increments: list[tuple[int, list[int]]] = []  # (scrape time, counts) for the time blocks
         bounds: tuple[float, ...] | None = None
         counts: list[float] = []
         total = 0.0
         prev_key: str | None = None
         prev: tuple[list[int], float] | None = None
-        for series, temporality, raw_bounds, bc, s in rows:
+        for series, temporality, raw_bounds, bc, s, time_ns in rows:
             b = tuple(float(x) for x in (raw_bounds or ()))
             if bounds is None:
                 bounds, counts = b, [0.0] * (len(b) + 1)
@@ -405,9 +453,10 @@ class MetricView:
             prev = (cur, float(s or 0.0))
             counts = [a + x for a, x in zip(counts, inc, strict=True)]
             total += inc_sum
+            increments.append((int(time_ns), inc))
         if bounds is None or sum(counts) == 0:
             return None
-        return HistogramDelta(bounds, tuple(int(c) for c in counts), total)
+        return HistogramDelta(bounds, tuple(int(c) for c in counts), total, _time_blocks(increments, len(counts)))
 
     def histogram_quantile(self, signal: str, q: float) -> SidePair:
         """Quantile ``q`` of a histogram metric on each side (seconds for latency histograms)."""
