@@ -656,16 +656,46 @@ def _effect(result: ReplayResult, incident: Incident) -> dict[str, float]:
     for metric in ("e2e_p99", "ttft_p99", "tpot_p99", "tpot_p50", "queue_p99", "prefill_p99", "dependency_p99"):
         b, c = result.value(metric, base), result.value(metric, cand)
         out[metric] = c / b if b > 0 else float("nan")
+        stage, _, q = metric.rpartition("_")
+        quantile = 0.5 if q == "p50" else 0.99
+        out[f"{metric}_apart"] = float(_apart(result._values(base, stage), result._values(cand, stage), quantile))
     for metric in ("error_rate", "attempts_per_request", "preemptions_per_request", "prefix_hit_ratio"):
         out[metric] = result.value(metric, cand) - result.value(metric, base)
     return {k: round(v, 4) for k, v in out.items()}
 
 
+def _order_interval(values: list[float], q: float, z: float = 1.96) -> tuple[float, float] | None:
+    """Distribution-free 95 % interval of the ``q`` quantile: the order statistics at ranks n q -+ z sqrt(n q (1-q))."""
+    n = len(values)
+    if n == 0:
+        return None
+    ordered = sorted(values)
+    half = z * math.sqrt(n * q * (1.0 - q))
+    lo = max(0, math.floor(n * q - half) - 1)
+    hi = min(n - 1, math.ceil(n * q + half) - 1)
+    return ordered[lo], ordered[hi]
+
+
+def _apart(base: list[float], cand: list[float], q: float) -> bool:
+    """Whether the candidate's ``q`` quantile lies beyond sampling noise: the two 95 % intervals do not overlap.
+
+    Computed on the simulator's own per-request values, independently of the diagnosis: a p99 of
+    1,200 requests rests on 12 of them, and a realised ratio of 1.2 between two such p99s is often
+    nothing but which 12 requests fell in the tail.
+    """
+    b, c = _order_interval(base, q), _order_interval(cand, q)
+    return b is not None and c is not None and c[0] > b[1]
+
+
 def _visible(cause: str, e: dict[str, float]) -> bool:
-    """Whether the truth is not a guess: the cause's effect shows, and the baseline was not saturated."""
+    """Whether the truth is not a guess: the cause's effect shows beyond sampling noise, on a baseline not saturated.
+
+    A latency ratio counts only when its quantiles are apart (:func:`_apart`); effects stored
+    before that measure existed (no ``*_apart`` entries) count as before.
+    """
 
     def ratio(*names: str) -> float:
-        return max((e[n] for n in names if e[n] == e[n]), default=1.0)
+        return max((e[n] for n in names if e[n] == e[n] and e.get(f"{n}_apart", 1.0) > 0), default=1.0)
 
     latency = ratio("e2e_p99", "ttft_p99", "tpot_p99")
     if min(e["requests_baseline"], e["requests_candidate"]) < 150:
