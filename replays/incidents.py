@@ -705,7 +705,11 @@ def _visible(cause: str, e: dict[str, float]) -> bool:
         # would call that a healthy baseline, so no cause can be told apart from the backlog
         return False
     if cause == "none":
-        return True
+        # "Nothing changed" is only the truth when nothing users feel changed: a rolling restart
+        # that ran short of replicas, or a canary split whose router gave the canary more than its
+        # share, slows the tail by the deploy's own mechanics, and calling that "no regression"
+        # would be the wrong answer (the incident is skipped, not scored either way).
+        return latency < 1.15
     if cause in ("capacity", "load", "batch_composition", "traffic_mix"):
         return latency >= 1.15
     if cause == "kv_pressure":

@@ -24,6 +24,11 @@ and the last line
 Incidents whose drawn cause did not show in the simulator's own measurement
 (``visible`` false in ``truth.json``, e.g. a replica removed from an idle
 fleet) are listed as skipped and not scored: their truth would be a guess.
+Since 2026-12-06 a latency ratio shows only beyond sampling noise (the two
+sides' distribution-free 95 % intervals of that quantile apart, on the
+simulator's per-request values), and a ``none`` incident whose tail the deploy
+itself slowed (a rolling restart short of replicas, a canary given more than
+its share) is skipped too: "no regression" would be the wrong answer there.
 Develop on seeds 0-999; report on seeds >= 100000.
 """
 
