@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
@@ -324,11 +324,18 @@ class Slowdown:
     explained: float
     confidence: float
     evidence: tuple[Evidence, ...]
+    #: Compared at equal prompt size alone (the batch grew at unchanged load), not at equal batch too.
+    size_only: bool = False
 
     @property
     def rise(self) -> float:
         """Relative rise at equal buckets (0.25 = 25 % slower)."""
         return self.shift.rise
+
+    @property
+    def control(self) -> str:
+        """What the compared requests had in common, for a title ("at the same ...")."""
+        return "prompt length (the running batch grew at unchanged load)" if self.size_only else "running batch size"
 
 
 def assess_slowdown(
@@ -350,17 +357,28 @@ def assess_slowdown(
     :data:`MIN_SLOWDOWN` at equal buckets with z >= 2.
     """
     shift, running = cost.shift, cost.running
-    size_only = (
-        (shift is None or shift.coverage < MIN_COVERAGE)
-        and cost.size_shift is not None
+    work = cost.work.ratio
+    # A slower engine at unchanged arrivals and unchanged work per request keeps each request
+    # longer, so more of them run at once (Little's law: running = arrivals x time in the engine).
+    # The batch cannot have grown otherwise: with the same per-step cost the same arrivals settle
+    # at the same batch. Equal-batch buckets then compare the baseline's bursts with the
+    # candidate's ordinary moments (steps that differ in the prefill they carry) or hardly
+    # overlap, so that control misleads and equal prompt size is the one left, with less weight.
+    # Queueing is convex: near saturation a few per cent more arrivals double the batch, so the
+    # load must be flat in value, not merely within the spread of a bursty trace (load_changed).
+    grew_alone = (
+        cost.size_shift is not None
         and load_changed is False
+        and load is not None
+        and load.ratio is not None
+        and abs(math.log(max(1e-9, load.ratio))) < math.log(1.0 + SAME_LOAD)
         and (running.ratio or 0.0) >= BATCH_GREW
+        and work is not None
+        and abs(math.log(max(1e-9, work))) < math.log(1.0 + SAME_LOAD)
     )
+    equal_batch_quiet = shift is None or shift.coverage < MIN_COVERAGE or shift.z < Z_MIN or shift.rise < MIN_SLOWDOWN
+    size_only = grew_alone and equal_batch_quiet
     if size_only:
-        # A slower prefill at unchanged arrivals keeps more requests in the engine (Little's law),
-        # so the sides' running batches stop overlapping and the equal-batch control has nothing
-        # to compare. Prefill cost per token is the prompt's own compute (the decodes sharing a
-        # step add a token each), so it is compared at equal prompt size alone, with less weight.
         shift = cost.size_shift
     if shift is None or shift.z < Z_MIN or shift.rise < MIN_SLOWDOWN:
         return None
@@ -368,9 +386,7 @@ def assess_slowdown(
     confidence = significance(shift.z) * min(1.0, rise / FULL_SLOWDOWN) * min(1.0, shift.coverage / 0.5)
     if size_only:
         confidence *= SIZE_ONLY_DAMPING
-    control = (
-        "prompt size only: the running batches no longer overlap" if size_only else "running batch and prompt size"
-    )
+    control = "prompt size only: the batch grew at unchanged load" if size_only else "running batch and prompt size"
     evidence = [
         Evidence(f"{cost.column}_change_at_equal_batch", 0.0, rnd(rise),
                  f"relative change at equal {control} over {shift.buckets} buckets "
@@ -399,7 +415,7 @@ def assess_slowdown(
         confidence *= LOAD_CHANGED_DAMPING
         evidence.append(Evidence("offered_load_per_replica", rnd(load.baseline), rnd(load.candidate),
                                  "the load changed: equal running batch is a weaker control"))  # fmt: skip
-    return Slowdown(shift, clip01(share * shift.explained_share), confidence, tuple(evidence))
+    return Slowdown(shift, clip01(share * shift.explained_share), confidence, tuple(evidence), size_only)
 
 
 @dataclass(frozen=True)
@@ -413,8 +429,10 @@ class EngineCost:
         cache_known: whether cached prompt tokens were known (spans or counters).
         frame: the compared requests (``side``, ``slice``, ``bucket``, the cost and, for
             prefill, ``uncached_tokens``), for splits such as :func:`prefill_length_profile`.
-        size_shift: prefill only, the comparison at equal prompt size alone (see
-            :func:`assess_slowdown`).
+        size_shift: the comparison at equal prompt size alone (see :func:`assess_slowdown`).
+        work: mean tokens per compared request that the stage computes, on each side: output
+            tokens for decode (a request decodes for that many steps), uncached prompt tokens
+            for prefill.
     """
 
     column: str
@@ -423,6 +441,7 @@ class EngineCost:
     cache_known: bool = True
     frame: pl.DataFrame | None = None
     size_shift: ConditionalShift | None = None
+    work: SidePair = field(default_factory=lambda: SidePair(None, None))
 
 
 _COST_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, EngineCost]] = weakref.WeakKeyDictionary()
@@ -448,7 +467,14 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         frame = requests.filter(pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1))
         require_both_sides(frame, "per-request decode timing (tpot)")
         frame, running = with_running(comparison, frame, "decode", pl.col("input_tokens").fill_null(1))
-        result = EngineCost("tpot_s", conditional_log_shift(frame, "tpot_s", "bucket", "batch"), running, frame=frame)
+        result = EngineCost(
+            "tpot_s",
+            conditional_log_shift(frame, "tpot_s", "bucket", "batch"),
+            running,
+            frame=frame,
+            size_shift=conditional_log_shift(frame, "tpot_s", "size_bucket", "size"),
+            work=_work_per_request(frame, "output_tokens"),
+        )
     else:
         frame = requests.filter(pl.col("prefill_s").is_not_null() & (pl.col("input_tokens") > 0))
         require_both_sides(frame, "per-request prefill timing")
@@ -465,9 +491,17 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         cache_known = hit is not None or frame["cached_tokens"].drop_nulls().len() > 0
         shift = conditional_log_shift(frame, column, "bucket", "batch")
         size_shift = conditional_log_shift(frame, column, "size_bucket", "size")
-        result = EngineCost(column, shift, running, cache_known, frame, size_shift)
+        result = EngineCost(
+            column, shift, running, cache_known, frame, size_shift, _work_per_request(frame, "uncached_tokens")
+        )
     cached[stage] = result
     return result
+
+
+def _work_per_request(frame: pl.DataFrame, tokens: str) -> SidePair:
+    """Mean of column ``tokens`` per request on each side (``None`` where unknown or zero)."""
+    means = [side(frame, s)[tokens].mean() for s in SIDES]
+    return SidePair(*(float(m) if isinstance(m, int | float) and m > 0 else None for m in means))
 
 
 #: z of the long-minus-short prompt difference that counts as a length-confined rise.

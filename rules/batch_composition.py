@@ -37,7 +37,8 @@ accounts for failed requests).
 ``|ln ratio| / ln(1 + rise)`` when decode or prefill cost at equal batch size
 rose by more than the step shape moved (slower steps gather more arrivals
 per step, so the shape then follows a slowdown).
-Without it (spans only), a smaller budget still shows in prefill cost per uncached
+Without it (spans only), or when it shows no change in the step p99 (a budget that
+binds only the rare prompts longer than it), a smaller budget still shows in prefill cost per uncached
 token at equal batch: it rose for the longest quarter of prompts (z >= 3, and by
 z >= 3 more than for the shorter half, which rose < 1/3 as much;
 ``_engine_cost.LengthProfile``), since a prompt that fits the new budget is
@@ -168,7 +169,9 @@ def batch_composition(
     if shape is not None:
         cap = shape.p99_ratio
         if not shape.changed or cap is None or cap <= 0:
-            return None
+            # The step p99 stayed put. A budget that binds only the rare prompts longer than it
+            # leaves the bulk of the steps alone, but still shows in those prompts' prefill cost.
+            return _budget_signature(comparison, regression, metrics, stages, [*shape.evidence(), *evidence])
         strength = abs(math.log(cap))
         evidence = [*shape.evidence(), *evidence]
         confidence = 0.9 * clip01(strength / math.log(2.0))

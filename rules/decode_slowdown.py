@@ -107,7 +107,8 @@ def decode_slowdown(
         )  # fmt: skip
     return Finding(
         cause="decode_slowdown",
-        title=f"Time per output token rose {verdict.rise:.0%} at the same running batch size and prompt length",
+        title=f"Time per output token rose {verdict.rise:.0%} at the same "
+        + ("running batch size and prompt length" if not verdict.size_only else verdict.control),
         explained=latency_share(regression, explained),
         confidence=confidence,
         stage="decode",

@@ -5,8 +5,10 @@ engine metrics) the span rules cannot split stages or compare costs at equal
 batch; the metric stream still carries the three quantities Little's law needs
 per replica. Per side:
 
-* arrivals ``lambda``: requests finished per second (the count of the e2e
-  latency histogram, else the TTFT histogram, over the window's seconds);
+* arrivals ``lambda``: the gateway's root spans starting per second when both
+  windows have them; else requests finished per second (the count of the e2e
+  latency histogram, else the TTFT histogram, over the window's seconds), which
+  is throughput and lags arrivals while a backlog builds or drains;
 * replicas ``R``: instances that finished requests in the window (a drained
   replica may keep exporting frozen counters); the peak of the running
   gauge is the effective running-request cap (``max_num_seqs``);
@@ -66,12 +68,28 @@ PREEMPTION_RISE: Final[float] = 0.002
 CONFIDENCE: Final[float] = 0.8
 
 
-def _requests(metrics: MetricView, windows: dict[str, tuple[int, int, float, int]]) -> tuple[SidePair, SidePair]:
-    """(finished requests, requests per second) per side from the metric stream."""
-    counts = metrics.finished_requests()
+def _requests(
+    comparison: Comparison, metrics: MetricView, windows: dict[str, tuple[int, int, float, int]]
+) -> tuple[SidePair, SidePair, str]:
+    """(requests, requests per second, what was counted) per side.
+
+    Arrivals are counted where requests arrive: the gateway's root spans by their start, when
+    both windows have them. The engine's latency histograms count requests that *finished*,
+    which under a backlog is the engine's throughput, not its offered load: a baseline still
+    draining a queue finishes fewer requests than arrive, and the next window's catch-up
+    then reads as more arrivals.
+    """
+    roots = comparison.root_histograms
+    if all(roots[s].n > 0 for s in SIDES):
+        counts = SidePair(float(roots["baseline"].n), float(roots["candidate"].n))
+        how = "gateway root spans (logical requests) starting per second of window"
+    else:
+        counts = metrics.finished_requests()
+        how = "latency-histogram count (finished requests) per second of window"
     if counts.baseline is None or counts.candidate is None:
-        return counts, SidePair(None, None)
-    return counts, SidePair(counts.baseline / windows["baseline"][2], counts.candidate / windows["candidate"][2])
+        return counts, SidePair(None, None), how
+    rate = SidePair(counts.baseline / windows["baseline"][2], counts.candidate / windows["candidate"][2])
+    return counts, rate, how
 
 
 def _per(total: SidePair, count: SidePair) -> SidePair:
@@ -99,7 +117,7 @@ def engine_metrics(
         raise RuleSkipped("no running gauge or latency histograms in the metric stream")
     if not regression.significant or regression.metric == "error_rate":
         return []
-    counts, rate = _requests(metrics, windows)
+    counts, rate, counted = _requests(comparison, metrics, windows)
     replicas = metrics.serving_replicas()
     if rate.ratio is None or replicas.ratio is None or counts.baseline is None or counts.candidate is None:
         return []
@@ -118,11 +136,15 @@ def engine_metrics(
             )
         )
     )
-    work = _per(tokens, counts)
-    preempt = _per(metrics.counter_delta("preemptions"), counts)
+    # Per-request work and preemptions divide the engine's own counters by the requests the
+    # engine finished in the same window, whatever counted the arrivals.
+    finished = metrics.finished_requests()
+    done = finished if finished.baseline and finished.candidate else counts
+    work = _per(tokens, done)
+    preempt = _per(metrics.counter_delta("preemptions"), done)
     itl = metrics.histogram("itl_seconds")
     itl_mean = SidePair(*(h.mean if h is not None else None for h in (itl["baseline"], itl["candidate"])))
-    served = {"baseline": int(counts.baseline or 0), "candidate": int(counts.candidate or 0)}
+    served = {"baseline": int(done.baseline or 0), "candidate": int(done.candidate or 0)}
     hit = metric_hit_rate(metrics, served)
 
     secs = [windows[s][2] for s in SIDES]
@@ -162,7 +184,7 @@ def engine_metrics(
 
     evidence = (
         Evidence("requests_per_s", rnd(rate.baseline), rnd(rate.candidate),
-                 f"latency-histogram count per second of window; Poisson z = {rate_z:.1f} (dispersion {DISPERSION:g})"),
+                 f"{counted}; Poisson z = {rate_z:.1f} (dispersion {DISPERSION:g})"),
         Evidence("replicas", replicas.baseline, replicas.candidate,
                  "instances serving, weighted by the share of the window each served"),
         Evidence("requests_per_s_per_replica", rnd(_per(rate, replicas).baseline), rnd(_per(rate, replicas).candidate),

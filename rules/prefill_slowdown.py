@@ -140,7 +140,7 @@ def prefill_slowdown(
         evidence += (Evidence("cached_tokens", None, None, "no cache signal: every prompt token counted as uncached"),)
     return Finding(
         cause="prefill_slowdown",
-        title=f"Prefill time per uncached prompt token rose {verdict.rise:.0%} at the same running batch size",
+        title=f"Prefill time per uncached prompt token rose {verdict.rise:.0%} at the same {verdict.control}",
         explained=latency_share(regression, verdict.explained),
         confidence=confidence,
         stage="prefill",

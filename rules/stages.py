@@ -81,7 +81,9 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
             cost = engine_cost(comparison, metrics, stage)  # type: ignore[arg-type]
         except RuleSkipped:
             continue
-        shift = cost.shift or cost.size_shift  # prefill falls back to equal prompt size (assess_slowdown)
+        # Prefill falls back to equal prompt size (assess_slowdown); decode only when its own rule
+        # has established that the batch grew at unchanged load, which a driver split cannot check.
+        shift = cost.shift or (cost.size_shift if stage == "prefill" else None)
         if shift is None:
             if (cost.running.ratio or 0.0) >= BATCH_GREW:
                 # No batch bucket overlaps and the batch grew: the raw per-token rise may be the bigger

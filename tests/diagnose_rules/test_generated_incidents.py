@@ -264,3 +264,44 @@ def test_lost_prefix_cache_outranks_the_prefill_it_slows(seed: int, tmp_path: Pa
     assert incident.truth.cause == "prefix_cache"  # type: ignore[attr-defined]
     assert findings, "no finding at all"
     assert findings[0][0] == "prefix_cache", findings
+
+
+def test_a_slower_decode_that_grows_the_batch_is_still_decode_slowdown(tmp_path: Path) -> None:
+    # Class 4's other face: decode steps x1.39 at unchanged arrivals kept every request longer,
+    # so the running batch grew 23 -> 43 (Little's law). Equal-batch buckets then matched the
+    # baseline's bursts (steps heavy with prefill) with the candidate's ordinary moments, and
+    # TPOT at equal batch read 13 % *lower*: no rule explained an e2e p99 up 1.55x. With the
+    # load and the work per request unchanged, only a slower engine can grow the batch, and
+    # the comparison falls back to equal prompt size.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(90, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "decode_slowdown"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "decode_slowdown", findings
+    assert "running batch grew at unchanged load" in findings[0][2], findings[0]
+
+
+def test_a_step_budget_that_binds_only_long_prompts_is_batch_composition(tmp_path: Path) -> None:
+    # Class 2 with the step histogram present: max_num_batched_tokens 4096 -> 1024 on Azure
+    # conversations, whose prompts are mostly shorter than 1024 tokens. The largest steps' bucket
+    # moved 4096 -> 1024 but the steps' p99 did not move, so the histogram test said "unchanged"
+    # and nothing explained a TTFT p90 up 12 %. The long prompts' prefill cost still shows it.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(271, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "batch_composition"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "batch_composition", findings
+
+
+def test_an_engine_histogram_of_finishers_does_not_outvote_the_traces(tmp_path: Path) -> None:
+    # A healthy deploy (gateway spans + engine metrics) on a saturated fleet: requests last
+    # minutes, and the engine's e2e histogram counts them when they finish, so the candidate
+    # window's finishers had started under the baseline's backlog. That histogram's p50 read
+    # 16 -> 49 s while the gateway's traces (every request, by start, with a CI) did not move,
+    # and the deploy was called load (completions counted as arrivals), then kv_pressure.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(204, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "none"  # type: ignore[attr-defined]
+    assert incident.shape == "gateway-spans+metrics"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "none", findings
