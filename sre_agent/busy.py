@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 
+from sre_agent.resolve import E2E_SQL, QUEUE_SQL
 from sre_agent.sql_text import literal
 
 if TYPE_CHECKING:
@@ -235,12 +236,11 @@ def fetch_busy_intervals(
     parallel, so three integer columns travel, streamed; numpy filters them and
     packs the keys in place, and polars sorts them. Two scans: plain rows (:data:`_PLAIN_SQL`) with bare
     arithmetic, and the rare rest with the full cleaning of
-    :data:`~sre_agent.compare.QUEUE_SQL` and :data:`~sre_agent.compare.E2E_SQL`
+    :data:`~sre_agent.resolve.QUEUE_SQL` and :data:`~sre_agent.resolve.E2E_SQL`
     (the cleaning as SQL expressions on every row cost 3x the CPU of the scan).
     Times use DuckDB's rounding ``CAST`` of seconds x 1e9 (callers' moments
     must round alike).
     """
-    from sre_agent.compare import E2E_SQL, QUEUE_SQL
 
     # Sorted: DISTINCT alone yields the names in a different order from run to run, and the
     # codes (hence the packed keys) must not depend on the run.

@@ -37,6 +37,8 @@ from sre_agent.compare_traces import NOT_DIMENSION_PREFIXES as _NOT_DIMENSION_PR
 from sre_agent.errors import EmptySelectionError, InsufficientDataError
 from sre_agent.metric_view import MetricView, fetch_one
 from sre_agent.resolve import (
+    E2E_SQL,
+    QUEUE_SQL,
     SIDES,
     DeployPoint,
     Side,
@@ -48,6 +50,7 @@ from sre_agent.resolve import (
     scan_relation,
     service_sql,
     slice_position_sql,
+    valid_latency_sql,
 )
 from sre_agent.rules_api import SidePair
 from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
@@ -100,11 +103,6 @@ _DIMENSION_COLUMNS: Final[dict[str, str]] = {
 }
 
 
-def _valid(expr: str) -> str:
-    """NULL for malformed latencies (negative, NaN, infinite) so they never skew a quantile."""
-    return f"CASE WHEN {expr} >= 0 AND isfinite({expr}) THEN {expr} END"
-
-
 def key_sql(key: str, maps: tuple[str, ...] = ("attributes", "resource_attributes")) -> str:
     """SQL for the value of ``key`` on a span, as VARCHAR: a canonical column or an attribute key.
 
@@ -149,12 +147,6 @@ def metric_key_sql(key: str) -> str:
     if key in _METRIC_KEY_COLUMNS:
         return f'CAST("{_METRIC_KEY_COLUMNS[key]}" AS VARCHAR)'
     return f"coalesce(attributes[{literal(key)}], resource_attributes[{literal(key)}])"
-
-
-#: Queue seconds of a span, NULL when malformed.
-QUEUE_SQL: Final[str] = _valid("queue_s")
-#: End-to-end seconds of a span: ``e2e_s``, else the span duration; NULL when malformed.
-E2E_SQL: Final[str] = f"coalesce({_valid('e2e_s')}, {_valid('duration_s')})"
 
 
 class Comparison(TraceAggregates):
@@ -327,8 +319,8 @@ class Comparison(TraceAggregates):
         """
         b, c = self._windows["baseline"], self._windows["candidate"]
         queue, e2e = QUEUE_SQL, E2E_SQL
-        prefill0, decode0 = _valid("prefill_s"), _valid("decode_s")
-        ttft = f"coalesce({_valid('ttft_s')}, {queue} + {prefill0})"
+        prefill0, decode0 = valid_latency_sql("prefill_s"), valid_latency_sql("decode_s")
+        ttft = f"coalesce({valid_latency_sql('ttft_s')}, {queue} + {prefill0})"
         inner = f"""
             SELECT *,
               CASE WHEN {b.predicate()} THEN 'baseline' WHEN {c.predicate()} THEN 'candidate' END AS side,
@@ -342,7 +334,7 @@ class Comparison(TraceAggregates):
               q_s AS queue_s, t_s AS ttft_s, e_s AS e2e_s,
               coalesce(p_s, CASE WHEN t_s >= q_s THEN t_s - q_s END) AS prefill_s,
               coalesce(d_s, CASE WHEN e_s >= t_s THEN e_s - t_s END) AS decode_s,
-              coalesce({_valid("tpot_s")},
+              coalesce({valid_latency_sql("tpot_s")},
                        CASE WHEN output_tokens > 1 THEN coalesce(d_s, e_s - t_s) / (output_tokens - 1) END) AS tpot_s,
               {self._slice_sql()} AS slice
             FROM ({inner}) WHERE side IS NOT NULL

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     import duckdb
 
 __all__ = [
+    "E2E_SQL",
+    "QUEUE_SQL",
     "SCAN",
     "SIDES",
     "DeployPoint",
@@ -37,10 +39,22 @@ __all__ = [
     "scan_relation",
     "service_sql",
     "slice_position_sql",
+    "valid_latency_sql",
 ]
 
 
 _NS = 1_000_000_000
+
+
+def valid_latency_sql(expr: str) -> str:
+    """NULL for malformed latencies (negative, NaN, infinite) so they never skew a quantile."""
+    return f"CASE WHEN {expr} >= 0 AND isfinite({expr}) THEN {expr} END"
+
+
+#: Queue seconds of a span; NULL when malformed.
+QUEUE_SQL: Final[str] = valid_latency_sql("queue_s")
+#: End-to-end seconds of a span: ``e2e_s``, else the span duration; NULL when malformed.
+E2E_SQL: Final[str] = f"coalesce({valid_latency_sql('e2e_s')}, {valid_latency_sql('duration_s')})"
 
 
 #: What the diagnosis's large scans read: the stored table, not the ``spans`` view. Read through
