@@ -62,16 +62,22 @@ class RatioEstimate:
     n: int
 
 
-def ratio_estimate(frame: pl.DataFrame, num: pl.Expr, den: pl.Expr, cluster: str = "slice") -> RatioEstimate:
+def ratio_estimate(
+    frame: pl.DataFrame, num: pl.Expr, den: pl.Expr, cluster: str = "slice", *, observations: pl.Expr | None = None
+) -> RatioEstimate:
     """Ratio of sums with a cluster-robust (linearised) standard error.
 
     ``var = K/(K-1) * sum_k (y_k - R x_k)^2 / X^2`` over clusters k, floored by
-    the same sum over single rows (never more precise than independent rows).
+    the same sum over single rows (never more precise than independent rows)
+    and by ``1 / n^2`` (one observation's worth of a share). ``observations``:
+    how many observations each row sums (rows that are already aggregates, e.g.
+    spans per slice); by default each row is one. ``n`` counts observations.
     """
-    rows = frame.select(num.cast(pl.Float64).alias("y"), den.cast(pl.Float64).alias("x"), pl.col(cluster)).drop_nulls(
-        ["y", "x"]
-    )
-    n = rows.height
+    weight = pl.lit(1.0) if observations is None else observations.cast(pl.Float64)
+    rows = frame.select(
+        num.cast(pl.Float64).alias("y"), den.cast(pl.Float64).alias("x"), weight.alias("w"), pl.col(cluster)
+    ).drop_nulls(["y", "x"])
+    n = int(rows["w"].sum()) if rows.height else 0
     total_x = float(rows["x"].sum()) if n else 0.0
     if n == 0 or total_x <= 0:
         return RatioEstimate(None, math.inf, n)

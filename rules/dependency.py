@@ -104,8 +104,9 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
     shifted: list[_Shift] = []
     positive_total = 0.0
     for key, group in slices.group_by("service_name", "name", "kind"):
-        eb = ratio_estimate(side(group, "baseline"), pl.col("total_s"), pl.col("n"))
-        ec = ratio_estimate(side(group, "candidate"), pl.col("total_s"), pl.col("n"))
+        # Rows are slices (span counts and sums): the floor of one observation's worth is per span.
+        eb = ratio_estimate(side(group, "baseline"), pl.col("total_s"), pl.col("n"), observations=pl.col("n"))
+        ec = ratio_estimate(side(group, "candidate"), pl.col("total_s"), pl.col("n"), observations=pl.col("n"))
         n_b, n_c = int(side(group, "baseline")["n"].sum()), int(side(group, "candidate")["n"].sum())
         if eb.value is None or ec.value is None or n_b < MIN_SPANS or n_c < MIN_SPANS:
             continue

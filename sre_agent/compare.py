@@ -463,13 +463,7 @@ class Comparison(TraceAggregates):
             frame = self.requests.select("side", "slice", col).filter(
                 (pl.col("side") == side) & pl.col(col).is_not_null()
             )
-            values = frame[col].to_numpy().astype(np.float64)
-            with np.errstate(divide="ignore"):
-                buckets = np.where(
-                    values == 0, stats.ZERO_BUCKET, np.floor(np.log(values) * stats.BUCKETS_PER_E)
-                ).astype(np.int64)
-            slices = frame["slice"].to_numpy().astype(np.int64)
-            self._hist_cache[key] = stats.SliceHistogram.from_long(slices, buckets, np.ones_like(buckets))
+            self._hist_cache[key] = stats.SliceHistogram.from_values(frame["slice"].to_numpy(), frame[col].to_numpy())
         return self._hist_cache[key]
 
     def _check_data(self) -> None:

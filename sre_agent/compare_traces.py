@@ -202,6 +202,25 @@ class TraceAggregates:
         return out
 
     @cached_property
+    def root_dependency_histograms(self) -> dict[str, stats.SliceHistogram]:
+        """Per side, the per-slice histogram of each root trace's dependency time (seconds).
+
+        The dependency time of the traces behind :attr:`root_histograms`, for telemetry without
+        engine request spans (:meth:`OtherSpans.dependency_time_per_trace`), so a slower
+        retrieval or guardrail is a stage headline there too. Empty under the same conditions
+        as :attr:`root_histograms`.
+        """
+        empty: dict[str, stats.SliceHistogram] = {s: stats.SliceHistogram.from_long([], [], []) for s in SIDES}
+        if not any(self.root_histograms[s].n for s in SIDES):
+            return empty
+        frame = self.other_spans.dependency_time_per_trace()
+        out: dict[str, stats.SliceHistogram] = {}
+        for side in SIDES:
+            part = frame.filter((frame["side"] == side) & frame["dependency_s"].is_not_null())
+            out[side] = stats.SliceHistogram.from_values(part["slice"].to_numpy(), part["dependency_s"].to_numpy())
+        return out
+
+    @cached_property
     def traces(self) -> pl.DataFrame:
         """Per sampled engine request: its trace's root, gateway and dependency time.
 

@@ -84,6 +84,12 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
         for q in QUANTILES:
             cq = stats.compare_quantile(roots["baseline"], roots["candidate"], q)
             compared.append(("trace", cq))
+        # The same traces' time in dependency spans: a slower retrieval or guardrail is a stage
+        # headline without engine spans too (the dependency rule then explains all of it).
+        deps = comparison.root_dependency_histograms
+        if all(deps[s].n > 0 for s in SIDES):
+            for q in QUANTILES:
+                compared.append(("dependency", stats.compare_quantile(deps["baseline"], deps["candidate"], q)))
     for name in names:
         if not have_spans:
             continue

@@ -110,6 +110,29 @@ class OtherSpans:
             """
         )
 
+    def dependency_time_per_trace(self) -> pl.DataFrame:
+        """Per trace with a root span: ``side``, ``slice`` (the root's) and ``dependency_s``.
+
+        ``dependency_s`` sums the durations of the trace's non-root spans outside every group
+        that calls an engine (see :meth:`dependency_groups`): what the request waited on
+        retrieval, guardrails and the like, 0 when it called none.
+        """
+        return self._frame(
+            f"""
+            WITH o AS (SELECT * FROM {self._sql}),
+            callers AS (SELECT DISTINCT service_name, name, kind FROM o WHERE wraps_engine),
+            marked AS (
+              SELECT o.*, EXISTS (SELECT 1 FROM callers c WHERE c.service_name IS NOT DISTINCT FROM o.service_name
+                                  AND c.name IS NOT DISTINCT FROM o.name AND c.kind IS NOT DISTINCT FROM o.kind)
+                AS calls_engine
+              FROM o
+            )
+            SELECT any_value(side) FILTER (WHERE is_root) AS side, any_value(slice) FILTER (WHERE is_root) AS slice,
+              coalesce(sum(duration_s) FILTER (WHERE NOT is_root AND NOT calls_engine), 0.0) AS dependency_s
+            FROM marked GROUP BY trace_id HAVING bool_or(is_root)
+            """
+        )
+
     def group_p99(self) -> pl.DataFrame:
         """99th percentile of non-root span durations: ``side``, ``service_name``, ``name``, ``kind``, ``p99_s``."""
         return self._frame(

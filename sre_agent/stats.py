@@ -135,6 +135,14 @@ class SliceHistogram:
         ids[0] = ZERO_BUCKET
         return cls(ids[keep_cols], dense[np.ix_(keep_rows, keep_cols)])
 
+    @classmethod
+    def from_values(cls, slices: npt.ArrayLike, values: npt.ArrayLike) -> SliceHistogram:
+        """Build from one value (seconds, >= 0) per request and its slice."""
+        v = np.asarray(values, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            buckets = np.where(v == 0, ZERO_BUCKET, np.floor(np.log(v) * BUCKETS_PER_E)).astype(np.int64)
+        return cls.from_long(np.asarray(slices, dtype=np.int64), buckets, np.ones_like(buckets))
+
     @property
     def n(self) -> int:
         """Total number of requests."""

@@ -305,3 +305,18 @@ def test_an_engine_histogram_of_finishers_does_not_outvote_the_traces(tmp_path: 
     assert incident.shape == "gateway-spans+metrics"  # type: ignore[attr-defined]
     assert findings, "no finding at all"
     assert findings[0][0] == "none", findings
+
+
+def test_a_slower_guardrail_without_engine_spans_is_dependency(tmp_path: Path) -> None:
+    # Miss class 6's shape without engine spans (gateway spans + engine metrics): a guardrail 6x
+    # slower (26 -> 155 ms mean) moved no trace quantile significantly, and nothing measured
+    # dependency time without engine spans, so the answer was "no significant regression". The
+    # traces' dependency time is now a stage headline, and the dependency rule's SE no longer has
+    # a floor of one slice's worth (0.05 s at 20 slices, which had scored this shift z = 1.8).
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(85, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "dependency"  # type: ignore[attr-defined]
+    assert incident.shape == "gateway-spans+metrics"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "dependency", findings
+    assert "guardrail" in findings[0][2], findings[0]
