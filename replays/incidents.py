@@ -687,15 +687,20 @@ def _apart(base: list[float], cand: list[float], q: float) -> bool:
     return b is not None and c is not None and c[0] > b[1]
 
 
-def _visible(cause: str, e: dict[str, float]) -> bool:
+def _visible(cause: str, e: dict[str, float], *, beyond_noise: bool = True) -> bool:
     """Whether the truth is not a guess: the cause's effect shows beyond sampling noise, on a baseline not saturated.
 
     A latency ratio counts only when its quantiles are apart (:func:`_apart`); effects stored
-    before that measure existed (no ``*_apart`` entries) count as before.
+    before that measure existed (no ``*_apart`` entries) count as before. With ``beyond_noise``
+    false, the realised ratios count as they are: whether the simulator changed anything at all
+    (``shows`` in the summary, which mechanism tests on small samples assert).
     """
 
     def ratio(*names: str) -> float:
-        return max((e[n] for n in names if e[n] == e[n] and e.get(f"{n}_apart", 1.0) > 0), default=1.0)
+        return max(
+            (e[n] for n in names if e[n] == e[n] and (not beyond_noise or e.get(f"{n}_apart", 1.0) > 0)),
+            default=1.0,
+        )
 
     latency = ratio("e2e_p99", "ttft_p99", "tpot_p99")
     if min(e["requests_baseline"], e["requests_candidate"]) < 150:
@@ -733,8 +738,9 @@ def write_incident(incident: Incident, directory: str | Path) -> dict[str, Any]:
     """Replay ``incident`` into ``directory/telemetry.jsonl.gz`` and write ``truth.json`` beside it.
 
     Returns the description (:meth:`Incident.describe`) with ``effect``: what the
-    simulator measured, and ``visible``: whether the cause's effect shows in it
-    (an incident whose cause does not show is skipped by the benchmark, not scored).
+    simulator measured, ``visible``: whether the cause's effect shows in it beyond sampling
+    noise (an incident whose cause does not is skipped by the benchmark, not scored), and
+    ``shows``: whether the realised ratios moved at all (:func:`_visible`).
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -744,6 +750,7 @@ def write_incident(incident: Incident, directory: str | Path) -> dict[str, Any]:
     info = incident.describe()
     info["effect"] = effect
     info["visible"] = _visible(incident.truth.cause, effect)
+    info["shows"] = _visible(incident.truth.cause, effect, beyond_noise=False)
     info["simulated_requests"] = len(result.records)
     (out / "truth.json").write_text(json.dumps(info, indent=2, sort_keys=True), encoding="utf-8")
     return info
@@ -762,6 +769,7 @@ def replay_into_store(incident: Incident, db: str | Path) -> tuple[dict[str, Any
     info = incident.describe()
     info["effect"] = _effect(result, incident)
     info["visible"] = _visible(incident.truth.cause, info["effect"])
+    info["shows"] = _visible(incident.truth.cause, info["effect"], beyond_noise=False)
     deploy = incident.scenario.deploy
     if incident.deploy_style == "canary_split":
         selection = Selection(

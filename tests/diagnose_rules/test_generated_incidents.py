@@ -28,7 +28,9 @@ def _diagnosed(
 ) -> tuple[object, list[tuple[str, str | None, str]]]:
     incident = generate(seed, traces, max_per_side=per_side) if traces else generate(seed, max_per_side=per_side)
     info, selection = replay_into_store(incident, tmp_path / "store.duckdb")
-    assert info["visible"], info["effect"]  # the drawn cause shows in the simulator's own numbers
+    # The drawn cause moved the simulator's own numbers (at 600 requests a side often not beyond
+    # sampling noise, which the benchmark's "visible" asks; the mechanisms here are still there).
+    assert info["shows"], info["effect"]
     report = diagnose(tmp_path / "store.duckdb", selection)
     return incident, [(f.cause, f.stage, f.title) for f in report.findings]
 
@@ -266,57 +268,41 @@ def test_lost_prefix_cache_outranks_the_prefill_it_slows(seed: int, tmp_path: Pa
     assert findings[0][0] == "prefix_cache", findings
 
 
-def test_a_slower_decode_that_grows_the_batch_is_still_decode_slowdown(tmp_path: Path) -> None:
-    # Class 4's other face: decode steps x1.39 at unchanged arrivals kept every request longer,
-    # so the running batch grew 23 -> 43 (Little's law). Equal-batch buckets then matched the
-    # baseline's bursts (steps heavy with prefill) with the candidate's ordinary moments, and
-    # TPOT at equal batch read 13 % *lower*: no rule explained an e2e p99 up 1.55x. With the
-    # load and the work per request unchanged, only a slower engine can grow the batch, and
-    # the comparison falls back to equal prompt size.
+# Mechanisms that dev incidents (real traces, 1,200 requests a side) showed unexplained or
+# misread, each case: (seed, expected top cause, telemetry shape, words its title must carry).
+_MECHANISM_CASES = [
+    # A slower decode (x1.39) at unchanged arrivals kept every request longer, so the running batch
+    # grew 23 -> 43 (Little's law). Equal-batch buckets matched the baseline's bursts (steps heavy
+    # with prefill) with the candidate's ordinary moments and read TPOT 13 % *lower*: no rule
+    # explained an e2e p99 up 1.55x. At unchanged load and work only a slower engine grows the
+    # batch, so the comparison falls back to equal prompt size.
+    pytest.param(90, "decode_slowdown", "vllm-v0", "running batch grew at unchanged load", id="batch-grew"),
+    # max_num_batched_tokens 4096 -> 1024 on Azure conversations, mostly shorter than 1024 tokens:
+    # the largest steps' bucket moved but the steps' p99 did not, so the histogram test said
+    # "unchanged" and nothing explained a TTFT p90 up 12 %. The long prompts' prefill cost shows it.
+    pytest.param(271, "batch_composition", "vllm-v0", "smaller step budget", id="budget-long-prompts"),
+    # A healthy deploy on a saturated fleet (gateway spans + engine metrics): requests last
+    # minutes and the engine's e2e histogram counts them when they finish, so the candidate's
+    # finishers started under the baseline's backlog. Its p50 read 16 -> 49 s while the traces
+    # (every request, by start, with a CI) did not move, and finished requests counted as arrivals
+    # made it load, then kv_pressure.
+    pytest.param(204, "none", "gateway-spans+metrics", "", id="finishers-not-arrivals"),
+    # A guardrail 6x slower (26 -> 155 ms mean) without engine spans moved no trace quantile, and
+    # nothing measured dependency time there. The traces' dependency time is now a stage headline,
+    # and the dependency rule's SE no longer has a floor of one slice's worth (0.05 s at 20 slices
+    # had scored this shift z = 1.8).
+    pytest.param(85, "dependency", "gateway-spans+metrics", "guardrail", id="dependency-no-engine-spans"),
+]
+
+
+@pytest.mark.parametrize(("seed", "cause", "shape", "in_title"), _MECHANISM_CASES)
+def test_mechanisms_the_generated_incidents_showed(
+    seed: int, cause: str, shape: str, in_title: str, tmp_path: Path
+) -> None:
     assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident, findings = _diagnosed(90, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "decode_slowdown"  # type: ignore[attr-defined]
+    incident, findings = _diagnosed(seed, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == cause  # type: ignore[attr-defined]
+    assert incident.shape == shape  # type: ignore[attr-defined]
     assert findings, "no finding at all"
-    assert findings[0][0] == "decode_slowdown", findings
-    assert "running batch grew at unchanged load" in findings[0][2], findings[0]
-
-
-def test_a_step_budget_that_binds_only_long_prompts_is_batch_composition(tmp_path: Path) -> None:
-    # Class 2 with the step histogram present: max_num_batched_tokens 4096 -> 1024 on Azure
-    # conversations, whose prompts are mostly shorter than 1024 tokens. The largest steps' bucket
-    # moved 4096 -> 1024 but the steps' p99 did not move, so the histogram test said "unchanged"
-    # and nothing explained a TTFT p90 up 12 %. The long prompts' prefill cost still shows it.
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident, findings = _diagnosed(271, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "batch_composition"  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "batch_composition", findings
-
-
-def test_an_engine_histogram_of_finishers_does_not_outvote_the_traces(tmp_path: Path) -> None:
-    # A healthy deploy (gateway spans + engine metrics) on a saturated fleet: requests last
-    # minutes, and the engine's e2e histogram counts them when they finish, so the candidate
-    # window's finishers had started under the baseline's backlog. That histogram's p50 read
-    # 16 -> 49 s while the gateway's traces (every request, by start, with a CI) did not move,
-    # and the deploy was called load (completions counted as arrivals), then kv_pressure.
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident, findings = _diagnosed(204, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "none"  # type: ignore[attr-defined]
-    assert incident.shape == "gateway-spans+metrics"  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "none", findings
-
-
-def test_a_slower_guardrail_without_engine_spans_is_dependency(tmp_path: Path) -> None:
-    # Miss class 6's shape without engine spans (gateway spans + engine metrics): a guardrail 6x
-    # slower (26 -> 155 ms mean) moved no trace quantile significantly, and nothing measured
-    # dependency time without engine spans, so the answer was "no significant regression". The
-    # traces' dependency time is now a stage headline, and the dependency rule's SE no longer has
-    # a floor of one slice's worth (0.05 s at 20 slices, which had scored this shift z = 1.8).
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident, findings = _diagnosed(85, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "dependency"  # type: ignore[attr-defined]
-    assert incident.shape == "gateway-spans+metrics"  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "dependency", findings
-    assert "guardrail" in findings[0][2], findings[0]
+    assert findings[0][0] == cause, findings
+    assert in_title in findings[0][2], findings[0]
