@@ -53,7 +53,7 @@ from sre_agent.replays.costmodel import PROFILES, Profile
 from sre_agent.replays.engine import EngineConfig
 from sre_agent.replays.gateway import RetryPolicy
 from sre_agent.replays.outputs import JsonLinesOutput, TelemetryOutput
-from sre_agent.replays.replay import ReplayResult, replay
+from sre_agent.replays.replay import ReplayResult, quantile, replay
 from sre_agent.replays.scenario import (
     DEFAULT_DEPENDENCIES,
     Change,
@@ -654,11 +654,12 @@ def _effect(result: ReplayResult, incident: Incident) -> dict[str, float]:
         "baseline_ttft_p99_s": result.value("ttft_p99", base),
     }
     for metric in ("e2e_p99", "ttft_p99", "tpot_p99", "tpot_p50", "queue_p99", "prefill_p99", "dependency_p99"):
-        b, c = result.value(metric, base), result.value(metric, cand)
+        stage, _, label = metric.rpartition("_")
+        q = 0.5 if label == "p50" else 0.99
+        b_values, c_values = result._values(base, stage), result._values(cand, stage)
+        b, c = quantile(b_values, q), quantile(c_values, q)  # what result.value(metric, ...) reads
         out[metric] = c / b if b > 0 else float("nan")
-        stage, _, q = metric.rpartition("_")
-        quantile = 0.5 if q == "p50" else 0.99
-        out[f"{metric}_apart"] = float(_apart(result._values(base, stage), result._values(cand, stage), quantile))
+        out[f"{metric}_apart"] = float(_apart(b_values, c_values, q))
     for metric in ("error_rate", "attempts_per_request", "preemptions_per_request", "prefix_hit_ratio"):
         out[metric] = result.value(metric, cand) - result.value(metric, base)
     return {k: round(v, 4) for k, v in out.items()}

@@ -366,15 +366,12 @@ def assess_slowdown(
     # overlap, so that control misleads and equal prompt size is the one left, with less weight.
     # Queueing is convex: near saturation a few per cent more arrivals double the batch, so the
     # load must be flat in value, not merely within the spread of a bursty trace (load_changed).
+    # (A load flat in value is also one load_moved calls unchanged, so load_changed adds nothing.)
     grew_alone = (
         cost.size_shift is not None
-        and load_changed is False
-        and load is not None
-        and load.ratio is not None
-        and abs(math.log(max(1e-9, load.ratio))) < math.log(1.0 + SAME_LOAD)
+        and _flat(load.ratio if load is not None else None)
         and (running.ratio or 0.0) >= BATCH_GREW
-        and work is not None
-        and abs(math.log(max(1e-9, work))) < math.log(1.0 + SAME_LOAD)
+        and _flat(work)
     )
     equal_batch_quiet = shift is None or shift.coverage < MIN_COVERAGE or shift.z < Z_MIN or shift.rise < MIN_SLOWDOWN
     size_only = grew_alone and equal_batch_quiet
@@ -496,6 +493,11 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         )
     cached[stage] = result
     return result
+
+
+def _flat(ratio: float | None) -> bool:
+    """Whether a candidate/baseline ratio is known and within :data:`SAME_LOAD` either way (in log)."""
+    return ratio is not None and ratio > 0 and abs(math.log(ratio)) < math.log1p(SAME_LOAD)
 
 
 def _work_per_request(frame: pl.DataFrame, tokens: str) -> SidePair:

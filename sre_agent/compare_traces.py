@@ -15,9 +15,9 @@ from sre_agent import stats
 from sre_agent.attribute_sql import entries_sql, lookup_sql
 from sre_agent.metric_view import fetch_one
 from sre_agent.other_spans import OtherSpans
-from sre_agent.resolve import log_bucket_sql, slice_position_sql
+from sre_agent.resolve import log_bucket_sql, slice_position_sql, valid_latency_sql
 from sre_agent.rules_api import SIDES
-from sre_agent.sql_text import ident, literal
+from sre_agent.sql_text import ident
 
 if TYPE_CHECKING:
     import duckdb
@@ -109,7 +109,7 @@ class TraceAggregates:
                 CREATE OR REPLACE TEMP TABLE {temp} AS
                 WITH t AS (
                   SELECT trace_id, span_id, parent_span_id, coalesce(is_engine, false) AS engine,
-                    CASE WHEN duration_s >= 0 AND isfinite(duration_s) THEN duration_s END AS dur
+                    {valid_latency_sql("duration_s")} AS dur
                   FROM {self.scan} s WHERE start_ns >= {lo} AND start_ns < {hi}
                     AND trace_id IN (SELECT trace_id FROM {reg})
                 ),
@@ -262,14 +262,13 @@ class TraceAggregates:
             f"CASE WHEN start_ns >= {b.start_ns} AND start_ns < {b.end_ns} THEN 'baseline' "
             f"WHEN start_ns >= {c.start_ns} AND start_ns < {c.end_ns} THEN 'candidate' END"
         )
-        svc = f"AND service_name = {literal(self.selection.service)}" if False else ""
         table = self.con.execute(
             f"""
             SELECT side, service_name, name, kind, count(*) AS count,
               quantile_cont(duration_s, 0.5) AS p50_s, quantile_cont(duration_s, 0.99) AS p99_s,
               avg(duration_s) AS mean_s, count(*) FILTER (WHERE status_code = 'error') AS errors
             FROM (SELECT {side} AS side, * FROM {self.scan} WHERE NOT coalesce(is_engine, false)
-                  AND duration_s >= 0 AND isfinite(duration_s) {svc})
+                  AND duration_s >= 0 AND isfinite(duration_s))
             WHERE side IS NOT NULL GROUP BY ALL ORDER BY service_name, name, side
             """
         ).to_arrow_table()

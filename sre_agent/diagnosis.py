@@ -134,8 +134,8 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             # two that only share an edge are apart: the candidate's lies wholly in higher buckets.
             # Observations that arrived together (a request's tokens, a step's requests) count as
             # the independent ones they are worth, measured between scrape intervals.
-            b_iv = b.quantile_interval(q, independent=b.independent(q)) if b else None
-            c_iv = c.quantile_interval(q, independent=c.independent(q)) if c else None
+            b_iv = b.quantile_interval(q) if b else None
+            c_iv = c.quantile_interval(q) if c else None
             apart = bool(b_iv and c_iv and c_iv[0] >= b_iv[1])
             sig = bool(enough and apart and bq and cq_ and cq_ / bq >= 1 + 2 * (MIN_EFFECT - 1))
             # The gateway's root spans time every request users sent, by when it started, with a

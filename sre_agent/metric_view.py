@@ -84,6 +84,8 @@ class HistogramDelta:
         binomial one is the design effect, and ``count / effect`` the effective sample. With
         fewer than 4 blocks nothing can be measured and every observation counts.
         """
+        from sre_agent.exceedance import ShareCounts
+
         n = self.count
         blocks = [b for b in self.blocks if sum(b) > 0]
         if n == 0 or len(blocks) < 4:
@@ -94,14 +96,12 @@ class HistogramDelta:
             if seen >= rank:
                 cut = i + 1  # buckets above the one holding the quantile
                 break
-        hits = [sum(b[cut:]) for b in blocks]
-        sizes = [sum(b) for b in blocks]
-        share = sum(hits) / n
+        counts = ShareCounts(tuple(sum(b) for b in blocks), tuple(sum(b[cut:]) for b in blocks))
+        share = counts.share
         if not 0.0 < share < 1.0:
             return n
-        k = len(blocks)
-        batch = sum((h - share * m) ** 2 for h, m in zip(hits, sizes, strict=True)) * k / (k - 1) / (n * n)
-        effect = max(1.0, batch / (share * (1.0 - share) / n))
+        # The canary's batch-means variance, floored at the binomial one: the effect is >= 1.
+        effect = counts.variance(share) / (share * (1.0 - share) / n)
         return max(1, round(n / effect))
 
     @property
@@ -125,8 +125,9 @@ class HistogramDelta:
 
         The rank of the sample quantile is binomial (order statistics): the quantile lies
         between the observations of ranks ``n q -+ z sqrt(n q (1-q))``; when the ``n``
-        observations are worth only ``independent`` independent ones (:meth:`independent`),
-        the spread is ``n sqrt(q (1-q) / independent)``. A histogram only says
+        observations are worth only ``independent`` independent ones (by default
+        :meth:`independent`, measured between time blocks), the spread is
+        ``n sqrt(q (1-q) / independent)``. A histogram only says
         which bucket each of those lies in, so the interval runs from the lower edge of the
         bucket holding the low rank to the upper edge of the one holding the high rank
         (interpolating inside a bucket assumes a shape and under-covers: 86 % for a nominal
@@ -136,7 +137,7 @@ class HistogramDelta:
         n = self.count
         if n == 0:
             return None
-        units = n if independent is None else max(1, min(n, independent))
+        units = max(1, min(n, self.independent(q) if independent is None else independent))
         half = z * n * math.sqrt(q * (1 - q) / units)
         lo_rank, hi_rank = max(0.0, n * q - half), min(float(n), n * q + half)
         edges = (0.0, *self.bounds, math.inf)

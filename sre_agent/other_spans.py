@@ -21,6 +21,8 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING, Final
 
+from sre_agent.resolve import valid_latency_sql
+
 if TYPE_CHECKING:
     import duckdb
     import polars as pl
@@ -70,12 +72,24 @@ class OtherSpans:
                 AND start_ns >= {lo - margin} AND start_ns < {hi + margin}
             )
             SELECT {side_sql} AS side, {slice_sql} AS slice, s.trace_id, s.span_id, s.service_name, s.name, s.kind,
-              CASE WHEN s.duration_s >= 0 AND isfinite(s.duration_s) THEN s.duration_s END AS duration_s,
+              {valid_latency_sql("s.duration_s")} AS duration_s,
               s.status_code, s.error_type, s.attempt, s.parent_span_id IS NULL AS is_root,
               eng.trace_id IS NOT NULL OR (s.kind = 'client' AND s.model IS NOT NULL) AS wraps_engine
             FROM spans s LEFT JOIN eng ON eng.trace_id = s.trace_id AND eng.parent_span_id = s.span_id
             WHERE NOT coalesce(s.is_engine, false) AND s.start_ns >= {lo} AND s.start_ns < {hi}
               AND {side_sql} IS NOT NULL
+        )"""
+
+    @cached_property
+    def _marked(self) -> str:
+        """:attr:`_sql` plus ``calls_engine``: the span's group (service, name, kind) has a span that wraps an engine.
+
+        Gateway attempt spans are engine calls, not dependencies, including their failed
+        attempts that never reached an engine.
+        """
+        return f"""(
+            SELECT *, bool_or(wraps_engine) OVER (PARTITION BY service_name, name, kind) AS calls_engine
+            FROM {self._sql}
         )"""
 
     def _frame(self, sql: str, params: list[object] | None = None) -> pl.DataFrame:
@@ -94,43 +108,26 @@ class OtherSpans:
     def dependency_groups(self) -> pl.DataFrame:
         """Non-root spans with a duration per ``side``, ``slice``, ``service_name``, ``name``, ``kind``.
 
-        Columns ``n`` (spans) and ``total_s`` (seconds). Groups that call an engine
-        (gateway attempt spans) are left out, including their failed attempts that
-        never reached one: a group is an engine call if any of its spans wraps one.
+        Columns ``n`` (spans) and ``total_s`` (seconds). Groups that call an engine are
+        left out (see :attr:`_marked`).
         """
         return self._frame(
-            f"""
-            WITH o AS (SELECT * FROM {self._sql}),
-            callers AS (SELECT DISTINCT service_name, name, kind FROM o WHERE wraps_engine)
-            SELECT side, slice, service_name, name, kind, count(*) AS n, sum(duration_s) AS total_s
-            FROM o WHERE NOT is_root AND duration_s IS NOT NULL
-              AND NOT EXISTS (SELECT 1 FROM callers c WHERE c.service_name IS NOT DISTINCT FROM o.service_name
-                              AND c.name IS NOT DISTINCT FROM o.name AND c.kind IS NOT DISTINCT FROM o.kind)
-            GROUP BY ALL
-            """
+            f"""SELECT side, slice, service_name, name, kind, count(*) AS n, sum(duration_s) AS total_s
+                FROM {self._marked} WHERE NOT is_root AND duration_s IS NOT NULL AND NOT calls_engine
+                GROUP BY side, slice, service_name, name, kind"""
         )
 
     def dependency_time_per_trace(self) -> pl.DataFrame:
         """Per trace with a root span: ``side``, ``slice`` (the root's) and ``dependency_s``.
 
         ``dependency_s`` sums the durations of the trace's non-root spans outside every group
-        that calls an engine (see :meth:`dependency_groups`): what the request waited on
+        that calls an engine (see :attr:`_marked`): what the request waited on
         retrieval, guardrails and the like, 0 when it called none.
         """
         return self._frame(
-            f"""
-            WITH o AS (SELECT * FROM {self._sql}),
-            callers AS (SELECT DISTINCT service_name, name, kind FROM o WHERE wraps_engine),
-            marked AS (
-              SELECT o.*, EXISTS (SELECT 1 FROM callers c WHERE c.service_name IS NOT DISTINCT FROM o.service_name
-                                  AND c.name IS NOT DISTINCT FROM o.name AND c.kind IS NOT DISTINCT FROM o.kind)
-                AS calls_engine
-              FROM o
-            )
-            SELECT any_value(side) FILTER (WHERE is_root) AS side, any_value(slice) FILTER (WHERE is_root) AS slice,
-              coalesce(sum(duration_s) FILTER (WHERE NOT is_root AND NOT calls_engine), 0.0) AS dependency_s
-            FROM marked GROUP BY trace_id HAVING bool_or(is_root)
-            """
+            f"""SELECT any_value(side) FILTER (WHERE is_root) AS side, any_value(slice) FILTER (WHERE is_root) AS slice,
+                  coalesce(sum(duration_s) FILTER (WHERE NOT is_root AND NOT calls_engine), 0.0) AS dependency_s
+                FROM {self._marked} GROUP BY trace_id HAVING bool_or(is_root)"""
         )
 
     def group_p99(self) -> pl.DataFrame:
