@@ -34,6 +34,10 @@ them), the engine categories' ``explained`` is scaled by the share of the
 rise that reached users.
 Scope: the attribute value holding >= 70 % of the rise and 20 points more
 of it than of the traffic (engine categories, on the sampled requests' dimensions).
+When only logical requests failed more (an engine that rejects a request before
+serving it leaves no span), the same test runs on the gateway's engine calls by the
+host they called (``server.address``), named also by the engine's ``host.name`` /
+``service.instance.id`` when a replica reports that name.
 
 Quiet when no category moved; :class:`RuleSkipped` when neither spans nor
 root spans are present.
@@ -158,6 +162,13 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
                                                f"share of the rise; {found[3]:.0%} of the traffic"))  # fmt: skip
     if not moved:
         return None
+    if not scope and roots_seen and len(moved) > len(engine_moved):
+        # Logical requests failed more: an engine that rejects requests before serving them
+        # leaves no span, but the gateway's attempt still names the replica it called.
+        by_host = _failed_calls_scope(comparison)
+        if by_host is not None:
+            scope, evidence = by_host
+            scope_evidence.append(evidence)
     moved.sort(key=lambda m: -m[0])
     confidence, label, _, _ = moved[0]
     if roots_seen and not engine_moved and any("timeout" in m[1] for m in moved):
@@ -185,6 +196,37 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
         evidence=tuple(m[2] for m in moved[:6]) + tuple(scope_evidence),
         next_check=NEXT_CHECK,
     )
+
+
+def _failed_calls_scope(comparison: Comparison) -> tuple[dict[str, str], Evidence] | None:
+    """The called host holding the failed engine calls' rise (gateway attempt spans), with evidence.
+
+    The scope names it as ``server.address`` and, when an engine replica reports the same
+    name as its ``host.name`` or ``service.instance.id``, under those too. ``None`` when
+    the rise is not confined to one host (see :func:`confined_slice`).
+    """
+    calls = comparison.other_spans.engine_calls().filter(pl.col("target").is_not_null())
+    if calls.height == 0:
+        return None
+    found = confined_slice(calls, ["target"], pl.col("failed"), pl.lit(1.0), direction=1)
+    if found is None:
+        return None
+    _, host, share, traffic = found
+    scope = {"server.address": host}
+    requests = comparison.requests
+    for attribute in ("host.name", "service.instance.id"):
+        if attribute in requests.columns and (requests[attribute] == host).any():
+            scope[attribute] = host
+    if len(scope) == 1 and requests.height == 0:  # no engine spans: the replicas the metrics name
+        named = comparison.metrics.counter_delta_by_replica("generation_tokens", "baseline")
+        scope.update({attribute: value for attribute, value in named if value == host})
+    evidence = Evidence(
+        f"failed_call_rise_share[server.address={host}]",
+        None,
+        rnd(share),
+        f"share of the rise in failed engine calls (gateway attempts); {traffic:.0%} of the calls",
+    )
+    return scope, evidence
 
 
 def _reached_users(roots: pl.DataFrame, engine: pl.DataFrame) -> tuple[float, Evidence] | None:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Final
 from sre_agent.compare import LATENCIES
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from sre_agent.compare import Comparison
     from sre_agent.rules_api import Regression
 
@@ -48,6 +50,7 @@ class SliceScore:
         excess_share: the slice's part of the candidate's excess slow requests (0..1).
         z: standardised difference of the slice's slow rate, candidate vs its expectation.
         lift: the slice's candidate slow rate over the rest of the candidate's.
+        candidate_requests / candidate_slow: the slice's candidate requests, and those above T.
     """
 
     dimension: str
@@ -59,6 +62,8 @@ class SliceScore:
     excess_share: float
     z: float
     lift: float = 1.0
+    candidate_requests: int = 0
+    candidate_slow: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,8 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
                     excess_share=max(0.0, excess[value]) / total,
                     z=(sc / nc - rate_b) / se,
                     lift=(sc / nc) / max((slow_c_total - sc) / max(n_c - nc, 1), 1e-9) if n_c > nc else 1.0,
+                    candidate_requests=nc,
+                    candidate_slow=sc,
                 )
             )
     # Concentration beats size: prefer the slice whose excess share most exceeds its traffic share.
@@ -158,12 +165,25 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
         and best.lift >= MIN_LIFT
     ):
         scope[best.dimension] = best.value
-        # Attributes that select the same requests (host and instance of one replica) name the same slice.
+        # Attributes that hold the same candidate requests name the same slice: the host and
+        # instance of one replica, or a version deployed to that replica alone (which has no
+        # baseline of its own, so its excess, measured against the overall rate, differs).
+        # Equal shares are not enough: a tenant can match a replica's counts by chance.
         for other in scores[1:]:
-            if (
-                other.dimension not in scope
-                and abs(other.excess_share - best.excess_share) < 0.02
-                and abs(other.traffic_candidate - best.traffic_candidate) < 0.01
-            ):
+            if other.dimension not in scope and _same_candidate_requests(frame, best, other):
                 scope[other.dimension] = other.value
     return Localisation(metric, float(threshold), tuple(scores), scope)
+
+
+def _same_candidate_requests(frame: pl.DataFrame, one: SliceScore, other: SliceScore) -> bool:
+    """Whether two slices hold exactly the same candidate requests (``frame`` as in :func:`localise`)."""
+    import polars as pl
+
+    if (one.candidate_requests, one.candidate_slow) != (other.candidate_requests, other.candidate_slow):
+        return False
+    both = frame.filter(
+        (pl.col("side") == "candidate")
+        & (pl.col(one.dimension).cast(pl.String).fill_null("(missing)") == one.value)
+        & (pl.col(other.dimension).cast(pl.String).fill_null("(missing)") == other.value)
+    )
+    return both.height == one.candidate_requests

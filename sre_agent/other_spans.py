@@ -9,7 +9,8 @@ Every frame is built from one relation, the non-engine spans of both windows by
 each span's own start time, with columns ``side``, ``slice`` (the comparison's
 time slices), ``trace_id``, ``span_id``, ``service_name``, ``name``, ``kind``,
 ``duration_s`` (seconds; ``NULL`` when negative or not finite), ``status_code``,
-``error_type``, ``attempt``, ``is_root`` (no parent) and ``wraps_engine`` (an
+``error_type``, ``attempt``, ``is_root`` (no parent), ``target`` (the called
+host: ``server.address``, else ``net.peer.name``) and ``wraps_engine`` (an
 engine request span is its child, or it is a client span naming a model,
 ``gen_ai.request.model``: a gateway's inference call even when the engine sends
 no spans). The ``--service`` filter is not applied: dependencies live in other
@@ -21,6 +22,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING, Final
 
+from sre_agent.attribute_sql import lookup_sql
 from sre_agent.resolve import valid_latency_sql
 
 if TYPE_CHECKING:
@@ -74,6 +76,8 @@ class OtherSpans:
             SELECT {side_sql} AS side, {slice_sql} AS slice, s.trace_id, s.span_id, s.service_name, s.name, s.kind,
               {valid_latency_sql("s.duration_s")} AS duration_s,
               s.status_code, s.error_type, s.attempt, s.parent_span_id IS NULL AS is_root,
+              coalesce({lookup_sql("server.address", "attributes")}, {lookup_sql("net.peer.name", "attributes")})
+                AS target,
               eng.trace_id IS NOT NULL OR (s.kind = 'client' AND s.model IS NOT NULL) AS wraps_engine
             FROM spans s LEFT JOIN eng ON eng.trace_id = s.trace_id AND eng.parent_span_id = s.span_id
             WHERE NOT coalesce(s.is_engine, false) AND s.start_ns >= {lo} AND s.start_ns < {hi}
@@ -144,6 +148,19 @@ class OtherSpans:
                 AND name IS NOT DISTINCT FROM ? AND kind IS NOT DISTINCT FROM ? AND duration_s IS NOT NULL
                 AND NOT is_root""",
             [service, name, kind],
+        )
+
+    def engine_calls(self) -> pl.DataFrame:
+        """The calls of groups that call an engine (gateway attempts): ``side``, ``slice``, ``target``, ``failed``.
+
+        ``target`` is the host called (``server.address``, else ``net.peer.name``; NULL when
+        neither is set); ``failed`` whether the span's status is an error. A failed attempt
+        that never reached an engine counts, which is the point: an engine that rejects
+        requests before serving them leaves no span of its own.
+        """
+        return self._frame(
+            f"""SELECT side, slice, target, coalesce(status_code = 'error', false) AS failed
+                FROM {self._marked} WHERE calls_engine AND NOT is_root AND kind = 'client'"""
         )
 
     def attempts_per_trace(self) -> pl.DataFrame:

@@ -306,3 +306,23 @@ def test_mechanisms_the_generated_incidents_showed(
     assert findings, "no finding at all"
     assert findings[0][0] == cause, findings
     assert in_title in findings[0][2], findings[0]
+
+
+@pytest.mark.parametrize("seed", [64, 142])
+def test_a_regression_on_one_replica_is_scoped_to_that_replica(seed: int, tmp_path: Path) -> None:
+    # Scope on replica-confined incidents. 64: the engine on replica-2 answers 503 before serving,
+    # which leaves no engine span; the gateway's attempt spans still name the host they called.
+    # 142: prefill slowed on replica-2, the one replica the deploy gave the new version, so the
+    # new version and the replica hold the same candidate requests; the version has no baseline
+    # and scored a little higher, and the scope named the version alone.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident = generate(seed, SHARED_TRACES, max_per_side=1200)
+    truth = incident.truth
+    assert list(truth.scope) == ["host.name"], truth
+    info, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    assert info["visible"], info["effect"]
+    report = diagnose(tmp_path / "store.duckdb", selection)
+    assert report.findings, "no finding at all"
+    top = report.findings[0]
+    assert top.cause == truth.cause, report.findings
+    assert top.scope.get("host.name") == truth.scope["host.name"], top.scope
