@@ -48,6 +48,10 @@ LOAD_Z: Final[float] = 3.0
 Z_FULL: Final[float] = 5.0
 #: Fewest requests per side and per covariate bucket for a conditional comparison.
 MIN_BUCKET: Final[int] = 20
+#: Attributes that describe where a request was served, not what was asked (attribute-name prefixes).
+SERVING_DIMENSIONS: Final[tuple[str, ...]] = (
+    "host.", "k8s.", "service.", "server.", "container.", "process.", "telemetry.", "cloud.",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -378,6 +382,7 @@ def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[st
 __all__ = [
     "LOAD_Z",
     "MIN_BUCKET",
+    "SERVING_DIMENSIONS",
     "PER_TOKEN_METRICS",
     "Z_MIN",
     "RatioEstimate",

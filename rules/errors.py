@@ -25,7 +25,10 @@ metric for engine categories); 0 when failing requests are not in the tail
 (fast rejections, truncations shorten latency). When the headline is the
 error rate itself (``error_rate``), ``explained`` is 1.
 
-``confidence``: significance of z x ``min(1, rise / 0.05)``; x 0.5 when the
+``confidence``: significance of z x ``min(1, rise / 0.05)``; x 0.3 when the
+top category is an engine one whose rise is confined to a tenant, route or model
+the baseline never served (those requests' own asks made them fail or truncate:
+the mix changed, ``traffic_mix``); x 0.5 when the
 moved category is a timeout of logical requests while no engine category
 moved (the gateway's deadline cut requests the engine was serving: the
 attempt policy, ``retry_amplification``, made those errors). When engine
@@ -33,7 +36,8 @@ failures rose but the logical error rate rose less (the gateway recovered
 them), the engine categories' ``explained`` is scaled by the share of the
 rise that reached users.
 Scope: the attribute value holding >= 70 % of the rise and 20 points more
-of it than of the traffic (engine categories, on the sampled requests' dimensions).
+of it than of the traffic (engine categories, on the sampled requests' dimensions
+other than the attributes the categories are read from).
 When only logical requests failed more (an engine that rejects a request before
 serving it leaves no span), the same test runs on the gateway's engine calls by the
 host they called (``server.address``), named also by the engine's ``host.name`` /
@@ -52,6 +56,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
+    SERVING_DIMENSIONS,
     clip01,
     confined_slice,
     headline_column,
@@ -63,6 +68,7 @@ from sre_agent.rules._mechanism import (
     z_change,
 )
 from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
+from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES
 
 #: Smallest absolute rise of a share.
 MIN_RISE: Final[float] = 0.01
@@ -74,6 +80,12 @@ MIN_Z: Final[float] = 3.0
 FULL_RISE: Final[float] = 0.05
 #: Confidence factor for timeouts the gateway made while the engine's failures stayed flat.
 GATEWAY_MADE_DAMPING: Final[float] = 0.5
+#: Confidence factor when the rise is confined to requests of a slice the baseline never served.
+NEW_TRAFFIC_DAMPING: Final[float] = 0.3
+#: Attributes the categories are read from: a slice of one of them restates the category.
+CATEGORY_SOURCES: Final[frozenset[str]] = frozenset(
+    SPAN_ATTRIBUTE_SOURCES["finish_reason"] + SPAN_ATTRIBUTE_SOURCES["error_type"]
+)
 
 NEXT_CHECK: Final[str] = (
     "group the candidate's failed requests by error.type, finish reason, route and replica; diff max_model_len, "
@@ -142,6 +154,7 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
     scope: dict[str, str] = {}
     scope_evidence: list[Evidence] = []
     engine_moved: list[tuple[float, str, Evidence, float]] = []
+    new_traffic = False
     if engine.height:
         categorised = _categories(engine, {"engine_error_rate": "status_code", "finish_reason": "finish_reason"})
         engine_moved = _moved(categorised, headline_column(regression, categorised.columns), q, "engine requests")
@@ -155,11 +168,14 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
         moved += engine_moved
         if engine_moved:
             top = max(engine_moved, key=lambda m: m[0])
-            found = confined_slice(categorised, dimensions, pl.col(f"cat:{top[1]}"), pl.lit(1.0), direction=1)
+            # The attributes a category is read from would only restate it (finish_reasons=["length"]).
+            slices = [d for d in dimensions if d not in CATEGORY_SOURCES]
+            found = confined_slice(categorised, slices, pl.col(f"cat:{top[1]}"), pl.lit(1.0), direction=1)
             if found is not None:
                 scope = {found[0]: found[1]}
                 scope_evidence.append(Evidence(f"{top[1]}_rise_share[{found[0]}={found[1]}]", None, rnd(found[2]),
                                                f"share of the rise; {found[3]:.0%} of the traffic"))  # fmt: skip
+                new_traffic = _new_traffic(categorised, found[0], found[1])
     if not moved:
         return None
     if not scope and roots_seen and len(moved) > len(engine_moved):
@@ -182,6 +198,14 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
                 "timeouts made by the gateway: the engine's own error share did not rise",
             )
         )  # fmt: skip
+    if new_traffic and moved[0] in engine_moved:
+        # The rise lives in requests of a tenant, route or model the baseline never served: what
+        # those requests ask (answers longer than their max_tokens, prompts beyond the context)
+        # made them fail or truncate, so the mix changed (traffic_mix), not the stack.
+        confidence *= NEW_TRAFFIC_DAMPING
+        scope_evidence.append(
+            Evidence("rise_in_new_traffic", None, True, f"{_slice(scope)} served no request before the deploy")
+        )
     # When the headline is the failed share itself, a moved error share is the whole regression.
     explained = 1.0 if regression.metric == "error_rate" else max(m[3] for m in moved)
     first = moved[0][2]
@@ -196,6 +220,22 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
         evidence=tuple(m[2] for m in moved[:6]) + tuple(scope_evidence),
         next_check=NEXT_CHECK,
     )
+
+
+def _new_traffic(frame: pl.DataFrame, dimension: str, value: str) -> bool:
+    """Whether the slice ``dimension = value`` is new: the baseline has none of its requests.
+
+    Only request attributes count (tenant, route, model): a replica new at the deploy is
+    where requests were served, not what was asked.
+    """
+    if dimension.startswith(SERVING_DIMENSIONS) or dimension not in frame.columns:
+        return False
+    before = side(frame, "baseline").filter(pl.col(dimension).cast(pl.String).fill_null("(missing)") == value)
+    return before.height == 0
+
+
+def _slice(scope: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in scope.items())
 
 
 def _failed_calls_scope(comparison: Comparison) -> tuple[dict[str, str], Evidence] | None:

@@ -17,10 +17,9 @@ import math
 
 import polars as pl
 
+from sre_agent.rules._mechanism import SERVING_DIMENSIONS
 from sre_agent.rules_api import Evidence, Finding, Regression
 
-#: Attributes that describe where a request was served, not what was asked: never mix covariates.
-SERVING_DIMENSIONS = ("host.", "k8s.", "service.", "server.", "container.", "process.", "telemetry.", "cloud.")
 #: Total-variation distance of a categorical attribute's shares that counts as a mix shift.
 MIN_SHIFT = 0.03
 #: Most categorical covariates combined with the length buckets (more cells = noisier weights).

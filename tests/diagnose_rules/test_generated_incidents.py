@@ -326,3 +326,24 @@ def test_a_regression_on_one_replica_is_scoped_to_that_replica(seed: int, tmp_pa
     top = report.findings[0]
     assert top.cause == truth.cause, report.findings
     assert top.scope.get("host.name") == truth.scope["host.name"], top.scope
+
+
+def test_truncations_in_a_new_tenants_traffic_are_the_mix(tmp_path: Path) -> None:
+    # Miss class 3 through the errors rule: a new tenant asks for longer answers, so more of its
+    # requests stop at their max_tokens (finish_reason=length). The rise lives in traffic the
+    # baseline never served: what those requests ask, not a stack that truncates. It was scoped
+    # to the finish-reason attribute itself (a slice that only restates the category) and, on
+    # SGLang incidents of the unseen range, led the report at full confidence.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident = generate(577, SHARED_TRACES, max_per_side=1200)
+    assert incident.truth.cause == "traffic_mix", incident.truth  # type: ignore[attr-defined]
+    assert "new tenant" in incident.truth.detail  # type: ignore[attr-defined]
+    info, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    assert info["visible"], info["effect"]
+    report = diagnose(tmp_path / "store.duckdb", selection)
+    assert report.findings[0].cause == "traffic_mix", report.findings
+    errors = [f for f in report.findings if f.cause == "errors"]
+    assert errors, "the finish-reason rise is real and should still be reported"
+    assert errors[0].scope == {"tenant.id": "newco"}, errors[0].scope
+    assert any(e.signal == "rise_in_new_traffic" for e in errors[0].evidence), errors[0].evidence
+    assert errors[0].confidence < report.findings[0].confidence
