@@ -36,6 +36,10 @@ convex (15 % more arrivals can triple a p99). ``confidence``: 0.8 x
 variance, so this rule never outranks a span rule that measured the same
 mechanism: it runs only when no engine request spans exist on either side.
 
+Scope (``decode_slowdown``): the replica whose mean ITL ratio is >= 1.15 and
+1.15 times every peer's (per-replica ITL histograms, >= 1,000 tokens a side,
+at least two peers).
+
 Quiet when the headline did not regress or nothing moved; :class:`RuleSkipped`
 when engine request spans exist (the span rules decide) or the metric stream
 lacks the running gauge and latency histograms.
@@ -66,6 +70,10 @@ DISPERSION: Final[float] = 4.0
 HIT_RATE_FALL: Final[float] = 0.05
 PREEMPTION_RISE: Final[float] = 0.002
 CONFIDENCE: Final[float] = 0.8
+#: Inter-token latencies a replica must have observed on each side to be compared with its peers.
+MIN_REPLICA_TOKENS: Final[int] = 1000
+#: Peers a replica is compared with before it can be the scope of a decode slowdown.
+MIN_PEERS: Final[int] = 2
 
 
 def _requests(
@@ -200,6 +208,8 @@ def engine_metrics(
     findings: list[Finding] = []
     for cause, term in terms.items():
         explained = clip01(term / total)
+        scope: dict[str, str] = {}
+        extra: tuple[Evidence, ...] = ()
         if cause == "load":
             title = (f"Offered load rose {rate.ratio - 1:.0%} ({rnd(rate.baseline)} -> {rnd(rate.candidate)} req/s) "
                      f"on {replicas.candidate:.0f} replicas (engine metrics)")  # fmt: skip
@@ -230,6 +240,10 @@ def engine_metrics(
                 ),
             )
         else:
+            found = _slowest_replica(metrics)
+            if found is not None:
+                scope, scope_evidence = found
+                extra = (scope_evidence,)
             title = (f"Mean inter-token latency rose {(itl_mean.ratio or 1.0) - 1:.0%} at the same load per "
                      "replica and work per request (engine metrics)")  # fmt: skip
             change, stage, next_check = (
@@ -247,8 +261,38 @@ def engine_metrics(
                 explained=explained,
                 confidence=CONFIDENCE * min(1.0, change / 0.3),
                 stage=stage,
-                evidence=evidence,
+                scope=scope,
+                evidence=evidence + extra,
                 next_check=next_check,
             )
         )
     return findings
+
+
+def _slowest_replica(metrics: MetricView) -> tuple[dict[str, str], Evidence] | None:
+    """The replica whose decode slowed apart from its peers, from per-replica ITL histograms.
+
+    A slower step on one replica (a bad node, a driver or image that only it runs) raises
+    its mean ITL while its peers, serving the same mix, move with load alone. It is the
+    scope when its ratio is >= 1 + ``MIN_RISE`` and exceeds every peer's ratio by that
+    factor too; a slowdown everywhere, or fewer replicas, moves them together. Two
+    replicas are no peer group: when their baselines differ (uneven routing) their ratios
+    differ as much, and neither tells which one departed.
+    """
+    sides = {s: metrics.histogram_by_replica("itl_seconds", s) for s in SIDES}
+    ratios: dict[tuple[str, str], float] = {}
+    for key, (total_c, n_c) in sides["candidate"].items():
+        total_b, n_b = sides["baseline"].get(key, (0.0, 0))
+        if min(n_b, n_c) >= MIN_REPLICA_TOKENS and total_b > 0:
+            ratios[key] = (total_c / n_c) / (total_b / n_b)
+    if len(ratios) < MIN_PEERS + 1:
+        return None
+    ranked = sorted(ratios.items(), key=lambda kv: kv[1], reverse=True)
+    (attribute, replica), top = ranked[0]
+    peer = ranked[1][1]
+    if top < 1 + MIN_RISE or top < (1 + MIN_RISE) * peer:
+        return None
+    evidence = Evidence(f"itl_mean_ratio[{attribute}={replica}]", rnd(peer, 3), rnd(top, 3),
+                        "candidate/baseline mean ITL of this replica (candidate) against its closest peer's "
+                        "(baseline column), per-replica ITL histograms")  # fmt: skip
+    return {attribute: replica}, evidence

@@ -383,6 +383,36 @@ class MetricView:
         ).fetchall()
         return {(str(k), str(v)): float(n or 0.0) for k, v, n in rows}
 
+    def histogram_by_replica(self, signal: str, side: str) -> dict[tuple[str, str], tuple[float, int]]:
+        """Sum and count of a histogram metric's observations within one side's window, per replica.
+
+        Keyed by (attribute, value) as :meth:`counter_delta_by_replica`; increments between
+        consecutive points of each series as :meth:`histogram` takes them (a series' first
+        cumulative point adds nothing, a falling count is a reset). Empty when the signal is
+        absent.
+        """
+        name = self.name_for(signal)
+        if name is None:
+            return {}
+        rows = self._con.execute(
+            f"""
+            SELECT CASE WHEN host_name IS NOT NULL THEN 'host.name' ELSE 'service.instance.id' END,
+              coalesce(host_name, service_instance),
+              sum(CASE WHEN temporality = 'delta' THEN s WHEN prev_n IS NULL THEN 0
+                       WHEN n >= prev_n THEN s - prev_s ELSE s END),
+              sum(CASE WHEN temporality = 'delta' THEN n WHEN prev_n IS NULL THEN 0
+                       WHEN n >= prev_n THEN n - prev_n ELSE n END)
+            FROM (SELECT host_name, service_instance, temporality, s, n,
+                    lag(s) OVER w AS prev_s, lag(n) OVER w AS prev_n
+                  FROM (SELECT host_name, service_instance, temporality, series_key, time_ns,
+                          coalesce("sum", 0) AS s, list_sum(bucket_counts) AS n
+                        FROM metric_points WHERE {self._where(side, name)} AND bucket_counts IS NOT NULL)
+                  WINDOW w AS (PARTITION BY series_key ORDER BY time_ns))
+            WHERE coalesce(host_name, service_instance) IS NOT NULL GROUP BY ALL
+            """
+        ).fetchall()
+        return {(str(k), str(v)): (float(total or 0.0), int(n or 0)) for k, v, total, n in rows}
+
     def counter_rate(self, signal: str) -> SidePair:
         """:meth:`counter_delta` per second of window."""
         delta = self.counter_delta(signal)

@@ -180,3 +180,34 @@ def test_serving_replicas_counts_replicas_that_served_all_window_fully(tmp_path:
     serving = _view(con).serving_replicas()
     assert serving.baseline == pytest.approx(2.0, abs=0.15)
     assert serving.candidate == pytest.approx(2.0, abs=0.15)
+
+
+def test_histogram_by_replica_adds_each_replicas_increments_across_a_reset(tmp_path: Path) -> None:
+    # Cumulative ITL histograms of two replicas scraped every 60 s; replica-2 restarts in the
+    # candidate window (its count falls), which adds the count it restarted with.
+    cumulative = {
+        "replica-1": [(0, 0), (60, 100), (120, 200), (180, 300), (240, 400), (300, 500), (360, 600), (420, 700)],
+        "replica-2": [(0, 0), (60, 50), (120, 100), (180, 150), (240, 200), (300, 250), (360, 20), (420, 70)],
+    }
+    mean_s = {"replica-1": 0.02, "replica-2": 0.05}
+    rows = [
+        {"name": "vllm:inter_token_latency_seconds", "kind": "histogram", "time_ns": int(t * 1e9),
+         "start_time_ns": 0, "temporality": "cumulative", "count": n, "sum": mean_s[host] * n,
+         "bounds": list(BOUNDS), "bucket_counts": [0, n] + [0] * (len(BOUNDS) - 1), "service_name": "vllm",
+         "service_instance": host, "host_name": host, "series_key": f"itl|{host}"}
+        for host, points in cumulative.items()
+        for t, n in points
+    ]  # fmt: skip
+    con = duckdb.connect(str(tmp_path / "m.duckdb"))
+    con.execute(schema.METRIC_POINTS_DDL)
+    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
+    con.execute("INSERT INTO metric_points SELECT * FROM new_points")
+    view = _view(con)
+    base = view.histogram_by_replica("itl_seconds", "baseline")
+    cand = view.histogram_by_replica("itl_seconds", "candidate")
+    # Baseline [0, 300 s): points 0-240 s, the first adds nothing.
+    assert base[("host.name", "replica-1")] == pytest.approx((0.02 * 400, 400))
+    assert base[("host.name", "replica-2")] == pytest.approx((0.05 * 200, 200))
+    # Candidate [300, 600 s): the first point (300 s) adds nothing; replica-2 resets at 360 s to 20.
+    assert cand[("host.name", "replica-1")] == pytest.approx((0.02 * 200, 200))
+    assert cand[("host.name", "replica-2")] == pytest.approx((0.05 * 70, 70))

@@ -308,13 +308,14 @@ def test_mechanisms_the_generated_incidents_showed(
     assert in_title in findings[0][2], findings[0]
 
 
-@pytest.mark.parametrize("seed", [64, 142])
+@pytest.mark.parametrize("seed", [64, 142, 224])
 def test_a_regression_on_one_replica_is_scoped_to_that_replica(seed: int, tmp_path: Path) -> None:
     # Scope on replica-confined incidents. 64: the engine on replica-2 answers 503 before serving,
     # which leaves no engine span; the gateway's attempt spans still name the host they called.
     # 142: prefill slowed on replica-2, the one replica the deploy gave the new version, so the
     # new version and the replica hold the same candidate requests; the version has no baseline
-    # and scored a little higher, and the scope named the version alone.
+    # and scored a little higher, and the scope named the version alone. 224: decode slowed on
+    # replica-2 of 4, metrics only: its mean ITL rose x1.86 while its peers' rose x1.10-1.19.
     assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
     incident = generate(seed, SHARED_TRACES, max_per_side=1200)
     truth = incident.truth
@@ -347,3 +348,20 @@ def test_truncations_in_a_new_tenants_traffic_are_the_mix(tmp_path: Path) -> Non
     assert errors[0].scope == {"tenant.id": "newco"}, errors[0].scope
     assert any(e.signal == "rise_in_new_traffic" for e in errors[0].evidence), errors[0].evidence
     assert errors[0].confidence < report.findings[0].confidence
+
+
+@pytest.mark.parametrize("seed", [325, 681])
+def test_a_decode_slowdown_everywhere_on_two_replicas_has_no_replica_scope(seed: int, tmp_path: Path) -> None:
+    # The control for 224's scope: decode slowed on every replica, metrics only, two replicas
+    # routed unevenly before the deploy, so their ITL ratios differ by x1.2-1.5; with no third
+    # replica there is no peer group to say which one departed, and none may be named.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident = generate(seed, SHARED_TRACES, max_per_side=1200)
+    truth = incident.truth  # type: ignore[attr-defined]
+    assert truth.cause == "decode_slowdown", truth
+    assert not truth.scope, truth
+    assert incident.shape == "metrics-only"  # type: ignore[attr-defined]
+    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    report = diagnose(tmp_path / "store.duckdb", selection)
+    assert report.findings[0].cause == "decode_slowdown", report.findings
+    assert report.findings[0].scope == {}, report.findings[0].scope
