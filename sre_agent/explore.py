@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Literal, Protocol
 
-from sre_agent.compare import key_sql, resolve_windows
+from sre_agent.attribute_keys import key_sql
+from sre_agent.compare import resolve_windows
 from sre_agent.errors import SelectionError, StoreError
 from sre_agent.rules_api import SIDES
 from sre_agent.selection import Selection, format_time
@@ -70,7 +71,7 @@ DEFAULT_SLOS: dict[str, float] = {"ttft": 2.0, "tpot": 0.1, "e2e": 30.0, "queue"
 # Family-wise false-positive rate of SliceRow.stands_out across the slices of one call.
 STANDS_OUT_ALPHA = 0.05
 
-# Slice dimensions: canonical columns or attribute keys, read as compare.key_sql spells them.
+# Slice dimensions: canonical columns or attribute keys, read as attribute_keys.key_sql spells them.
 DEFAULT_DIMENSIONS: tuple[str, ...] = ("host_name", "model", "tenant_id", "http.route", "service_version")
 
 
