@@ -1,4 +1,4 @@
-"""Engine cost at equal batch size, step shape and offered load, for the engine rules.
+"""Engine cost at equal batch size, for the engine rules.
 
 Not a rule (nothing registers it); shared by ``decode_slowdown``,
 ``prefill_slowdown`` and ``batch_composition``:
@@ -11,56 +11,45 @@ Not a rule (nothing registers it); shared by ``decode_slowdown``,
   load- or mix-driven rise is not mistaken for the engine getting slower.
 * :func:`engine_cost`: that comparison for decode (TPOT) and prefill (seconds
   per uncached prompt token), computed once per comparison.
-* :func:`batch_shape`: tokens per engine step on both sides (the
-  ``vllm:iteration_tokens`` histogram), adjusted for the prefill work per
-  request, to keep batch-composition changes apart from slowdowns.
-* :func:`load_per_replica` / :func:`service_time_queue_share`: whether the
-  offered load per replica stayed put, so that a slower step explains the queue.
+
+What an engine step carries (batch shape, the decode-step mix) is in
+:mod:`sre_agent.rules._steps`; offered load and KV pressure in
+:mod:`sre_agent.rules._load`.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import polars as pl
 
-from sre_agent.busy import moment_at, moments, replica_expr
+from sre_agent.busy import moment_at, moments
 from sre_agent.compare import SIDES
+from sre_agent.rules._load import SAME_LOAD
 from sre_agent.rules._mechanism import (
-    LOAD_Z,
     MIN_BUCKET,
-    PER_TOKEN_METRICS,
     Z_MIN,
     clip01,
     metric_hit_rate,
-    per_request,
     pow2_bucket,
     require_both_sides,
     rnd,
     side,
     significance,
-    tail_shares,
 )
-from sre_agent.rules_api import Evidence, Regression, RuleSkipped, SidePair
+from sre_agent.rules_api import Evidence, SidePair
 
 if TYPE_CHECKING:
     from sre_agent.compare import Comparison
-    from sre_agent.decompose import StageDecomposition
-    from sre_agent.metric_view import HistogramDelta, MetricView
+    from sre_agent.metric_view import MetricView
+    from sre_agent.rules._steps import BatchShape
 
-#: Relative change of offered load per replica still counted as the same load.
-SAME_LOAD: Final[float] = 0.10
 #: Width (ratio) of a running-batch bucket: narrow enough that load-driven batch growth stays visible.
 RUNNING_BUCKET: Final[float] = 1.25
-#: The p99 tokens per step (work-adjusted) must move by this factor to call the batch shape changed.
-BATCH_SHAPE_FACTOR: Final[float] = 1.5
-#: Quantile of tokens per step whose bucket stands for the step budget.
-CAP_QUANTILE: Final[float] = 0.999
 
 
 # ------------------------------------------------------------- running batch
@@ -188,111 +177,6 @@ def conditional_log_shift(frame: pl.DataFrame, cost: str, bucket: str, label: st
     se = math.sqrt(sum(v * n * n for _, v, n in diffs)) / weight
     rows.sort(key=lambda r: -r[3])
     return ConditionalShift(raw, conditional, se, len(diffs), weight / sides["candidate"].height, tuple(rows))
-
-
-# --------------------------------------------------------------- batch shape
-@dataclass(frozen=True)
-class BatchShape:
-    """Tokens per engine step on both sides (``None`` = no histogram there).
-
-    ``work_ratio`` is the candidate/baseline ratio of uncached prompt tokens
-    per request (1 when unknown): a cache-hit drop or longer prompts make
-    prefill steps bigger without any change to how the engine batches.
-    ``cap`` is the upper bound of the histogram bucket holding the 99.9th
-    percentile: the largest steps the engine runs, pinned by its token budget.
-    """
-
-    mean: SidePair
-    p90: SidePair
-    p99: SidePair
-    steps: SidePair
-    cap: SidePair
-    work_ratio: float = 1.0
-
-    def adjusted(self, pair: SidePair) -> float | None:
-        """candidate/baseline ratio of a statistic, divided by :attr:`work_ratio`."""
-        r = pair.ratio
-        return None if r is None else r / self.work_ratio
-
-    @property
-    def p99_ratio(self) -> float | None:
-        """Work-adjusted candidate/baseline ratio of the p99 tokens per step."""
-        return self.adjusted(self.p99)
-
-    @property
-    def changed(self) -> bool:
-        """Whether the step budget moved: the largest steps changed bucket *and* the p99 moved with them.
-
-        The work-adjusted p99 must move by :data:`BATCH_SHAPE_FACTOR` and the
-        cap by a factor of 2 (one power-of-two bucket) in the same direction.
-        Longer steps under load or slower decodes collect more arrivals, which
-        moves the p99 while the budget-pinned cap stays; the mean is not used
-        at all (it grows with the running batch).
-        """
-        r, cap = self.p99_ratio, self.cap.ratio
-        if r is None or cap is None:
-            return False
-        return (r >= BATCH_SHAPE_FACTOR and cap >= 2.0) or (r <= 1 / BATCH_SHAPE_FACTOR and cap <= 0.5)
-
-    def evidence(self) -> list[Evidence]:
-        """Evidence rows for the tokens-per-step distribution."""
-        return [
-            Evidence("iteration_tokens_mean", rnd(self.mean.baseline, 1), rnd(self.mean.candidate, 1),
-                     "tokens per engine step (vllm:iteration_tokens)"),
-            Evidence("iteration_tokens_p99", rnd(self.p99.baseline, 1), rnd(self.p99.candidate, 1),
-                     "tokens per engine step, 99th percentile; uncached prompt tokens per request changed "
-                     f"x{self.work_ratio:.2f}"),
-            Evidence("iteration_tokens_cap", self.cap.baseline, self.cap.candidate,
-                     "bucket bound of the 99.9th percentile of tokens per step (pinned by max_num_batched_tokens)"),
-        ]  # fmt: skip
-
-
-def _cap(hist: HistogramDelta) -> float | None:
-    """Upper bound of the bucket holding the 99.9th percentile (the last finite bound for the +Inf bucket)."""
-    total = hist.count
-    if total == 0 or not hist.bounds:
-        return None
-    seen = 0
-    for i, c in enumerate(hist.counts):
-        seen += c
-        if seen >= CAP_QUANTILE * total:
-            return float(hist.bounds[min(i, len(hist.bounds) - 1)])
-    return float(hist.bounds[-1])
-
-
-def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape | None:
-    """Tokens-per-step histogram summary, or ``None`` when either side lacks it.
-
-    ``requests``: engine requests per side, to put the prompt-token counter per request.
-    """
-    hist = metrics.histogram("iteration_tokens")
-    b, c = hist.get("baseline"), hist.get("candidate")
-    if b is None or c is None or b.count == 0 or c.count == 0:
-        return None
-    work = 1.0
-    prompt = metrics.counter_delta("prompt_tokens")
-    if not (requests.get("baseline") and requests.get("candidate")):
-        # No request spans: count requests by the engine's latency histogram instead.
-        finished = metrics.finished_requests()
-        requests = {"baseline": int(finished.baseline or 0), "candidate": int(finished.candidate or 0)}
-    hit = metric_hit_rate(metrics, requests)
-    per_b, per_c = (
-        per_request(prompt.baseline, requests["baseline"]),
-        per_request(prompt.candidate, requests["candidate"]),
-    )
-    if per_b and per_c:
-        work = per_c / per_b
-    # The uncached share moves prefill work per request whether or not requests can be counted.
-    if hit is not None and hit[0].baseline is not None and hit[0].candidate is not None and hit[0].baseline < 1:
-        work *= max(1e-3, 1 - hit[0].candidate) / (1 - hit[0].baseline)
-    return BatchShape(
-        SidePair(b.mean, c.mean),
-        SidePair(b.quantile(0.9), c.quantile(0.9)),
-        SidePair(b.quantile(0.99), c.quantile(0.99)),
-        SidePair(float(b.count), float(c.count)),
-        SidePair(_cap(b), _cap(c)),
-        work,
-    )
 
 
 # ------------------------------------------------------------ slowdowns
@@ -576,302 +460,16 @@ def with_running(
     return frame, SidePair(*(float(v) if isinstance(v, int | float) else None for v in means.values()))
 
 
-# -------------------------------------------------------------- offered load
-def load_moved(comparison: Comparison, metrics: MetricView, limit: float = SAME_LOAD) -> bool | None:
-    """Whether the offered load per replica changed by more than ``limit``; ``None`` when unknown.
-
-    A change the arrival rate alone carries (replicas within ``limit``) counts only when it
-    clears the spread of per-slice arrivals (:attr:`Comparison.arrival_change_z` >= ``LOAD_Z``):
-    a bursty trace puts a burst on one side of the deploy by chance.
-    """
-    load, _ = load_per_replica(comparison, metrics)
-    if load.ratio is None:
-        return None
-    if abs(load.ratio - 1.0) <= limit:
-        return False
-    rate = comparison.arrival_rate.ratio
-    z = comparison.arrival_change_z
-    if rate is None or z is None or rate <= 0:
-        return True
-    same_replicas = abs(load.ratio / rate - 1.0) <= limit
-    return not (same_replicas and abs(z) < LOAD_Z)
-
-
-def load_per_replica(comparison: Comparison, metrics: MetricView) -> tuple[SidePair, str]:
-    """Offered load per replica on each side, and its unit.
-
-    With engine spans on both sides: requests per second over the distinct
-    replicas serving them. Without: prompt + generation tokens per second
-    (counter deltas) over the replicas reporting the running gauge. A pair of
-    ``None`` when neither is known (no side can then be said to carry the same load).
-    """
-    counts = comparison.request_counts
-    frame = comparison.requests
-    if all(counts.get(s, 0) > 0 for s in SIDES) and frame.height:
-        rate = comparison.arrival_rate
-        per_side = frame.group_by("side").agg(pl.coalesce("service_instance", "host_name").n_unique().alias("n"))
-        found = dict(zip(per_side["side"].to_list(), per_side["n"].to_list(), strict=True))
-        replicas = [found.get(s) or 1 for s in SIDES]
-        if rate.baseline is not None and rate.candidate is not None:
-            return SidePair(rate.baseline / replicas[0], rate.candidate / replicas[1]), "requests/s per replica"
-    prompt, generated = metrics.counter_rate("prompt_tokens"), metrics.counter_rate("generation_tokens")
-    series = metrics.serving_replicas()
-    values: list[float | None] = []
-    for p, g, r in zip(
-        (prompt.baseline, prompt.candidate),
-        (generated.baseline, generated.candidate),
-        (series.baseline, series.candidate),
-        strict=True,
-    ):
-        values.append(None if p is None or g is None or not r else (p + g) / r)
-    return SidePair(values[0], values[1]), "tokens/s per replica (counters)"
-
-
-#: KV usage (p90) from which the running batch counts as held down by free blocks.
-KV_FULL: Final[float] = 0.9
-#: Rise of preemptions per request that counts as KV pressure.
-PREEMPTION_RISE: Final[float] = 0.002
-
-
-def kv_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
-    """Whether the candidate's running batch is held down by KV blocks rather than by a slot cap.
-
-    A lower ``max_num_seqs`` plateaus the running gauge with blocks to spare; a smaller KV
-    cache caps it too, but with the cache full (usage p90 >= 90 %) or requests preempted
-    (>= 0.002 more per request). Both look like "max running fell while requests wait",
-    so the slot-cap reading of capacity needs this to be false.
-    """
-    usage = metrics.gauge("kv_cache_usage", "p90")
-    if (usage.candidate or 0.0) >= KV_FULL and (usage.baseline or 0.0) < KV_FULL:
-        return True
-    if not (requests.get("baseline") and requests.get("candidate")):
-        finished = metrics.finished_requests()
-        requests = {"baseline": int(finished.baseline or 0), "candidate": int(finished.candidate or 0)}
-    preemptions = metrics.counter_delta("preemptions")
-    per_b = per_request(preemptions.baseline, requests.get("baseline", 0))
-    per_c = per_request(preemptions.candidate, requests.get("candidate", 0))
-    return per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE
-
-
-#: KV share per running request must rise by this factor for the pool itself to have shrunk.
-POOL_SHRANK: Final[float] = 1.15
-
-
-def kv_per_running(metrics: MetricView) -> tuple[float, Evidence] | None:
-    """How much more of the KV cache each running request holds (candidate / baseline), with evidence.
-
-    A smaller KV pool (fewer blocks, a lower ``gpu_memory_utilization``) or longer contexts raise
-    the share of the cache a running request holds; more requests running on the same pool do
-    not. ``None`` without both the usage and the running gauge.
-    """
-    usage, running = metrics.gauge("kv_cache_usage", "mean"), metrics.gauge("running_requests", "mean")
-    if not (usage.baseline and usage.candidate and running.baseline and running.candidate):
-        return None
-    per_b, per_c = usage.baseline / running.baseline, usage.candidate / running.candidate
-    evidence = Evidence("kv_usage_per_running_request", rnd(per_b, 5), rnd(per_c, 5),
-                        "mean KV usage / mean running requests: the cache share one request holds")  # fmt: skip
-    return per_c / per_b, evidence
-
-
-def service_time_queue_share(
-    comparison: Comparison, stages: StageDecomposition, regression: Regression, metrics: MetricView
-) -> float:
-    """Queue share of the tail excess that a slower engine step accounts for, else 0.
-
-    At the same offered load per replica (within 10 %) a longer service time
-    fills the slots and requests queue (Little's law), so a per-token slowdown
-    explains the queue as well; not when preemptions rose while each running request
-    came to hold more of the cache (a smaller pool queues requests itself: KV pressure)
-    and not for per-token headlines (they hold no queue time).
-    """
-    if regression.metric in PER_TOKEN_METRICS:
-        return 0.0
-    queue = tail_shares(stages, regression, comparison).get("queue", 0.0)
-    if queue <= 0:
-        return 0.0
-    if load_moved(comparison, metrics) is not False:
-        return 0.0
-    preemptions = metrics.counter_delta("preemptions")
-    counts = comparison.request_counts
-    per_b, per_c = (
-        per_request(preemptions.baseline, counts["baseline"]),
-        per_request(preemptions.candidate, counts["candidate"]),
-    )
-    if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE:
-        pool = kv_per_running(metrics)
-        if pool is None or pool[0] >= POOL_SHRANK:
-            return 0.0
-        # Each running request holds the same share of the cache as before: the pool filled
-        # because slower steps kept more requests running, so the preemptions are this
-        # slowdown's consequence and the queue is still its doing.
-    return queue
-
-
 __all__ = [
     "BATCH_GREW",
-    "BATCH_SHAPE_FACTOR",
-    "BatchShape",
     "ConditionalShift",
     "EngineCost",
-    "POOL_SHRANK",
     "LengthProfile",
     "Slowdown",
     "assess_slowdown",
-    "batch_shape",
     "conditional_log_shift",
     "engine_cost",
-    "kv_limited",
-    "kv_per_running",
-    "load_moved",
-    "load_per_replica",
     "prefill_length_profile",
     "running_batch",
-    "service_time_queue_share",
     "with_running",
 ]
-
-
-# ------------------------------------------------------------ decode steps
-#: Requests per side a decode-step fit needs (three coefficients on noisy per-request means).
-STEP_FIT_MIN: Final[int] = 60
-
-
-@dataclass(frozen=True)
-class StepMix:
-    """Where a rise in TPOT comes from: the decode work of a step or the prefill chunks sharing it.
-
-    Mechanism: an engine step's time is additive in its work (a fixed part, a part per
-    sequence decoding, a part per prompt token prefilled; vLLM V1 and SGLang put prefill
-    chunks in the same steps as decodes, V0 runs prefill steps between them that the
-    decoding requests wait through). One output token per step, so a request's TPOT is the
-    mean step time over its decode: ``tpot = a + b * running + g * prefill_per_step``, where
-    ``prefill_per_step`` is the prompt tokens its replica prefilled while it decoded, per
-    its own output token. A prefill regression raises ``g``; a decode regression raises
-    ``a`` and ``b``. Fitted per side by least squares; the rise is split at the candidate's
-    mean work.
-
-    Attributes:
-        decode_part: (a_c - a_b) + (b_c - b_b) * mean candidate running, seconds per token.
-        prefill_part: (g_c - g_b) * mean candidate prefill per step, seconds per token.
-        prefill_per_step: mean prompt tokens prefilled per decode step, per side.
-    """
-
-    decode_part: float
-    prefill_part: float
-    prefill_per_step: SidePair
-
-    @property
-    def decode_share(self) -> float | None:
-        """The decode part's share of a positive rise (0..1); ``None`` when the TPOT did not rise."""
-        total = max(self.decode_part, 0.0) + max(self.prefill_part, 0.0)
-        return max(self.decode_part, 0.0) / total if total > 0 else None
-
-
-def _prefill_integral(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Sorted breakpoints and prefix sums so that ``F(t)`` = prompt tokens prefilled by ``t`` is O(log n).
-
-    Each request prefills ``tokens`` uniformly over ``[starts, ends]`` (ns): its rate ``r``
-    contributes ``r * (min(t, end) - start)`` once ``t`` passes its start.
-    """
-    rate = tokens / np.maximum(ends - starts, 1.0)
-    s_order, e_order = np.argsort(starts), np.argsort(ends)
-    s_sorted, e_sorted = starts[s_order], ends[e_order]
-    zero = np.zeros(1)
-    return (
-        s_sorted,
-        np.concatenate([zero, np.cumsum(rate[s_order])]),
-        np.concatenate([zero, np.cumsum(rate[s_order] * s_sorted)]),
-        e_sorted,
-        np.concatenate([zero, np.cumsum(rate[e_order])]),
-        np.concatenate([zero, np.cumsum(rate[e_order] * e_sorted)]),
-    )
-
-
-def _prefilled_by(t: np.ndarray, parts: tuple[np.ndarray, ...]) -> np.ndarray:
-    """``F(t)`` of :func:`_prefill_integral`: prompt tokens prefilled on the replica by each ``t``."""
-    s_sorted, r_s, rs_s, e_sorted, r_e, re_e = parts
-    i = np.searchsorted(s_sorted, t, side="right")
-    j = np.searchsorted(e_sorted, t, side="right")
-    started = t * r_s[i] - rs_s[i]
-    finished = t * r_e[j] - re_e[j]
-    out: np.ndarray = started - finished
-    return out
-
-
-def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
-    """Split a decode :class:`EngineCost`'s TPOT change into decode work and shared prefill (see :class:`StepMix`).
-
-    Prompt tokens prefilled come from every sampled request of the replica (uncached
-    tokens, spread over its prefill: scheduling to first token), scaled by the side's
-    sample fraction. ``None`` when a side has fewer than :data:`STEP_FIT_MIN` decoding
-    requests or no prefill timing.
-    """
-    frame = cost.frame
-    if frame is None or "running" not in frame.columns:
-        return None
-    requests = comparison.requests.filter(pl.col("e2e_s").is_not_null() & pl.col("ttft_s").is_not_null())
-    hit = pl.col("cached_tokens").fill_null(0)
-    requests = requests.select(
-        "side",
-        "span_id",
-        replica_expr(),
-        (pl.col("start_ns") + pl.col("queue_s").fill_null(0.0) * 1e9).cast(pl.Float64).alias("_sched"),
-        (pl.col("start_ns") + pl.col("ttft_s") * 1e9).cast(pl.Float64).alias("_first"),
-        (pl.col("start_ns") + pl.col("e2e_s") * 1e9).cast(pl.Float64).alias("_end"),
-        (pl.col("input_tokens").fill_null(0) - hit).clip(0, None).cast(pl.Float64).alias("_uncached"),
-    )
-    counts = comparison.request_counts
-    scale = {s: counts[s] / max(1, side(requests, s).height) for s in SIDES}
-    decoding = frame.select("side", "span_id", "tpot_s", "running", "output_tokens").join(
-        requests.select("span_id", "replica", "_first", "_end"), on="span_id", how="inner"
-    )
-    per_step: list[pl.DataFrame] = []
-    decoding_by_replica = decoding.partition_by("replica", as_dict=True)
-    for (replica,), group in requests.group_by("replica"):
-        mine = decoding_by_replica.get((replica,))
-        if mine is None:
-            continue
-        parts = _prefill_integral(
-            group["_sched"].to_numpy(), np.maximum(group["_first"].to_numpy(), group["_sched"].to_numpy()),
-            group["_uncached"].to_numpy(),
-        )  # fmt: skip
-        tokens = _prefilled_by(mine["_end"].to_numpy(), parts) - _prefilled_by(mine["_first"].to_numpy(), parts)
-        steps = np.maximum(mine["output_tokens"].to_numpy().astype(np.float64) - 1.0, 1.0)
-        per_step.append(mine.select("side", "tpot_s", "running").with_columns(pl.Series("_p", tokens / steps)))
-    if not per_step:
-        return None
-    data = pl.concat(per_step).with_columns(
-        pl.col("_p") * pl.when(pl.col("side") == "baseline").then(scale["baseline"]).otherwise(scale["candidate"])
-    )
-    fits: dict[str, np.ndarray] = {}
-    means: dict[str, np.ndarray] = {}
-    for s in SIDES:
-        part = side(data, s)
-        if part.height < STEP_FIT_MIN:
-            return None
-        x = np.column_stack([np.ones(part.height), part["running"].to_numpy(), part["_p"].to_numpy()])
-        if np.linalg.matrix_rank(x) < 3:
-            return None
-        fits[s] = np.linalg.lstsq(x, part["tpot_s"].to_numpy(), rcond=None)[0]
-        means[s] = x.mean(axis=0)
-    delta = fits["candidate"] - fits["baseline"]
-    at = means["candidate"]
-    return StepMix(
-        decode_part=float(delta[0] + delta[1] * at[1]),
-        prefill_part=float(delta[2] * at[2]),
-        prefill_per_step=SidePair(float(means["baseline"][2]), float(at[2])),
-    )
-
-
-_MIX_CACHE: weakref.WeakKeyDictionary[Comparison, tuple[StepMix | None]] = weakref.WeakKeyDictionary()
-
-
-def decode_step_mix(comparison: Comparison, metrics: MetricView) -> StepMix | None:
-    """:func:`step_mix` of the comparison's decode cost, once per comparison; ``None`` when it cannot be fitted."""
-    if comparison not in _MIX_CACHE:
-        try:
-            mix = step_mix(comparison, engine_cost(comparison, metrics, "decode"))
-        except RuleSkipped:
-            mix = None
-        _MIX_CACHE[comparison] = (mix,)
-    return _MIX_CACHE[comparison][0]

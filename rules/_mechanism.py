@@ -16,8 +16,9 @@ helpers here give those comparisons the same statistics everywhere:
   signal's change while carrying a minority of the traffic, if any.
 * :func:`metric_hit_rate`: the prefix-cache hit rate from counter deltas.
 
-Engine-cost helpers (running batch, costs at equal batch size, step shape,
-offered load) live in :mod:`sre_agent.rules._engine_cost`.
+Engine-cost helpers (running batch, costs at equal batch size) live in
+:mod:`sre_agent.rules._engine_cost`, step shape in :mod:`sre_agent.rules._steps`,
+offered load and KV pressure in :mod:`sre_agent.rules._load`.
 """
 
 from __future__ import annotations

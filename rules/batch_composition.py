@@ -62,14 +62,8 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import (
-    batch_shape,
-    engine_cost,
-    load_moved,
-    load_per_replica,
-    prefill_length_profile,
-    running_batch,
-)
+from sre_agent.rules._engine_cost import engine_cost, prefill_length_profile, running_batch
+from sre_agent.rules._load import load_moved, load_per_replica
 from sre_agent.rules._mechanism import (
     Z_MIN,
     clip01,
@@ -80,6 +74,7 @@ from sre_agent.rules._mechanism import (
     stage_share,
     tail_shares,
 )
+from sre_agent.rules._steps import batch_shape
 from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.

@@ -27,7 +27,7 @@ accounts for failed requests).
 x 0.4 when the step cap (p99 tokens per step) moved (``batch_composition``)
 and x 0.25 when uncached prompt tokens per request changed by 20 % or more
 (steps then carry other prefill work: ``prefix_cache`` or ``traffic_mix``),
-x the decode work's share of the TPOT rise (``_engine_cost.StepMix``: per side,
+x the decode work's share of the TPOT rise (``_steps.StepMix``: per side,
 ``tpot = a + b * running + g * prompt tokens prefilled per decode step``; a
 slower prefill raises ``g``, a slower decode ``a`` and ``b``; ``explained`` is
 scaled by the same share), or, when that fit cannot be made, x (decode rise /
@@ -45,16 +45,10 @@ from typing import Final
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import (
-    assess_slowdown,
-    batch_shape,
-    decode_step_mix,
-    engine_cost,
-    load_moved,
-    load_per_replica,
-    service_time_queue_share,
-)
+from sre_agent.rules._engine_cost import assess_slowdown, engine_cost
+from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import Z_MIN, latency_share, rnd, stage_share
+from sre_agent.rules._steps import batch_shape, decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 NEXT_CHECK: Final[str] = (

@@ -52,7 +52,7 @@ from typing import Final
 
 from sre_agent.compare import SIDES, Comparison
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import kv_limited
+from sre_agent.rules._load import kv_limited
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 

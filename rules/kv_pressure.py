@@ -53,7 +53,7 @@ from typing import Final
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import POOL_SHRANK, kv_per_running
+from sre_agent.rules._load import POOL_SHRANK, kv_per_running
 from sre_agent.rules._mechanism import clip01, engine_share, latency_share, rnd, significance, tail_shares
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 

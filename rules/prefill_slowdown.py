@@ -41,18 +41,10 @@ from typing import Final
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import (
-    MIN_SLOWDOWN,
-    assess_slowdown,
-    batch_shape,
-    decode_step_mix,
-    engine_cost,
-    load_moved,
-    load_per_replica,
-    prefill_length_profile,
-    service_time_queue_share,
-)
+from sre_agent.rules._engine_cost import MIN_SLOWDOWN, assess_slowdown, engine_cost, prefill_length_profile
+from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import PER_TOKEN_METRICS, Z_MIN, latency_share, rnd, stage_share
+from sre_agent.rules._steps import batch_shape, decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
@@ -95,7 +87,7 @@ def prefill_slowdown(
     mix = decode_step_mix(comparison, metrics)
     if share < 1.0 and mix is not None and mix.decode_share is not None and mix.prefill_part > 0:
         # The decode steps carry prefill chunks too: the part of the decode time's rise that
-        # costlier prefill in those steps accounts for (_engine_cost.StepMix) is this cause's.
+        # costlier prefill in those steps accounts for (_steps.StepMix) is this cause's.
         echo = stage_share(stages, "decode", regression, comparison) * (1 - mix.decode_share)
         share = min(1.0, share + echo)
         why = f"{echo:.0%} of the tail excess is decode time lost to costlier prefill in shared steps"

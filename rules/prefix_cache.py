@@ -19,7 +19,7 @@ prefill the drop implies for the candidate's tail requests, in seconds,
 uncached token``, divided by the headline's excess (candidate - baseline
 quantile, seconds), plus the queue's share of the tail excess when the offered
 load per replica did not move (more work per request at the same arrival rate
-fills the slots: ``_engine_cost.service_time_queue_share``). For decode-side headlines (TPOT/ITL) the mechanism acts
+fills the slots: ``_load.service_time_queue_share``). For decode-side headlines (TPOT/ITL) the mechanism acts
 through prefill chunks sharing steps with decodes, so ``explained`` is then
 the relative rise of tokens computed per request (newly uncached prompt
 tokens over the baseline's uncached prompt + output tokens), capped at 1;
@@ -51,7 +51,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import service_time_queue_share
+from sre_agent.rules._load import service_time_queue_share
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
     clip01,

@@ -26,7 +26,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition, queue_drivers
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import kv_limited
+from sre_agent.rules._load import kv_limited
 from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 

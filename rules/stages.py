@@ -24,8 +24,9 @@ import math
 from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import BATCH_GREW, decode_step_mix, engine_cost
+from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost
 from sre_agent.rules._mechanism import per_replica, wide_enough
+from sre_agent.rules._steps import decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
 #: How much a stage-only explanation is trusted relative to a mechanism.
@@ -95,7 +96,7 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
         mix = decode_step_mix(comparison, metrics) if driver == "decode_slowdown" else None
         if mix is not None and mix.decode_share is not None:
             # Decode steps carry the replica's prefill chunks: the part of the slower decode that
-            # costlier prefill in those steps accounts for is prefill's (see _engine_cost.StepMix).
+            # costlier prefill in those steps accounts for is prefill's (see _steps.StepMix).
             # Added after the loop: the step fit measured it, not prefill's own per-token cost.
             to_prefill = kept * (1 - mix.decode_share)
             echo += to_prefill

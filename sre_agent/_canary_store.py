@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
+from sre_agent.attribute_keys import filter_sql
 from sre_agent.canary import CanarySpec, QuantileEstimate, QuantileNeed, SideStats, ladder_ranks
-from sre_agent.compare import SIDES, Comparison, SideWindow, filter_sql, resolve_windows
+from sre_agent.compare import SIDES, Comparison, SideWindow, resolve_windows
 from sre_agent.errors import EmptySelectionError
 from sre_agent.exceedance import DENSITY_WINDOW, TIME_BLOCKS, ShareCounts
 from sre_agent.sequential import histogram_quantile_cs, point_rank

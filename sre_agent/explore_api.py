@@ -1,4 +1,4 @@
-"""HTTP routes exposing :mod:`sre_agent.explore` for the console's ``--url`` mode.
+"""HTTP routes exposing :mod:`sre_agent.explore` and :mod:`sre_agent.explore_slices` for the console's ``--url`` mode.
 
 Every route reads through ``ctx.read_cursor(tenant)``, so a tenant-scoped
 token sees only its tenant's spans. The selection travels as query
@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from sre_agent import explore
+from sre_agent import explore, explore_slices
 from sre_agent.errors import ConfigError, SelectionError
 from sre_agent.selection import Selection
 
@@ -190,7 +190,7 @@ QUERIES: dict[str, Query] = {
     "stages": _scoped(lambda cur, scope, req: explore.stage_breakdown(cur, scope, _metric(req))),
     "slices": _scoped(
         lambda cur, scope, req: {
-            "slices": explore.slices(cur, scope, _metric(req), limit=_int_param(req, "limit", 50, 1, 1000))
+            "slices": explore_slices.slices(cur, scope, _metric(req), limit=_int_param(req, "limit", 50, 1, 1000))
         }
     ),
     "exemplars": _scoped(

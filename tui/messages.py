@@ -11,7 +11,8 @@ from typing import Any
 
 from textual.message import Message
 
-from sre_agent.explore import Exemplar, Overview, SliceRow, StageBreakdown, Timeline, WaterfallSpan
+from sre_agent.explore import Exemplar, Overview, StageBreakdown, Timeline, WaterfallSpan
+from sre_agent.explore_slices import SliceRow
 from sre_agent.selection import Selection
 
 __all__ = [

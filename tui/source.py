@@ -20,11 +20,12 @@ from typing import Any, Protocol
 
 import httpx
 
-from sre_agent import explore
+from sre_agent import explore, explore_slices
 from sre_agent.config import Config
 from sre_agent.errors import SreAgentError, StoreError
-from sre_agent.explore import Exemplar, Overview, SliceRow, StageBreakdown, Timeline, VersionInfo, WaterfallSpan
+from sre_agent.explore import Exemplar, Overview, StageBreakdown, Timeline, VersionInfo, WaterfallSpan
 from sre_agent.explore_api import from_json_dict, selection_to_query
+from sre_agent.explore_slices import SliceRow
 from sre_agent.selection import Selection
 
 __all__ = ["DataSource", "DiagnosisUnavailableError", "LocalSource", "RemoteSource"]
@@ -129,7 +130,7 @@ class LocalSource:
         return result
 
     def slices(self, selection: Selection, metric: str) -> list[SliceRow]:
-        result: list[SliceRow] = self._run(selection, lambda cur, scope: explore.slices(cur, scope, metric))
+        result: list[SliceRow] = self._run(selection, lambda cur, scope: explore_slices.slices(cur, scope, metric))
         return result
 
     def exemplars(self, selection: Selection, metric: str) -> list[Exemplar]:

@@ -193,7 +193,7 @@ def _step_mix(seed: int, tmp_path: Path) -> tuple[object, object]:
     import duckdb
 
     from sre_agent.compare import Comparison
-    from sre_agent.rules._engine_cost import decode_step_mix
+    from sre_agent.rules._steps import decode_step_mix
 
     incident = generate(seed, SHARED_TRACES, max_per_side=1200)
     _, selection = replay_into_store(incident, tmp_path / "store.duckdb")

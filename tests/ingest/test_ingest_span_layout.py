@@ -24,7 +24,7 @@ from otlp_builders import T0, VLLM_V1, trace_request
 
 from sre_agent import schema
 from sre_agent._span_rows import to_span_rows
-from sre_agent.compare import _DIMENSION_COLUMNS, key_sql
+from sre_agent.attribute_keys import _DIMENSION_COLUMNS, key_sql
 from sre_agent.normalise import Normaliser
 from sre_agent.otlp import decode_traces
 from sre_agent.store import Store

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tui_synth import DEPLOY_NS, HOUR_NS, T0_NS, build_store
 
-from sre_agent import explore, explore_api
+from sre_agent import explore, explore_api, explore_slices
 from sre_agent.compare import Comparison
 from sre_agent.errors import SelectionError
 from sre_agent.selection import Selection, Window
@@ -103,7 +103,7 @@ def test_timeline_marks_the_deploy_and_the_jump(con: duckdb.DuckDBPyConnection) 
 
 
 def test_slices_put_the_broken_host_first(con: duckdb.DuckDBPyConnection, quiet_db: Path) -> None:
-    rows = explore.slices(con, explore.resolve_scope(con, SINCE))
+    rows = explore_slices.slices(con, explore.resolve_scope(con, SINCE))
     top = rows[0]
     assert (top.dimension, top.value) == ("host_name", "gpu-3")
     assert top.contribution is not None
@@ -114,7 +114,7 @@ def test_slices_put_the_broken_host_first(con: duckdb.DuckDBPyConnection, quiet_
     others = [r for r in rows if r.dimension == "host_name" and r.value != "gpu-3"]
     assert all((r.contribution or 0) < 0.05 for r in others)
     with duckdb.connect(str(quiet_db), read_only=True) as quiet:
-        calm = explore.slices(quiet, explore.resolve_scope(quiet, SINCE))
+        calm = explore_slices.slices(quiet, explore.resolve_scope(quiet, SINCE))
     assert all(abs(r.excess_slow) < 30 for r in calm)
 
 
@@ -123,13 +123,13 @@ def test_only_a_slice_whose_tail_grew_more_than_the_rest_stands_out(
 ) -> None:
     scope = explore.resolve_scope(con, SINCE)
     for metric in ("ttft", "e2e"):
-        rows = explore.slices(con, scope, metric)
+        rows = explore_slices.slices(con, scope, metric)
         assert [(r.dimension, r.value) for r in rows if r.stands_out] == [("host_name", "gpu-3")]
         assert rows[0].stands_out
         assert rows[0].z is not None
         assert rows[0].z > 10
     with duckdb.connect(str(uniform_db), read_only=True) as uniform:
-        rows = explore.slices(uniform, explore.resolve_scope(uniform, SINCE), "ttft")
+        rows = explore_slices.slices(uniform, explore.resolve_scope(uniform, SINCE), "ttft")
     tenants = [r for r in rows if r.dimension == "tenant_id"]
     # A random half holds about half of the excess: a large share, and no location.
     assert len(tenants) == 2
@@ -140,18 +140,18 @@ def test_only_a_slice_whose_tail_grew_more_than_the_rest_stands_out(
 
 def test_rise_against_rest_is_a_difference_in_differences() -> None:
     # Slice 10% -> 30% slow, rest 10% -> 10%: +20 points against 0.
-    z = explore._rise_against_rest((1000, 1000, 100, 300), (3000, 3000, 300, 300))
+    z = explore_slices._rise_against_rest((1000, 1000, 100, 300), (3000, 3000, 300, 300))
     assert z is not None
     assert z > 8
     # The same rise everywhere is no difference at all.
-    same = explore._rise_against_rest((1000, 1000, 100, 300), (3000, 3000, 300, 900))
+    same = explore_slices._rise_against_rest((1000, 1000, 100, 300), (3000, 3000, 300, 900))
     assert same is not None
     assert abs(same) < 1e-9
     # A slice new in the candidate is compared on the candidate side alone.
-    new = explore._rise_against_rest((0, 500, 0, 50), (3000, 3000, 300, 300))
+    new = explore_slices._rise_against_rest((0, 500, 0, 50), (3000, 3000, 300, 300))
     assert new is not None
     assert abs(new) < 1e-9
-    assert explore._rise_against_rest((10, 0, 1, 0), (3000, 3000, 300, 300)) is None
+    assert explore_slices._rise_against_rest((10, 0, 1, 0), (3000, 3000, 300, 300)) is None
 
 
 def test_versions_lists_each_version_with_its_requests(con: duckdb.DuckDBPyConnection) -> None:

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Input, TabbedContent
 from tui_helpers import FixtureReportSource, screen_text, settle, wait_until
 from tui_synth import build_store
 
-from sre_agent import explore
+from sre_agent import explore, explore_slices
 from sre_agent.errors import SreAgentError
 from sre_agent.selection import Selection
 from sre_agent.tui.app import NO_FINDINGS, IncidentApp
@@ -352,7 +352,9 @@ async def test_the_drill_down_breaks_down_the_headline_metric(make_app: MakeApp,
         table = app.query_one("#slices-table", DataTable)
         con = duckdb.connect(str(synth_db), read_only=True)
         try:
-            expected = explore.slices(con, explore.resolve_scope(con, Selection(mode="since_last_deploy")), "ttft")
+            expected = explore_slices.slices(
+                con, explore.resolve_scope(con, Selection(mode="since_last_deploy")), "ttft"
+            )
         finally:
             con.close()
         shown = [tuple(table.get_row_at(i)[:2]) for i in range(table.row_count)]

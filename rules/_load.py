@@ -1,0 +1,178 @@
+"""Offered load per replica and the KV cache's hold on the running batch, for the engine rules.
+
+Not a rule (nothing registers it). Apart from :mod:`sre_agent.rules._engine_cost`
+because these read arrivals and the metric stream, not the per-request cost at
+equal batch, and the queue-side rules (``queueing``, ``kv_pressure``,
+``engine_metrics``, ``prefix_cache``) use them without it:
+
+* :func:`load_per_replica` / :func:`load_moved`: whether the offered load per
+  replica stayed put (within :data:`SAME_LOAD`).
+* :func:`kv_limited` / :func:`kv_per_running`: whether free KV blocks rather
+  than a slot cap hold the running batch down, and whether the pool shrank.
+* :func:`service_time_queue_share`: whether, at that same load, a slower step
+  explains the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+import polars as pl
+
+from sre_agent.compare import SIDES
+from sre_agent.rules._mechanism import LOAD_Z, PER_TOKEN_METRICS, per_request, rnd, tail_shares
+from sre_agent.rules_api import Evidence, Regression, SidePair
+
+if TYPE_CHECKING:
+    from sre_agent.compare import Comparison
+    from sre_agent.decompose import StageDecomposition
+    from sre_agent.metric_view import MetricView
+
+#: Relative change of offered load per replica still counted as the same load.
+SAME_LOAD: Final[float] = 0.10
+
+
+# -------------------------------------------------------------- offered load
+def load_moved(comparison: Comparison, metrics: MetricView, limit: float = SAME_LOAD) -> bool | None:
+    """Whether the offered load per replica changed by more than ``limit``; ``None`` when unknown.
+
+    A change the arrival rate alone carries (replicas within ``limit``) counts only when it
+    clears the spread of per-slice arrivals (:attr:`Comparison.arrival_change_z` >= ``LOAD_Z``):
+    a bursty trace puts a burst on one side of the deploy by chance.
+    """
+    load, _ = load_per_replica(comparison, metrics)
+    if load.ratio is None:
+        return None
+    if abs(load.ratio - 1.0) <= limit:
+        return False
+    rate = comparison.arrival_rate.ratio
+    z = comparison.arrival_change_z
+    if rate is None or z is None or rate <= 0:
+        return True
+    same_replicas = abs(load.ratio / rate - 1.0) <= limit
+    return not (same_replicas and abs(z) < LOAD_Z)
+
+
+def load_per_replica(comparison: Comparison, metrics: MetricView) -> tuple[SidePair, str]:
+    """Offered load per replica on each side, and its unit.
+
+    With engine spans on both sides: requests per second over the distinct
+    replicas serving them. Without: prompt + generation tokens per second
+    (counter deltas) over the replicas reporting the running gauge. A pair of
+    ``None`` when neither is known (no side can then be said to carry the same load).
+    """
+    counts = comparison.request_counts
+    frame = comparison.requests
+    if all(counts.get(s, 0) > 0 for s in SIDES) and frame.height:
+        rate = comparison.arrival_rate
+        per_side = frame.group_by("side").agg(pl.coalesce("service_instance", "host_name").n_unique().alias("n"))
+        found = dict(zip(per_side["side"].to_list(), per_side["n"].to_list(), strict=True))
+        replicas = [found.get(s) or 1 for s in SIDES]
+        if rate.baseline is not None and rate.candidate is not None:
+            return SidePair(rate.baseline / replicas[0], rate.candidate / replicas[1]), "requests/s per replica"
+    prompt, generated = metrics.counter_rate("prompt_tokens"), metrics.counter_rate("generation_tokens")
+    series = metrics.serving_replicas()
+    values: list[float | None] = []
+    for p, g, r in zip(
+        (prompt.baseline, prompt.candidate),
+        (generated.baseline, generated.candidate),
+        (series.baseline, series.candidate),
+        strict=True,
+    ):
+        values.append(None if p is None or g is None or not r else (p + g) / r)
+    return SidePair(values[0], values[1]), "tokens/s per replica (counters)"
+
+
+# ------------------------------------------------------------------ KV cache
+#: KV usage (p90) from which the running batch counts as held down by free blocks.
+KV_FULL: Final[float] = 0.9
+#: Rise of preemptions per request that counts as KV pressure.
+PREEMPTION_RISE: Final[float] = 0.002
+
+
+def kv_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
+    """Whether the candidate's running batch is held down by KV blocks rather than by a slot cap.
+
+    A lower ``max_num_seqs`` plateaus the running gauge with blocks to spare; a smaller KV
+    cache caps it too, but with the cache full (usage p90 >= 90 %) or requests preempted
+    (>= 0.002 more per request). Both look like "max running fell while requests wait",
+    so the slot-cap reading of capacity needs this to be false.
+    """
+    usage = metrics.gauge("kv_cache_usage", "p90")
+    if (usage.candidate or 0.0) >= KV_FULL and (usage.baseline or 0.0) < KV_FULL:
+        return True
+    if not (requests.get("baseline") and requests.get("candidate")):
+        finished = metrics.finished_requests()
+        requests = {"baseline": int(finished.baseline or 0), "candidate": int(finished.candidate or 0)}
+    preemptions = metrics.counter_delta("preemptions")
+    per_b = per_request(preemptions.baseline, requests.get("baseline", 0))
+    per_c = per_request(preemptions.candidate, requests.get("candidate", 0))
+    return per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE
+
+
+#: KV share per running request must rise by this factor for the pool itself to have shrunk.
+POOL_SHRANK: Final[float] = 1.15
+
+
+def kv_per_running(metrics: MetricView) -> tuple[float, Evidence] | None:
+    """How much more of the KV cache each running request holds (candidate / baseline), with evidence.
+
+    A smaller KV pool (fewer blocks, a lower ``gpu_memory_utilization``) or longer contexts raise
+    the share of the cache a running request holds; more requests running on the same pool do
+    not. ``None`` without both the usage and the running gauge.
+    """
+    usage, running = metrics.gauge("kv_cache_usage", "mean"), metrics.gauge("running_requests", "mean")
+    if not (usage.baseline and usage.candidate and running.baseline and running.candidate):
+        return None
+    per_b, per_c = usage.baseline / running.baseline, usage.candidate / running.candidate
+    evidence = Evidence("kv_usage_per_running_request", rnd(per_b, 5), rnd(per_c, 5),
+                        "mean KV usage / mean running requests: the cache share one request holds")  # fmt: skip
+    return per_c / per_b, evidence
+
+
+def service_time_queue_share(
+    comparison: Comparison, stages: StageDecomposition, regression: Regression, metrics: MetricView
+) -> float:
+    """Queue share of the tail excess that a slower engine step accounts for, else 0.
+
+    At the same offered load per replica (within 10 %) a longer service time
+    fills the slots and requests queue (Little's law), so a per-token slowdown
+    explains the queue as well; not when preemptions rose while each running request
+    came to hold more of the cache (a smaller pool queues requests itself: KV pressure)
+    and not for per-token headlines (they hold no queue time).
+    """
+    if regression.metric in PER_TOKEN_METRICS:
+        return 0.0
+    queue = tail_shares(stages, regression, comparison).get("queue", 0.0)
+    if queue <= 0:
+        return 0.0
+    if load_moved(comparison, metrics) is not False:
+        return 0.0
+    preemptions = metrics.counter_delta("preemptions")
+    counts = comparison.request_counts
+    per_b, per_c = (
+        per_request(preemptions.baseline, counts["baseline"]),
+        per_request(preemptions.candidate, counts["candidate"]),
+    )
+    if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE:
+        pool = kv_per_running(metrics)
+        if pool is None or pool[0] >= POOL_SHRANK:
+            return 0.0
+        # Each running request holds the same share of the cache as before: the pool filled
+        # because slower steps kept more requests running, so the preemptions are this
+        # slowdown's consequence and the queue is still its doing.
+    return queue
+
+
+__all__ = [
+    "KV_FULL",
+    "POOL_SHRANK",
+    "PREEMPTION_RISE",
+    "SAME_LOAD",
+    "kv_limited",
+    "kv_per_running",
+    "load_moved",
+    "load_per_replica",
+    "service_time_queue_share",
+]

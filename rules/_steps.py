@@ -1,0 +1,298 @@
+"""What an engine step carries, for the engine rules: tokens per step and the decode/prefill mix of its time.
+
+Not a rule (nothing registers it). Apart from :mod:`sre_agent.rules._engine_cost`
+(a request's cost at equal batch) because these look at the step itself, to keep
+a change in how the engine batches apart from the engine getting slower:
+
+* :func:`batch_shape`: tokens per engine step on both sides (the
+  ``vllm:iteration_tokens`` histogram), adjusted for the prefill work per
+  request, to keep batch-composition changes apart from slowdowns.
+* :func:`step_mix` / :func:`decode_step_mix`: how much of a TPOT rise is decode
+  work and how much the prefill chunks sharing the steps (:class:`StepMix`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+import polars as pl
+
+from sre_agent.busy import replica_expr
+from sre_agent.compare import SIDES
+from sre_agent.rules._engine_cost import EngineCost, engine_cost
+from sre_agent.rules._mechanism import metric_hit_rate, per_request, rnd, side
+from sre_agent.rules_api import Evidence, RuleSkipped, SidePair
+
+if TYPE_CHECKING:
+    from sre_agent.compare import Comparison
+    from sre_agent.metric_view import HistogramDelta, MetricView
+
+#: The p99 tokens per step (work-adjusted) must move by this factor to call the batch shape changed.
+BATCH_SHAPE_FACTOR: Final[float] = 1.5
+#: Quantile of tokens per step whose bucket stands for the step budget.
+CAP_QUANTILE: Final[float] = 0.999
+
+
+# --------------------------------------------------------------- batch shape
+@dataclass(frozen=True)
+class BatchShape:
+    """Tokens per engine step on both sides (``None`` = no histogram there).
+
+    ``work_ratio`` is the candidate/baseline ratio of uncached prompt tokens
+    per request (1 when unknown): a cache-hit drop or longer prompts make
+    prefill steps bigger without any change to how the engine batches.
+    ``cap`` is the upper bound of the histogram bucket holding the 99.9th
+    percentile: the largest steps the engine runs, pinned by its token budget.
+    """
+
+    mean: SidePair
+    p90: SidePair
+    p99: SidePair
+    steps: SidePair
+    cap: SidePair
+    work_ratio: float = 1.0
+
+    def adjusted(self, pair: SidePair) -> float | None:
+        """candidate/baseline ratio of a statistic, divided by :attr:`work_ratio`."""
+        r = pair.ratio
+        return None if r is None else r / self.work_ratio
+
+    @property
+    def p99_ratio(self) -> float | None:
+        """Work-adjusted candidate/baseline ratio of the p99 tokens per step."""
+        return self.adjusted(self.p99)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the step budget moved: the largest steps changed bucket *and* the p99 moved with them.
+
+        The work-adjusted p99 must move by :data:`BATCH_SHAPE_FACTOR` and the
+        cap by a factor of 2 (one power-of-two bucket) in the same direction.
+        Longer steps under load or slower decodes collect more arrivals, which
+        moves the p99 while the budget-pinned cap stays; the mean is not used
+        at all (it grows with the running batch).
+        """
+        r, cap = self.p99_ratio, self.cap.ratio
+        if r is None or cap is None:
+            return False
+        return (r >= BATCH_SHAPE_FACTOR and cap >= 2.0) or (r <= 1 / BATCH_SHAPE_FACTOR and cap <= 0.5)
+
+    def evidence(self) -> list[Evidence]:
+        """Evidence rows for the tokens-per-step distribution."""
+        return [
+            Evidence("iteration_tokens_mean", rnd(self.mean.baseline, 1), rnd(self.mean.candidate, 1),
+                     "tokens per engine step (vllm:iteration_tokens)"),
+            Evidence("iteration_tokens_p99", rnd(self.p99.baseline, 1), rnd(self.p99.candidate, 1),
+                     "tokens per engine step, 99th percentile; uncached prompt tokens per request changed "
+                     f"x{self.work_ratio:.2f}"),
+            Evidence("iteration_tokens_cap", self.cap.baseline, self.cap.candidate,
+                     "bucket bound of the 99.9th percentile of tokens per step (pinned by max_num_batched_tokens)"),
+        ]  # fmt: skip
+
+
+def _cap(hist: HistogramDelta) -> float | None:
+    """Upper bound of the bucket holding the 99.9th percentile (the last finite bound for the +Inf bucket)."""
+    total = hist.count
+    if total == 0 or not hist.bounds:
+        return None
+    seen = 0
+    for i, c in enumerate(hist.counts):
+        seen += c
+        if seen >= CAP_QUANTILE * total:
+            return float(hist.bounds[min(i, len(hist.bounds) - 1)])
+    return float(hist.bounds[-1])
+
+
+def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape | None:
+    """Tokens-per-step histogram summary, or ``None`` when either side lacks it.
+
+    ``requests``: engine requests per side, to put the prompt-token counter per request.
+    """
+    hist = metrics.histogram("iteration_tokens")
+    b, c = hist.get("baseline"), hist.get("candidate")
+    if b is None or c is None or b.count == 0 or c.count == 0:
+        return None
+    work = 1.0
+    prompt = metrics.counter_delta("prompt_tokens")
+    if not (requests.get("baseline") and requests.get("candidate")):
+        # No request spans: count requests by the engine's latency histogram instead.
+        finished = metrics.finished_requests()
+        requests = {"baseline": int(finished.baseline or 0), "candidate": int(finished.candidate or 0)}
+    hit = metric_hit_rate(metrics, requests)
+    per_b, per_c = (
+        per_request(prompt.baseline, requests["baseline"]),
+        per_request(prompt.candidate, requests["candidate"]),
+    )
+    if per_b and per_c:
+        work = per_c / per_b
+    # The uncached share moves prefill work per request whether or not requests can be counted.
+    if hit is not None and hit[0].baseline is not None and hit[0].candidate is not None and hit[0].baseline < 1:
+        work *= max(1e-3, 1 - hit[0].candidate) / (1 - hit[0].baseline)
+    return BatchShape(
+        SidePair(b.mean, c.mean),
+        SidePair(b.quantile(0.9), c.quantile(0.9)),
+        SidePair(b.quantile(0.99), c.quantile(0.99)),
+        SidePair(float(b.count), float(c.count)),
+        SidePair(_cap(b), _cap(c)),
+        work,
+    )
+
+
+# ------------------------------------------------------------ decode steps
+#: Requests per side a decode-step fit needs (three coefficients on noisy per-request means).
+STEP_FIT_MIN: Final[int] = 60
+
+
+@dataclass(frozen=True)
+class StepMix:
+    """Where a rise in TPOT comes from: the decode work of a step or the prefill chunks sharing it.
+
+    Mechanism: an engine step's time is additive in its work (a fixed part, a part per
+    sequence decoding, a part per prompt token prefilled; vLLM V1 and SGLang put prefill
+    chunks in the same steps as decodes, V0 runs prefill steps between them that the
+    decoding requests wait through). One output token per step, so a request's TPOT is the
+    mean step time over its decode: ``tpot = a + b * running + g * prefill_per_step``, where
+    ``prefill_per_step`` is the prompt tokens its replica prefilled while it decoded, per
+    its own output token. A prefill regression raises ``g``; a decode regression raises
+    ``a`` and ``b``. Fitted per side by least squares; the rise is split at the candidate's
+    mean work.
+
+    Attributes:
+        decode_part: (a_c - a_b) + (b_c - b_b) * mean candidate running, seconds per token.
+        prefill_part: (g_c - g_b) * mean candidate prefill per step, seconds per token.
+        prefill_per_step: mean prompt tokens prefilled per decode step, per side.
+    """
+
+    decode_part: float
+    prefill_part: float
+    prefill_per_step: SidePair
+
+    @property
+    def decode_share(self) -> float | None:
+        """The decode part's share of a positive rise (0..1); ``None`` when the TPOT did not rise."""
+        total = max(self.decode_part, 0.0) + max(self.prefill_part, 0.0)
+        return max(self.decode_part, 0.0) / total if total > 0 else None
+
+
+def _prefill_integral(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Sorted breakpoints and prefix sums so that ``F(t)`` = prompt tokens prefilled by ``t`` is O(log n).
+
+    Each request prefills ``tokens`` uniformly over ``[starts, ends]`` (ns): its rate ``r``
+    contributes ``r * (min(t, end) - start)`` once ``t`` passes its start.
+    """
+    rate = tokens / np.maximum(ends - starts, 1.0)
+    s_order, e_order = np.argsort(starts), np.argsort(ends)
+    s_sorted, e_sorted = starts[s_order], ends[e_order]
+    zero = np.zeros(1)
+    return (
+        s_sorted,
+        np.concatenate([zero, np.cumsum(rate[s_order])]),
+        np.concatenate([zero, np.cumsum(rate[s_order] * s_sorted)]),
+        e_sorted,
+        np.concatenate([zero, np.cumsum(rate[e_order])]),
+        np.concatenate([zero, np.cumsum(rate[e_order] * e_sorted)]),
+    )
+
+
+def _prefilled_by(t: np.ndarray, parts: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``F(t)`` of :func:`_prefill_integral`: prompt tokens prefilled on the replica by each ``t``."""
+    s_sorted, r_s, rs_s, e_sorted, r_e, re_e = parts
+    i = np.searchsorted(s_sorted, t, side="right")
+    j = np.searchsorted(e_sorted, t, side="right")
+    started = t * r_s[i] - rs_s[i]
+    finished = t * r_e[j] - re_e[j]
+    out: np.ndarray = started - finished
+    return out
+
+
+def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
+    """Split a decode :class:`EngineCost`'s TPOT change into decode work and shared prefill (see :class:`StepMix`).
+
+    Prompt tokens prefilled come from every sampled request of the replica (uncached
+    tokens, spread over its prefill: scheduling to first token), scaled by the side's
+    sample fraction. ``None`` when a side has fewer than :data:`STEP_FIT_MIN` decoding
+    requests or no prefill timing.
+    """
+    frame = cost.frame
+    if frame is None or "running" not in frame.columns:
+        return None
+    requests = comparison.requests.filter(pl.col("e2e_s").is_not_null() & pl.col("ttft_s").is_not_null())
+    hit = pl.col("cached_tokens").fill_null(0)
+    requests = requests.select(
+        "side",
+        "span_id",
+        replica_expr(),
+        (pl.col("start_ns") + pl.col("queue_s").fill_null(0.0) * 1e9).cast(pl.Float64).alias("_sched"),
+        (pl.col("start_ns") + pl.col("ttft_s") * 1e9).cast(pl.Float64).alias("_first"),
+        (pl.col("start_ns") + pl.col("e2e_s") * 1e9).cast(pl.Float64).alias("_end"),
+        (pl.col("input_tokens").fill_null(0) - hit).clip(0, None).cast(pl.Float64).alias("_uncached"),
+    )
+    counts = comparison.request_counts
+    scale = {s: counts[s] / max(1, side(requests, s).height) for s in SIDES}
+    decoding = frame.select("side", "span_id", "tpot_s", "running", "output_tokens").join(
+        requests.select("span_id", "replica", "_first", "_end"), on="span_id", how="inner"
+    )
+    per_step: list[pl.DataFrame] = []
+    decoding_by_replica = decoding.partition_by("replica", as_dict=True)
+    for (replica,), group in requests.group_by("replica"):
+        mine = decoding_by_replica.get((replica,))
+        if mine is None:
+            continue
+        parts = _prefill_integral(
+            group["_sched"].to_numpy(), np.maximum(group["_first"].to_numpy(), group["_sched"].to_numpy()),
+            group["_uncached"].to_numpy(),
+        )  # fmt: skip
+        tokens = _prefilled_by(mine["_end"].to_numpy(), parts) - _prefilled_by(mine["_first"].to_numpy(), parts)
+        steps = np.maximum(mine["output_tokens"].to_numpy().astype(np.float64) - 1.0, 1.0)
+        per_step.append(mine.select("side", "tpot_s", "running").with_columns(pl.Series("_p", tokens / steps)))
+    if not per_step:
+        return None
+    data = pl.concat(per_step).with_columns(
+        pl.col("_p") * pl.when(pl.col("side") == "baseline").then(scale["baseline"]).otherwise(scale["candidate"])
+    )
+    fits: dict[str, np.ndarray] = {}
+    means: dict[str, np.ndarray] = {}
+    for s in SIDES:
+        part = side(data, s)
+        if part.height < STEP_FIT_MIN:
+            return None
+        x = np.column_stack([np.ones(part.height), part["running"].to_numpy(), part["_p"].to_numpy()])
+        if np.linalg.matrix_rank(x) < 3:
+            return None
+        fits[s] = np.linalg.lstsq(x, part["tpot_s"].to_numpy(), rcond=None)[0]
+        means[s] = x.mean(axis=0)
+    delta = fits["candidate"] - fits["baseline"]
+    at = means["candidate"]
+    return StepMix(
+        decode_part=float(delta[0] + delta[1] * at[1]),
+        prefill_part=float(delta[2] * at[2]),
+        prefill_per_step=SidePair(float(means["baseline"][2]), float(at[2])),
+    )
+
+
+_MIX_CACHE: weakref.WeakKeyDictionary[Comparison, tuple[StepMix | None]] = weakref.WeakKeyDictionary()
+
+
+def decode_step_mix(comparison: Comparison, metrics: MetricView) -> StepMix | None:
+    """:func:`step_mix` of the comparison's decode cost, once per comparison; ``None`` when it cannot be fitted."""
+    if comparison not in _MIX_CACHE:
+        try:
+            mix = step_mix(comparison, engine_cost(comparison, metrics, "decode"))
+        except RuleSkipped:
+            mix = None
+        _MIX_CACHE[comparison] = (mix,)
+    return _MIX_CACHE[comparison][0]
+
+
+__all__ = [
+    "BATCH_SHAPE_FACTOR",
+    "BatchShape",
+    "StepMix",
+    "batch_shape",
+    "decode_step_mix",
+    "step_mix",
+]
