@@ -1,7 +1,7 @@
 """Engine cost at equal batch size, for the engine rules.
 
 Not a rule (nothing registers it); shared by ``decode_slowdown``,
-``prefill_slowdown`` and ``batch_composition``:
+``prefill_slowdown``, ``batch_composition`` and ``stages``:
 
 * :func:`running_batch`: per sampled request, how many requests the same
   replica was running during that request's prefill or decode, counted
@@ -464,6 +464,7 @@ __all__ = [
     "BATCH_GREW",
     "ConditionalShift",
     "EngineCost",
+    "MIN_SLOWDOWN",
     "LengthProfile",
     "Slowdown",
     "assess_slowdown",

@@ -83,8 +83,6 @@ LATENCIES: Final[dict[str, str]] = {
     "decode": "decode_s",
 }
 
-_NS = 1_000_000_000
-
 
 class Comparison(TraceAggregates):
     """Baseline and candidate populations plus the shared aggregates rules read.
