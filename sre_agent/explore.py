@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 from sre_agent.attribute_keys import key_sql
 from sre_agent.compare import resolve_windows
 from sre_agent.errors import SelectionError, StoreError
+from sre_agent.resolve import SideWindow
 from sre_agent.rules_api import SIDES
 from sre_agent.selection import Selection, format_time
 
@@ -34,7 +35,6 @@ __all__ = [
     "Exemplar",
     "Overview",
     "Scope",
-    "Side",
     "StageBreakdown",
     "Tile",
     "Timeline",
@@ -77,21 +77,6 @@ class Cursor(Protocol):
 
 
 @dataclass(frozen=True)
-class Side:
-    """One population: engine requests started in ``[start_ns, end_ns)``, and of ``version`` when set."""
-
-    name: Literal["baseline", "candidate"]
-    start_ns: int
-    end_ns: int
-    version: str | None = None
-
-    @property
-    def seconds(self) -> float:
-        """Length of the window in seconds (the denominator of rates)."""
-        return max((self.end_ns - self.start_ns) / _NS, 1e-9)
-
-
-@dataclass(frozen=True)
 class Scope:
     """A resolved comparison: two populations plus the filters applied to both.
 
@@ -101,8 +86,8 @@ class Scope:
         where: ``(key, value)`` equality filters (canonical column or attribute key).
     """
 
-    baseline: Side
-    candidate: Side
+    baseline: SideWindow
+    candidate: SideWindow
     label: str
     deploy_ns: int | None = None
     service: str | None = None
@@ -136,12 +121,9 @@ def resolve_scope(cur: Cursor, selection: Selection) -> Scope:
 
 def _resolve_scope(cur: Cursor, selection: Selection) -> Scope:
     # The diagnosis's own resolution, so the console and `diagnose` compare the same windows.
-    b, c, _, deploy = resolve_windows(cur, selection)  # type: ignore[arg-type]
+    baseline, candidate, _, deploy = resolve_windows(cur, selection)  # type: ignore[arg-type]
+    b, c = baseline, candidate
     common: dict[str, Any] = {"service": selection.service, "where": selection.where}
-    baseline, candidate = (
-        Side("baseline", b.start_ns, b.end_ns, b.version),
-        Side("candidate", c.start_ns, c.end_ns, c.version),
-    )
     if selection.mode == "windows":
         label = f"windows {_hhmm(b.start_ns)}-{_hhmm(b.end_ns)} vs {_hhmm(c.start_ns)}-{_hhmm(c.end_ns)}"
         return Scope(baseline, candidate, label, **common)
@@ -187,8 +169,8 @@ def versions(cur: Cursor, service: str | None = None) -> list[VersionInfo]:
 # ----------------------------------------------------------------- SQL helpers
 
 
-def _side_condition(side: Side, params: dict[str, Any]) -> str:
-    prefix = side.name[0]
+def _side_condition(side: SideWindow, params: dict[str, Any]) -> str:
+    prefix = side.side[0]
     params[f"{prefix}_start"] = side.start_ns
     params[f"{prefix}_end"] = side.end_ns
     cond = f"start_ns >= ${prefix}_start AND start_ns < ${prefix}_end"
@@ -209,7 +191,7 @@ def _filters(scope: Scope, params: dict[str, Any]) -> list[str]:
     return clauses
 
 
-def _side_where(scope: Scope, side: Side, params: dict[str, Any]) -> str:
+def _side_where(scope: Scope, side: SideWindow, params: dict[str, Any]) -> str:
     """The WHERE clause of one side: its window (zone maps prune the rest), version and filters."""
     return " AND ".join([*_filters(scope, params), _side_condition(side, params)])
 
@@ -223,7 +205,7 @@ def _per_side(scope: Scope, params: dict[str, Any], select: str, tail: str = "")
     parts = []
     for side in (scope.baseline, scope.candidate):
         where = _side_where(scope, side, params)
-        parts.append(f"SELECT '{side.name}' AS side, {select} FROM spans WHERE {where} {tail}")
+        parts.append(f"SELECT '{side.side}' AS side, {select} FROM spans WHERE {where} {tail}")
     return " UNION ALL ".join(f"({p})" for p in parts)
 
 
@@ -437,14 +419,14 @@ def stage_breakdown(
     params: dict[str, Any] = {}
     tails = []
     for side in (scope.baseline, scope.candidate):
-        if thresholds.get(side.name) is None:
+        if thresholds.get(side.side) is None:
             continue
-        params[f"t_{side.name}"] = thresholds[side.name]
+        params[f"t_{side.side}"] = thresholds[side.side]
         tails.append(
-            f"""SELECT '{side.name}' AS side, trace_id, coalesce(queue_s, 0) AS queue_s,
+            f"""SELECT '{side.side}' AS side, trace_id, coalesce(queue_s, 0) AS queue_s,
                    coalesce(prefill_s, ttft_s - coalesce(queue_s, 0), 0) AS prefill_s,
                    coalesce(decode_s, 0) AS decode_s, coalesce(e2e_s, duration_s, 0) AS engine_s
-            FROM spans WHERE {_side_where(scope, side, params)} AND {col} >= $t_{side.name}"""
+            FROM spans WHERE {_side_where(scope, side, params)} AND {col} >= $t_{side.side}"""
         )
     rows: dict[str, tuple[Any, ...]] = {}
     params["traces_per_side"] = traces_per_side

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from sre_agent.rules_api import SIDES, SidePair
 from sre_agent.schema import METRIC_SIGNALS
@@ -21,6 +21,7 @@ from sre_agent.sql_text import literal
 if TYPE_CHECKING:
     import duckdb
 
+    from sre_agent.resolve import SideWindow
     from sre_agent.selection import Selection
 
 __all__ = ["HistogramDelta", "MetricView", "fetch_one"]
@@ -34,18 +35,6 @@ def fetch_one(result: duckdb.DuckDBPyConnection) -> Any:
     """
     rows = result.fetchall()
     return rows[0] if rows else None
-
-
-class _Window(Protocol):
-    @property
-    def start_ns(self) -> int: ...
-    @property
-    def end_ns(self) -> int: ...
-    @property
-    def version(self) -> str | None: ...
-
-    @property
-    def seconds(self) -> float: ...
 
 
 def _time_blocks(increments: list[tuple[int, list[int]]], width: int) -> tuple[tuple[int, ...], ...]:
@@ -178,8 +167,8 @@ class MetricView:
     def __init__(
         self,
         con: duckdb.DuckDBPyConnection,
-        baseline: _Window,
-        candidate: _Window,
+        baseline: SideWindow,
+        candidate: SideWindow,
         selection: Selection,
         *,
         filter_sql: str = "TRUE",
