@@ -1,0 +1,142 @@
+"""The OTel Collector ClickHouse exporter's ``otel_traces`` read as sre-agent's canonical spans.
+
+At fleet scale spans are where OTel Collectors already write them: the contrib
+``clickhouseexporter``'s ``otel_traces`` table (docs/reference/telemetry.md 5.5:
+``Timestamp DateTime64(9)``, hex ``TraceId``/``SpanId``/``ParentSpanId`` with ``''``
+for none, ``SpanKind``/``StatusCode`` as ``Server``/``Error`` or, from older exporters,
+``SPAN_KIND_SERVER``/``STATUS_CODE_ERROR``, ``Duration`` in ns, every attribute value
+as a string in ``SpanAttributes``/``ResourceAttributes``). Nothing is copied and no
+schema of ours is required: :func:`spans_select` is a ClickHouse ``SELECT`` that
+spells the canonical span columns (:data:`sre_agent.schema.SPAN_COLUMNS`) as
+expressions over that table, from the same declarative attribute table the
+receiver's normaliser uses (:data:`~sre_agent.schema.SPAN_ATTRIBUTE_SOURCES`,
+:data:`~sre_agent.schema.RESOURCE_FIRST_COLUMNS`), so a span reads the same whether
+sre-agent received it or a Collector wrote it.
+
+The rules the decoder applies, restated for the maps:
+
+* per side (span attributes, resource attributes) the first *present* key of a
+  column's sources is chosen, then typed (a value that does not parse is NULL and
+  does not fall through to the next key); the span's side wins, except for the
+  resource-first columns (service, version, instance, host);
+* integer columns take integral spellings and truncate decimal ones (``"12.7"`` is
+  12, as ``int(float(v))``); a map lookup of an absent key is ``''`` in ClickHouse,
+  so presence is tested with ``mapContains``;
+* ``finish_reason`` is the first element of a JSON array (SGLang's ``'["stop"]'``,
+  the exporter's spelling of a string array) or the string itself;
+* ``error_type`` falls back to the ``exception.type`` of the first ``exception``
+  event, then to ``'error'`` for an ERROR status; ``queue_s`` to SGLang's
+  ``ttft - prefill`` (clamped at 0, NULL when clearly negative); ``tpot_s`` is
+  ``decode_s / (output_tokens - 1)``.
+
+``resource_attributes``/``attributes`` are the maps themselves (ClickHouse
+``Map``), read as ``attributes['k']`` like the embedded store's. One difference is
+the writer's, not ours: a double under a text key (a tenant id sent as 5e-05) is
+spelled by whoever wrote it, Arrow's shortest form in the embedded store and Go's in
+the exporter (``0.00005``); numeric columns parse both to the same number.
+
+This is the first piece of the scale-out engine (issue 16); the analysis queries
+do not run on it yet.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sre_agent.normalise import FLOAT_COLUMNS, INT_COLUMNS
+from sre_agent.schema import ENGINE_SPAN_NAMES, RESOURCE_FIRST_COLUMNS, SPAN_ATTRIBUTE_SOURCES
+from sre_agent.sql_text import literal
+
+__all__ = ["DEFAULT_TRACES_TABLE", "spans_select"]
+
+#: The exporter's default traces table (its ``traces_table_name``).
+DEFAULT_TRACES_TABLE: Final[str] = "otel_traces"
+#: Bounds of the canonical INTEGER column (``attempt``): values outside are NULL, as in the decoder.
+_INT32_BOUND: Final[int] = 2**31
+#: Rounding of float seconds can make ttft - prefill a hair negative for a request never queued.
+_QUEUE_TOLERANCE_S: Final[float] = -1e-6
+
+
+def _chosen(map_column: str, keys: tuple[str, ...]) -> str:
+    """The value of the first of ``keys`` present in ``map_column``, else NULL (a String expression)."""
+    branches = ", ".join(f"mapContains({map_column}, {literal(k)}), {map_column}[{literal(k)}]" for k in keys)
+    return f"multiIf({branches}, NULL)"
+
+
+def _typed(name: str, value: str) -> str:
+    """``value`` (a String or NULL) as canonical column ``name``'s type; unparseable values are NULL."""
+    if name in FLOAT_COLUMNS:
+        return f"toFloat64OrNull({value})"
+    if name in INT_COLUMNS:
+        # int(float(v)) in the decoder: "12" and "12.7" are 12; beyond Int64 is NULL.
+        number = f"toFloat64OrNull({value})"
+        integral = f"coalesce(toInt64OrNull({value}), if(abs({number}) < 9.2e18, toInt64({number}), NULL))"
+        if name == "attempt":
+            return f"if(abs({integral}) < {_INT32_BOUND}, toInt32({integral}), NULL)"
+        return integral
+    if name == "finish_reason":
+        return (
+            f"if(startsWith(trimLeft({value}), '['), "
+            f"nullIf(JSONExtractString(trimLeft({value}), 1), ''), nullIf(trimBoth({value}), ''))"
+        )
+    return value
+
+
+def _canonical(name: str) -> str:
+    """Canonical column ``name`` from the two maps, with the decoder's precedence."""
+    keys = SPAN_ATTRIBUTE_SOURCES[name]
+    from_spans = _typed(name, _chosen("SpanAttributes", keys))
+    from_resource = _typed(name, _chosen("ResourceAttributes", keys))
+    if name in RESOURCE_FIRST_COLUMNS:
+        return f"coalesce({from_resource}, {from_spans})"
+    return f"coalesce({from_spans}, {from_resource})"
+
+
+def spans_select(table: str = DEFAULT_TRACES_TABLE) -> str:
+    """A ClickHouse ``SELECT`` over the exporter's traces ``table`` with the canonical span columns.
+
+    ``table`` is spliced in as given (``db.table`` allowed); it must come from the
+    configuration, never from a request.
+    """
+    attributes = {name: _canonical(name) for name in SPAN_ATTRIBUTE_SOURCES}
+    engine_names = ", ".join(literal(n) for n in sorted(ENGINE_SPAN_NAMES))
+    exception = (
+        "arrayFirst((a, n) -> n = 'exception' AND mapContains(a, 'exception.type'), "
+        "Events.Attributes, Events.Name)['exception.type']"
+    )
+    status = "lower(replaceRegexpOne(StatusCode, '^STATUS_CODE_', ''))"
+    # The two columns with fallbacks outside the maps are finished in the outer query.
+    alias = {"queue_s": "queue_s_attribute", "error_type": "error_type_attribute"}
+    inner = ",\n      ".join(f"{expr} AS {alias.get(name, name)}" for name, expr in attributes.items())
+    return f"""
+SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, duration_s, status_code, status_message,
+  service_name, service_version, service_instance, host_name, tenant_id, scope_name,
+  CAST(name IN ({engine_names}) OR position(name, ' Req ') > 0 OR startsWith(name, 'Req ')
+    OR ttft_s IS NOT NULL OR e2e_s IS NOT NULL AS Bool) AS is_engine,
+  model, request_id, input_tokens, output_tokens, cached_tokens,
+  coalesce(queue_s_attribute, if(ttft_s - prefill_s >= {_QUEUE_TOLERANCE_S}, greatest(ttft_s - prefill_s, 0.0), NULL))
+    AS queue_s,
+  ttft_s, prefill_s, decode_s, inference_s, e2e_s,
+  if(output_tokens > 1, decode_s / toFloat64(output_tokens - 1), NULL) AS tpot_s,
+  finish_reason, attempt,
+  coalesce(error_type_attribute, nullIf({exception}, ''), if(status_code = 'error', 'error', NULL)) AS error_type,
+  resource_attributes, attributes
+FROM (
+  SELECT
+      lower(TraceId) AS trace_id,
+      lower(SpanId) AS span_id,
+      nullIf(lower(ParentSpanId), '') AS parent_span_id,
+      SpanName AS name,
+      lower(replaceRegexpOne(SpanKind, '^SPAN_KIND_', '')) AS kind,
+      toUnixTimestamp64Nano(Timestamp) AS start_ns,
+      toUnixTimestamp64Nano(Timestamp) + toInt64(Duration) AS end_ns,
+      Duration / 1e9 AS duration_s,
+      {status} AS status_code,
+      nullIf(StatusMessage, '') AS status_message,
+      nullIf(ScopeName, '') AS scope_name,
+      Events.Name, Events.Attributes,
+      ResourceAttributes AS resource_attributes,
+      SpanAttributes AS attributes,
+      {inner}
+  FROM {table}
+)"""
