@@ -44,13 +44,33 @@ from __future__ import annotations
 from typing import Final
 
 from sre_agent.normalise import FLOAT_COLUMNS, INT_COLUMNS
-from sre_agent.schema import ENGINE_SPAN_NAMES, RESOURCE_FIRST_COLUMNS, SPAN_ATTRIBUTE_SOURCES
+from sre_agent.schema import (
+    ENGINE_SPAN_NAMES,
+    METRIC_NAME_ALIASES,
+    RESOURCE_FIRST_COLUMNS,
+    SPAN_ATTRIBUTE_SOURCES,
+)
 from sre_agent.sql_text import literal
 
-__all__ = ["DEFAULT_TRACES_TABLE", "spans_select"]
+__all__ = ["DEFAULT_METRIC_TABLES", "DEFAULT_TRACES_TABLE", "metric_points_select", "spans_select"]
 
 #: The exporter's default traces table (its ``traces_table_name``).
 DEFAULT_TRACES_TABLE: Final[str] = "otel_traces"
+#: The exporter's default metric tables by OTLP kind (``otel_metrics`` + ``_gauge`` etc.).
+DEFAULT_METRIC_TABLES: Final[dict[str, str]] = {
+    "gauge": "otel_metrics_gauge",
+    "sum": "otel_metrics_sum",
+    "histogram": "otel_metrics_histogram",
+}
+#: Resource keys of the metric points' identity columns, first present wins (as the receiver).
+_METRIC_RESOURCE_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    "service_name": ("service.name",),
+    "service_version": ("service.version",),
+    "service_instance": ("service.instance.id", "k8s.pod.name"),
+    "host_name": ("host.name", "k8s.node.name"),
+}
+#: Point labels (then resource attributes) naming the model a series serves.
+_MODEL_KEYS: Final[tuple[str, ...]] = ("model_name", "gen_ai.request.model", "gen_ai.response.model", "model")
 #: Bounds of the canonical INTEGER column (``attempt``): values outside are NULL, as in the decoder.
 _INT32_BOUND: Final[int] = 2**31
 #: Rounding of float seconds can make ttft - prefill a hair negative for a request never queued.
@@ -140,3 +160,47 @@ FROM (
       {inner}
   FROM {table}
 )"""
+
+
+def metric_points_select(tables: dict[str, str] | None = None) -> str:
+    """A ClickHouse ``SELECT`` of canonical metric points over the exporter's metric tables.
+
+    ``tables`` maps ``gauge``/``sum``/``histogram`` to table names (default
+    :data:`DEFAULT_METRIC_TABLES`; configuration only, spliced in as given). Columns as
+    :data:`sre_agent.schema.METRIC_POINT_COLUMNS`: the canonical name (``_total`` trimmed,
+    old vLLM names mapped), the exporter's temporality code (1 delta, 2 cumulative) spelled,
+    a ``start_time_ns`` of 0 as NULL, identity columns from the resource attributes, the
+    model from the point's labels then the resource's, and ``series_key`` a hash of the
+    name and both maps (an identity within this store, not the receiver's spelling of it).
+    Exponential histograms and summaries are not read yet.
+    """
+    names = {**DEFAULT_METRIC_TABLES, **(tables or {})}
+    trimmed = "replaceRegexpOne(MetricName, '_total$', '')"
+    aliases = sorted(METRIC_NAME_ALIASES.items())
+    old = ", ".join(literal(k) for k, _ in aliases)
+    new = ", ".join(literal(v) for _, v in aliases)
+    canonical = f"transform({trimmed}, [{old}], [{new}], {trimmed})"
+    identity = ",\n  ".join(f"{_chosen('ResourceAttributes', keys)} AS {column}"
+                              for column, keys in _METRIC_RESOURCE_KEYS.items())  # fmt: skip
+    common = f"""{canonical} AS name, MetricName AS source_name, {{kind}} AS kind, nullIf(MetricUnit, '') AS unit,
+  toUnixTimestamp64Nano(TimeUnix) AS time_ns, nullIf(toUnixTimestamp64Nano(StartTimeUnix), 0) AS start_time_ns,
+  {{value}} AS value, {{monotonic}} AS is_monotonic, {{temporality}} AS temporality,
+  {{count}} AS count, {{sum}} AS sum, {{bounds}} AS bounds, {{buckets}} AS bucket_counts,
+  {identity},
+  coalesce({_chosen("Attributes", _MODEL_KEYS)}, {_chosen("ResourceAttributes", _MODEL_KEYS)}) AS model,
+  lower(hex(sipHash128({canonical}, ResourceAttributes, Attributes))) AS series_key,
+  ResourceAttributes AS resource_attributes, Attributes AS attributes"""
+    temporality = "multiIf(AggregationTemporality = 1, 'delta', AggregationTemporality = 2, 'cumulative', NULL)"
+    none = {"count": "CAST(NULL AS Nullable(Int64))", "sum": "CAST(NULL AS Nullable(Float64))",
+            "bounds": "CAST([] AS Array(Float64))", "buckets": "CAST([] AS Array(Int64))"}  # fmt: skip
+    parts = {
+        "gauge": common.format(kind="'gauge'", value="Value", monotonic="CAST(NULL AS Nullable(Bool))",
+                               temporality="CAST(NULL AS Nullable(String))", **none),
+        "sum": common.format(kind="'sum'", value="Value", monotonic="CAST(IsMonotonic AS Nullable(Bool))",
+                             temporality=temporality, **none),
+        "histogram": common.format(kind="'histogram'", value="CAST(NULL AS Nullable(Float64))",
+                                   monotonic="CAST(NULL AS Nullable(Bool))", temporality=temporality,
+                                   count="toInt64(Count)", sum="Sum", bounds="ExplicitBounds",
+                                   buckets="arrayMap(c -> toInt64(c), BucketCounts)"),
+    }  # fmt: skip
+    return "\nUNION ALL\n".join(f"SELECT {select}\nFROM {names[kind]}" for kind, select in parts.items())

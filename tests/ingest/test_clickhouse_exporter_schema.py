@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from otlp_builders import SEMCONV_NEW, SEMCONV_OLD, SGLANG, T0, VLLM_V0, VLLM_V1, trace_request
+from otlp_builders import SEMCONV_NEW, SEMCONV_OLD, SGLANG, T0, VLLM_V0, VLLM_V1, metrics_request, trace_request
 
-from sre_agent.clickhouse_schema import spans_select
+from sre_agent.clickhouse_schema import DEFAULT_METRIC_TABLES, metric_points_select, spans_select
 from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
-from sre_agent.schema import SPAN_COLUMNS
+from sre_agent.otlp import decode_metrics, decode_traces
+from sre_agent.schema import METRIC_POINT_COLUMNS, SPAN_COLUMNS
 
 pytestmark = pytest.mark.clickhouse
 
@@ -245,3 +245,120 @@ def test_attribute_values_of_every_kind_type_alike(
                "finish_reason", "tenant_id", "is_engine", "tpot_s"]  # fmt: skip
     for row, mine in zip(expected, got, strict=True):
         assert [(c, mine[c]) for c in columns if not _same(row[c], mine[c])] == [], (row, mine)
+
+
+_METRIC_COLUMNS = """
+    ResourceAttributes Map(LowCardinality(String), String),
+    ResourceSchemaUrl String,
+    ScopeName String,
+    ScopeVersion String,
+    ScopeAttributes Map(LowCardinality(String), String),
+    ScopeDroppedAttrCount UInt32,
+    ScopeSchemaUrl String,
+    ServiceName LowCardinality(String),
+    MetricName String,
+    MetricDescription String,
+    MetricUnit String,
+    Attributes Map(LowCardinality(String), String),
+    StartTimeUnix DateTime64(9),
+    TimeUnix DateTime64(9),
+"""
+#: The exporter's metric tables, from its columns (exemplars, indexes and TTL left out).
+OTEL_METRICS_DDL = {
+    "gauge": f"CREATE TABLE otel_metrics_gauge ({_METRIC_COLUMNS} Value Float64, Flags UInt32)",
+    "sum": f"CREATE TABLE otel_metrics_sum ({_METRIC_COLUMNS} Value Float64, Flags UInt32, "
+    "AggregationTemporality Int32, IsMonotonic Boolean)",
+    "histogram": f"CREATE TABLE otel_metrics_histogram ({_METRIC_COLUMNS} Count UInt64, Sum Float64, "
+    "BucketCounts Array(UInt64), ExplicitBounds Array(Float64), Flags UInt32, Min Float64, Max Float64, "
+    "AggregationTemporality Int32)",
+}
+
+
+def _exporter_metric_rows(request: Any) -> dict[str, pa.Table]:
+    """Per exporter table, the rows it inserts for ``request`` (one per data point)."""
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in OTEL_METRICS_DDL}
+    for resource_metrics in request.resource_metrics:
+        resource = [(kv.key, _as_string(kv.value)) for kv in resource_metrics.resource.attributes]
+        service = dict(resource).get("service.name", "")
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                data = getattr(metric, kind)
+                for point in data.data_points:
+                    row = {"resource": resource, "service": service, "name": metric.name, "unit": metric.unit,
+                           "attributes": [(kv.key, _as_string(kv.value)) for kv in point.attributes],
+                           "start": point.start_time_unix_nano, "time": point.time_unix_nano}  # fmt: skip
+                    if kind == "histogram":
+                        row |= {"count": point.count, "sum": point.sum, "buckets": list(point.bucket_counts),
+                                "bounds": list(point.explicit_bounds)}  # fmt: skip
+                    else:
+                        which = point.WhichOneof("value")
+                        row["value"] = float(getattr(point, which))
+                    if kind in ("sum", "histogram"):
+                        row["temporality"] = data.aggregation_temporality
+                    if kind == "sum":
+                        row["monotonic"] = data.is_monotonic
+                    rows[kind].append(row)
+    string_map = pa.map_(pa.string(), pa.string())
+    types = {"resource": string_map, "attributes": string_map, "start": pa.int64(), "time": pa.int64(),
+             "count": pa.uint64(), "buckets": pa.list_(pa.uint64()), "temporality": pa.int32()}  # fmt: skip
+    return {
+        kind: pa.table({name: pa.array([r[name] for r in kind_rows], types.get(name)) for name in kind_rows[0]})
+        for kind, kind_rows in rows.items()
+        if kind_rows
+    }
+
+
+def test_exported_metric_points_read_as_the_receiver_decodes_them(tmp_path: Path) -> None:
+    from chdb import session
+
+    resource = {"service.name": "vllm", "service.version": "v2", "host.name": "gpu-1", "k8s.pod.name": "pod-1"}
+    labels = {"model_name": "llama", "engine": "0"}
+    request = metrics_request(
+        [
+            {"name": "vllm:num_requests_running", "kind": "gauge",
+             "points": [{"time": T0 + i * 10**9, "value": 3 + i, "attributes": labels} for i in range(3)]},
+            {"name": "vllm:prompt_tokens_total", "kind": "sum", "unit": "tokens",
+             "points": [{"time": T0 + i * 10**9, "start": T0 - 10**9, "value": 100 * i, "attributes": labels}
+                        for i in range(3)]},
+            {"name": "vllm:gpu_cache_usage_perc", "kind": "gauge", "points": [{"time": T0, "value": 0.5}]},
+            {"name": "vllm:e2e_request_latency_seconds", "kind": "histogram", "temporality": 1, "unit": "s",
+             "points": [{"time": T0 + i * 10**9, "count": 4 * i, "sum": 1.5 * i, "bounds": [0.1, 1.0],
+                         "bucket_counts": [i, 2 * i, i], "attributes": labels} for i in range(3)]},
+        ],
+        resource=resource,
+    )  # fmt: skip
+    decoded = decode_metrics(request.SerializeToString(), "application/x-protobuf", normaliser=NORM).table
+    db = session.Session(str(tmp_path / "chdb"))
+    try:
+        for kind, table in _exporter_metric_rows(request).items():
+            db.query(OTEL_METRICS_DDL[kind] + " ENGINE = MergeTree ORDER BY (ServiceName, MetricName, TimeUnix)")
+            path = tmp_path / f"{kind}.parquet"
+            pq.write_table(table, path)
+            extra = {"gauge": ("Value", "value"), "sum": ("Value, AggregationTemporality, IsMonotonic",
+                     "value, temporality, monotonic"), "histogram": (
+                     "Count, Sum, BucketCounts, ExplicitBounds, AggregationTemporality",
+                     "count, sum, buckets, bounds, temporality")}[kind]  # fmt: skip
+            db.query(
+                f"""INSERT INTO {DEFAULT_METRIC_TABLES[kind]} (ResourceAttributes, ServiceName, MetricName, MetricUnit,
+                      Attributes, StartTimeUnix, TimeUnix, {extra[0]})
+                    SELECT resource, service, name, unit, attributes, fromUnixTimestamp64Nano(start),
+                      fromUnixTimestamp64Nano(time), {extra[1]} FROM file('{path}', Parquet)"""
+            )
+        got = db.query(f"SELECT * FROM ({metric_points_select()}) ORDER BY name, time_ns", "ArrowTable").to_pylist()
+    finally:
+        db.close()
+    expected = sorted(decoded.to_pylist(), key=lambda row: (row["name"], row["time_ns"]))
+    assert len(got) == len(expected) == 10
+    columns = [
+        c.name for c in METRIC_POINT_COLUMNS if c.name not in ("series_key", "resource_attributes", "attributes")
+    ]
+    mismatches = [
+        (row["name"], column, row[column], mine[column])
+        for row, mine in zip(expected, got, strict=True)
+        for column in columns
+        if not _same(row[column], mine[column]) and not (row[column] is None and mine[column] == [])
+    ]
+    assert mismatches == []
+    # series_key is this store's own identity: it groups the points as the receiver's does.
+    assert len({r["series_key"] for r in got}) == len({r["series_key"] for r in expected}) == 4
