@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from sre_agent.rules_api import SIDES, SidePair
 from sre_agent.schema import METRIC_SIGNALS
@@ -35,6 +35,25 @@ def fetch_one(result: duckdb.DuckDBPyConnection) -> Any:
     """
     rows = result.fetchall()
     return rows[0] if rows else None
+
+
+#: The replica a metric point names: ``host.name``, else ``service.instance.id``.
+_REPLICA: Final[str] = "coalesce(host_name, service_instance)"
+#: (attribute, value) of that replica, as two SQL columns.
+_REPLICA_KEY: Final[str] = (
+    f"CASE WHEN host_name IS NOT NULL THEN 'host.name' ELSE 'service.instance.id' END, {_REPLICA}"
+)
+
+
+def _increment(value: str, previous: str) -> str:
+    """SQL: the increment of ``value`` since ``previous`` (see :meth:`MetricView._increments_sql`).
+
+    The reset test is on the counted column ``c``/``prev_c`` of that subquery.
+    """
+    return (
+        f"CASE WHEN temporality = 'delta' THEN {value} WHEN prev_c IS NULL THEN 0 "
+        f"WHEN c >= prev_c THEN {value} - {previous} ELSE {value} END"
+    )
 
 
 def _time_blocks(increments: list[tuple[int, list[int]]], width: int) -> tuple[tuple[int, ...], ...]:
@@ -337,21 +356,28 @@ class MetricView:
             out.append(None if row is None or row[0] is None else float(row[0]))
         return SidePair(out[0], out[1])
 
-    def _increments_sql(self, side: str, name: str) -> str:
-        """A subquery of a counter's increments (column ``inc``) between consecutive points of each series.
+    def _increments_sql(self, side: str, name: str, *, histogram: bool = False) -> str:
+        """A subquery of increments between consecutive points of each series (column ``inc``).
 
-        A cumulative counter's first point in the window adds nothing (its increase before the
-        window is not the window's); a value below the previous one is a reset, and the counter
-        restarted from 0; delta points are increments already. Also carries ``host_name`` and
+        A cumulative series' first point in the window adds nothing (its increase before the
+        window is not the window's); a value below the previous one is a reset, and the series
+        restarted from 0; delta points are increments already. A counter's increments are of
+        its value; with ``histogram`` they are of the observation count (``inc``) and the
+        sum (``inc_sum``, reset where the count resets). Also carries ``host_name`` and
         ``service_instance`` for per-replica sums.
         """
+        if histogram:
+            counted, valid = "list_sum(bucket_counts)", "bucket_counts IS NOT NULL"
+            summed = ', coalesce("sum", 0) AS s, lag(coalesce("sum", 0)) OVER w AS prev_s'
+            inc_sum = f", {_increment('s', 'prev_s')} AS inc_sum"
+        else:
+            counted, valid, summed, inc_sum = "value", "isfinite(value)", "", ""
         return f"""(
-            SELECT host_name, service_instance,
-              CASE WHEN temporality = 'delta' THEN value WHEN prev IS NULL THEN 0
-                   WHEN value >= prev THEN value - prev ELSE value END AS inc
-            FROM (SELECT value, temporality, host_name, service_instance,
-                    lag(value) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev
-                  FROM metric_points WHERE {self._where(side, name)} AND isfinite(value)))"""
+            SELECT host_name, service_instance, {_increment("c", "prev_c")} AS inc{inc_sum}
+            FROM (SELECT host_name, service_instance, temporality,
+                    {counted} AS c, lag({counted}) OVER w AS prev_c{summed}
+                  FROM metric_points WHERE {self._where(side, name)} AND {valid}
+                  WINDOW w AS (PARTITION BY series_key ORDER BY time_ns)))"""
 
     def counter_delta_by_replica(self, signal: str, side: str = "candidate") -> dict[tuple[str, str], float]:
         """:meth:`counter_delta` of one side per replica, keyed by (attribute, value).
@@ -359,48 +385,28 @@ class MetricView:
         The replica is named by ``host.name``, else ``service.instance.id``, as the metric
         points carry them; points naming neither are left out. Empty when the signal is absent.
         """
-        name = self.name_for(signal)
-        if name is None:
-            return {}
-        rows = self._con.execute(
-            f"""
-            SELECT CASE WHEN host_name IS NOT NULL THEN 'host.name' ELSE 'service.instance.id' END,
-              coalesce(host_name, service_instance), sum(inc)
-            FROM {self._increments_sql(side, name)}
-            WHERE coalesce(host_name, service_instance) IS NOT NULL GROUP BY ALL
-            """
-        ).fetchall()
+        rows = self._by_replica(signal, side, "sum(inc)")
         return {(str(k), str(v)): float(n or 0.0) for k, v, n in rows}
 
     def histogram_by_replica(self, signal: str, side: str) -> dict[tuple[str, str], tuple[float, int]]:
         """Sum and count of a histogram metric's observations within one side's window, per replica.
 
-        Keyed by (attribute, value) as :meth:`counter_delta_by_replica`; increments between
-        consecutive points of each series as :meth:`histogram` takes them (a series' first
-        cumulative point adds nothing, a falling count is a reset). Empty when the signal is
-        absent.
+        Keyed by (attribute, value) as :meth:`counter_delta_by_replica`; increments as
+        :meth:`histogram` takes them. Empty when the signal is absent.
         """
+        rows = self._by_replica(signal, side, "sum(inc_sum), sum(inc)", histogram=True)
+        return {(str(k), str(v)): (float(total or 0.0), int(n or 0)) for k, v, total, n in rows}
+
+    def _by_replica(self, signal: str, side: str, sums: str, *, histogram: bool = False) -> list[tuple[Any, ...]]:
+        """Rows ``(attribute, replica, *sums)`` over :meth:`_increments_sql`; empty when the signal is absent."""
         name = self.name_for(signal)
         if name is None:
-            return {}
-        rows = self._con.execute(
-            f"""
-            SELECT CASE WHEN host_name IS NOT NULL THEN 'host.name' ELSE 'service.instance.id' END,
-              coalesce(host_name, service_instance),
-              sum(CASE WHEN temporality = 'delta' THEN s WHEN prev_n IS NULL THEN 0
-                       WHEN n >= prev_n THEN s - prev_s ELSE s END),
-              sum(CASE WHEN temporality = 'delta' THEN n WHEN prev_n IS NULL THEN 0
-                       WHEN n >= prev_n THEN n - prev_n ELSE n END)
-            FROM (SELECT host_name, service_instance, temporality, s, n,
-                    lag(s) OVER w AS prev_s, lag(n) OVER w AS prev_n
-                  FROM (SELECT host_name, service_instance, temporality, series_key, time_ns,
-                          coalesce("sum", 0) AS s, list_sum(bucket_counts) AS n
-                        FROM metric_points WHERE {self._where(side, name)} AND bucket_counts IS NOT NULL)
-                  WINDOW w AS (PARTITION BY series_key ORDER BY time_ns))
-            WHERE coalesce(host_name, service_instance) IS NOT NULL GROUP BY ALL
-            """
+            return []
+        increments = self._increments_sql(side, name, histogram=histogram)
+        rows: list[tuple[Any, ...]] = self._con.execute(
+            f"SELECT {_REPLICA_KEY}, {sums} FROM {increments} WHERE {_REPLICA} IS NOT NULL GROUP BY ALL"
         ).fetchall()
-        return {(str(k), str(v)): (float(total or 0.0), int(n or 0)) for k, v, total, n in rows}
+        return rows
 
     def counter_rate(self, signal: str) -> SidePair:
         """:meth:`counter_delta` per second of window."""
