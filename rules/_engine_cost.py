@@ -314,6 +314,8 @@ class EngineCost:
         work: mean tokens per compared request that the stage computes, on each side: output
             tokens for decode (a request decodes for that many steps), uncached prompt tokens
             for prefill.
+        replica_attribute: the attribute naming the replica in ``frame``'s ``replica`` column
+            (``host.name``, else ``service.instance.id``; ``None`` when the spans name neither).
     """
 
     column: str
@@ -323,6 +325,7 @@ class EngineCost:
     frame: pl.DataFrame | None = None
     size_shift: ConditionalShift | None = None
     work: SidePair = field(default_factory=lambda: SidePair(None, None))
+    replica_attribute: str | None = None
 
 
 _COST_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, EngineCost]] = weakref.WeakKeyDictionary()
@@ -341,8 +344,19 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
     if stage in cached:
         return cached[stage]
     # Only the columns used below: a filter or join copies every column of the ~30-column sample.
+    columns = comparison.requests.columns
+    replica_attribute = next((a for a in ("host.name", "service.instance.id") if a in columns), None)
+    replica = pl.col(replica_attribute).cast(pl.String) if replica_attribute else pl.lit(None, pl.String)
     requests = comparison.requests.select(
-        "side", "slice", "span_id", "input_tokens", "output_tokens", "cached_tokens", "prefill_s", "tpot_s"
+        "side",
+        "slice",
+        "span_id",
+        "input_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "prefill_s",
+        "tpot_s",
+        replica.alias("replica"),
     )
     if stage == "decode":
         frame = requests.filter(pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1))
@@ -355,6 +369,7 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
             frame=frame,
             size_shift=conditional_log_shift(frame, "tpot_s", "size_bucket", "size"),
             work=_work_per_request(frame, "output_tokens"),
+            replica_attribute=replica_attribute,
         )
     else:
         frame = requests.filter(pl.col("prefill_s").is_not_null() & (pl.col("input_tokens") > 0))
@@ -373,10 +388,102 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         shift = conditional_log_shift(frame, column, "bucket", "batch")
         size_shift = conditional_log_shift(frame, column, "size_bucket", "size")
         result = EngineCost(
-            column, shift, running, cache_known, frame, size_shift, _work_per_request(frame, "uncached_tokens")
+            column,
+            shift,
+            running,
+            cache_known,
+            frame,
+            size_shift,
+            _work_per_request(frame, "uncached_tokens"),
+            replica_attribute,
         )
     cached[stage] = result
     return result
+
+
+#: The other replicas' rise may be at most this share of the slowed one's for the slowdown to be its own.
+REST_SHARE: Final[float] = 1 / 3
+
+
+@dataclass(frozen=True)
+class SlowedReplica:
+    """One replica whose per-token cost rose at equal buckets while the others' did not.
+
+    Attributes:
+        attribute / replica: how the spans name it (``host.name`` or ``service.instance.id``) and its value.
+        own / rest: the cost's comparison on its requests, and on every other replica's.
+    """
+
+    attribute: str
+    replica: str
+    own: ConditionalShift
+    rest: ConditionalShift | None
+
+
+def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
+    """The replica a slowdown is confined to, if one is: compared with itself, at equal batch and size.
+
+    A slower step on one replica (a bad GPU, a node with another driver) makes its requests
+    costlier at equal batch while its peers' stay as they were; the peers' latency may still
+    rise, as the router moves load onto them, which is why their tails are no test. The
+    candidate is the replica whose mean log cost rose most; it is the scope when its own rise
+    is >= :data:`MIN_SLOWDOWN` with z >= 2 and the rest rose at most :data:`REST_SHARE` of it,
+    compared at equal batch and prompt size, else (no significant equal-batch comparison) at
+    equal prompt size alone, and then only when its running batch grew no more than its
+    peers' (x1.1): a replica given more load is costlier per token at equal size anyway.
+    """
+    frame = cost.frame
+    if frame is None or cost.replica_attribute is None or "replica" not in frame.columns:
+        return None
+    logged = frame.filter(pl.col(cost.column) > 0).with_columns(pl.col(cost.column).log().alias("_log"))
+    means = logged.group_by("replica", "side").agg(pl.col("_log").mean(), pl.len().alias("n"))
+    per: dict[str, dict[str, float]] = {}
+    for row in means.iter_rows(named=True):
+        if row["replica"] is not None and row["n"] >= MIN_BUCKET:
+            per.setdefault(str(row["replica"]), {})[str(row["side"])] = float(row["_log"])
+    raw = {r: sides["candidate"] - sides["baseline"] for r, sides in per.items() if len(sides) == len(SIDES)}
+    if len(raw) < 2:
+        return None
+    top = max(raw, key=lambda r: raw[r])
+    mine, others = frame.filter(pl.col("replica") == top), frame.filter(pl.col("replica") != top)
+    for bucket, label in (("bucket", "batch"), ("size_bucket", "size")):
+        # A slower replica runs bigger batches at the same load (Little's law), so its equal-batch
+        # buckets may not overlap; at equal prompt size alone the peers' rise then stands for what
+        # load did to every replica, and the replica must rise well beyond it.
+        own = conditional_log_shift(mine, cost.column, bucket, label)
+        if own is None or own.z < Z_MIN or own.rise < MIN_SLOWDOWN:
+            continue
+        if bucket == "size_bucket" and _batch_growth(mine) > (1 + SAME_LOAD) * _batch_growth(others):
+            return None  # its batch grew more than its peers': the size-only comparison cannot tell
+        rest = conditional_log_shift(others, cost.column, bucket, label)
+        if rest is not None and rest.rise > REST_SHARE * own.rise:
+            return None
+        return SlowedReplica(cost.replica_attribute, top, own, rest)
+    return None
+
+
+def _batch_growth(frame: pl.DataFrame) -> float:
+    """Candidate over baseline mean running batch of ``frame``'s requests (1.0 when unknown)."""
+    if "running" not in frame.columns:
+        return 1.0
+    means = {str(side): value for side, value in frame.group_by("side").agg(pl.col("running").mean()).iter_rows()}
+    b, c = means.get("baseline"), means.get("candidate")
+    return float(c) / float(b) if b and c else 1.0
+
+
+def replica_scope(cost: EngineCost) -> tuple[dict[str, str], tuple[Evidence, ...]]:
+    """The scope and evidence of :func:`slowed_replica` for a slowdown finding (empty when none)."""
+    found = slowed_replica(cost)
+    if found is None:
+        return {}, ()
+    rest = "n/a" if found.rest is None else f"{found.rest.rise:+.0%}"
+    evidence = Evidence(
+        f"{cost.column}_change_at_equal_batch[{found.attribute}={found.replica}]",
+        0.0,
+        rnd(found.own.rise),
+        f"this replica alone, z = {found.own.z:.1f}; the other replicas {rest}",
+    )
+    return {found.attribute: found.replica}, (evidence,)
 
 
 def _flat(ratio: float | None) -> bool:
@@ -465,12 +572,16 @@ __all__ = [
     "ConditionalShift",
     "EngineCost",
     "MIN_SLOWDOWN",
+    "REST_SHARE",
+    "SlowedReplica",
     "LengthProfile",
     "Slowdown",
     "assess_slowdown",
     "conditional_log_shift",
     "engine_cost",
     "prefill_length_profile",
+    "replica_scope",
     "running_batch",
+    "slowed_replica",
     "with_running",
 ]

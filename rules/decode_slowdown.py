@@ -36,6 +36,10 @@ x 0.5 when the offered load per replica changed by more than 10 % (busier
 steps carry more prefill tokens, which the running count does not see).
 
 Quiet (``None``) below a 10 % rise at equal buckets or z < 2.
+
+Scope: the replica whose cost rose compared with itself (at equal batch and prompt
+size, else at equal size when its batch grew no more than its peers') while the
+other replicas' rose at most a third as much (``_engine_cost.slowed_replica``).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import Final
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import assess_slowdown, engine_cost
+from sre_agent.rules._engine_cost import assess_slowdown, engine_cost, replica_scope
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import Z_MIN, latency_share, rnd, stage_share
 from sre_agent.rules._steps import batch_shape, decode_step_mix
@@ -63,8 +67,9 @@ def decode_slowdown(
     comparison: Comparison, regression: Regression, stages: StageDecomposition, metrics: MetricView
 ) -> Finding | None:
     """A ``decode_slowdown`` finding when TPOT rose at equal batch size (see module docstring)."""
+    cost = engine_cost(comparison, metrics, "decode")
     verdict = assess_slowdown(
-        engine_cost(comparison, metrics, "decode"),
+        cost,
         share=stage_share(stages, "decode", regression, comparison)
         + service_time_queue_share(comparison, stages, regression, metrics),
         batch=batch_shape(metrics, comparison.request_counts),
@@ -99,6 +104,7 @@ def decode_slowdown(
             Evidence("prefill_s_per_uncached_token_change_at_equal_batch", 0.0, rnd(prefill.rise),
                      "prefill rose more than decode: decode steps may be slowed by the prefill chunks they share"),
         )  # fmt: skip
+    scope, scope_evidence = replica_scope(cost)
     return Finding(
         cause="decode_slowdown",
         title=f"Time per output token rose {verdict.rise:.0%} at the same "
@@ -106,6 +112,7 @@ def decode_slowdown(
         explained=latency_share(regression, explained),
         confidence=confidence,
         stage="decode",
-        evidence=evidence,
+        scope=scope,
+        evidence=evidence + scope_evidence,
         next_check=NEXT_CHECK,
     )

@@ -32,6 +32,10 @@ cache signal, x 0.4 when only the longest quarter of prompts slowed and no
 step histogram exists (a smaller step budget: ``batch_composition``).
 
 Quiet below a 10 % rise at equal buckets or z < 2.
+
+Scope: the replica whose cost rose compared with itself (at equal batch and prompt
+size, else at equal size when its batch grew no more than its peers') while the
+other replicas' rose at most a third as much (``_engine_cost.slowed_replica``).
 """
 
 from __future__ import annotations
@@ -41,7 +45,13 @@ from typing import Final
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import MIN_SLOWDOWN, assess_slowdown, engine_cost, prefill_length_profile
+from sre_agent.rules._engine_cost import (
+    MIN_SLOWDOWN,
+    assess_slowdown,
+    engine_cost,
+    prefill_length_profile,
+    replica_scope,
+)
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import PER_TOKEN_METRICS, Z_MIN, latency_share, rnd, stage_share
 from sre_agent.rules._steps import batch_shape, decode_step_mix
@@ -130,12 +140,14 @@ def prefill_slowdown(
     if not cost.cache_known:
         confidence *= NO_CACHE_SIGNAL_DAMPING
         evidence += (Evidence("cached_tokens", None, None, "no cache signal: every prompt token counted as uncached"),)
+    scope, scope_evidence = replica_scope(cost)
     return Finding(
         cause="prefill_slowdown",
         title=f"Prefill time per uncached prompt token rose {verdict.rise:.0%} at the same {verdict.control}",
         explained=latency_share(regression, verdict.explained),
         confidence=confidence,
         stage="prefill",
-        evidence=evidence,
+        scope=scope,
+        evidence=evidence + scope_evidence,
         next_check=NEXT_CHECK,
     )

@@ -20,17 +20,20 @@ and its term moves to the capacity or load driver that made the batch grow.
 from __future__ import annotations
 
 import math
+from typing import Final, Literal
 
 from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost
+from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost, replica_scope
 from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules._steps import decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
 #: How much a stage-only explanation is trusted relative to a mechanism.
 STAGE_ONLY_CONFIDENCE = 0.25
+#: The engine stage whose per-token cost a slowdown cause is about.
+_STAGE_OF: Final[dict[str, Literal["prefill", "decode"]]] = {"decode_slowdown": "decode", "prefill_slowdown": "prefill"}
 
 _CAUSE_OF_STAGE = {
     "prefill": ("prefill_slowdown", "compare prefill time per uncached prompt token at equal batch size"),
@@ -170,12 +173,21 @@ def stages(
     label = f"{stages.metric} p{round(stages.quantile * 100)}"
     where = f"{share:.0%} of the {label} tail excess is {dominant} time"
     mechanism = _MECHANISM.get(cause) if cause in drivers else _STAGE_MECHANISM.get(dominant)
+    scope: dict[str, str] = {}
+    if cause in ("decode_slowdown", "prefill_slowdown") and metrics is not None:
+        # A slowdown of one replica's steps is that replica's, whichever finding names it.
+        try:
+            scope, scope_evidence = replica_scope(engine_cost(comparison, metrics, _STAGE_OF[cause]))
+        except RuleSkipped:  # no per-request timing for the stage: nothing to compare per replica
+            scope_evidence = ()
+        evidence += scope_evidence
     return Finding(
         cause=cause,
         title=f"{mechanism[0].upper()}{mechanism[1:]} ({where})" if mechanism else where,
         explained=share,
         confidence=STAGE_ONLY_CONFIDENCE,
         stage=dominant,
+        scope=scope,
         evidence=driver_evidence + evidence,
         next_check=check,
     )

@@ -308,7 +308,7 @@ def test_mechanisms_the_generated_incidents_showed(
     assert in_title in findings[0][2], findings[0]
 
 
-@pytest.mark.parametrize("seed", [64, 142, 224])
+@pytest.mark.parametrize("seed", [64, 142, 224, 421, 715])
 def test_a_regression_on_one_replica_is_scoped_to_that_replica(seed: int, tmp_path: Path) -> None:
     # Scope on replica-confined incidents. 64: the engine on replica-2 answers 503 before serving,
     # which leaves no engine span; the gateway's attempt spans still name the host they called.
@@ -316,6 +316,10 @@ def test_a_regression_on_one_replica_is_scoped_to_that_replica(seed: int, tmp_pa
     # new version and the replica hold the same candidate requests; the version has no baseline
     # and scored a little higher, and the scope named the version alone. 224: decode slowed on
     # replica-2 of 4, metrics only: its mean ITL rose x1.86 while its peers' rose x1.10-1.19.
+    # 421, 715: decode slowed on replica-1 only, engine spans; the router moved load onto the peers,
+    # whose tails grew too, so no slice held enough of the slow requests. Compared with itself at
+    # equal batch (421) or, its batch grown like its peers', at equal prompt size (715), only
+    # replica-1's TPOT rose.
     assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
     incident = generate(seed, SHARED_TRACES, max_per_side=1200)
     truth = incident.truth
@@ -365,3 +369,18 @@ def test_a_decode_slowdown_everywhere_on_two_replicas_has_no_replica_scope(seed:
     report = diagnose(tmp_path / "store.duckdb", selection)
     assert report.findings[0].cause == "decode_slowdown", report.findings
     assert report.findings[0].scope == {}, report.findings[0].scope
+
+
+def test_a_prefill_slowdown_everywhere_is_not_one_replicas(tmp_path: Path) -> None:
+    # The control for 715: prefill slowed on every replica (x2.18); replica-1's running batch grew
+    # x4.9 against x2.9 and x4.8 on its peers, so at equal prompt size it looked costlier than
+    # them, as any replica given more load would. No replica may be named.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident = generate(107, SHARED_TRACES, max_per_side=1200)
+    truth = incident.truth  # type: ignore[attr-defined]
+    assert truth.cause == "prefill_slowdown", truth
+    assert not truth.scope, truth
+    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    report = diagnose(tmp_path / "store.duckdb", selection)
+    assert report.findings[0].cause == "prefill_slowdown", report.findings
+    assert "host.name" not in report.findings[0].scope, report.findings[0].scope
