@@ -403,6 +403,9 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
 
 #: The other replicas' rise may be at most this share of the slowed one's for the slowdown to be its own.
 REST_SHARE: Final[float] = 1 / 3
+#: Peers a replica is compared with before a slowdown can be its own: with one, uneven routing
+#: makes two replicas differ as much as a slowdown of one would.
+MIN_PEERS: Final[int] = 2
 
 
 @dataclass(frozen=True)
@@ -417,7 +420,7 @@ class SlowedReplica:
     attribute: str
     replica: str
     own: ConditionalShift
-    rest: ConditionalShift | None
+    rest: ConditionalShift
 
 
 def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
@@ -427,10 +430,12 @@ def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
     costlier at equal batch while its peers' stay as they were; the peers' latency may still
     rise, as the router moves load onto them, which is why their tails are no test. The
     candidate is the replica whose mean log cost rose most; it is the scope when its own rise
-    is >= :data:`MIN_SLOWDOWN` with z >= 2 and the rest rose at most :data:`REST_SHARE` of it,
+    is >= :data:`MIN_SLOWDOWN` with z >= 2 and the rest, compared the same way (each comparison
+    covering >= :data:`MIN_COVERAGE` of its requests), rose at most :data:`REST_SHARE` of it,
     compared at equal batch and prompt size, else (no significant equal-batch comparison) at
     equal prompt size alone, and then only when its running batch grew no more than its
-    peers' (x1.1): a replica given more load is costlier per token at equal size anyway.
+    peers' (x1.1): a replica given more load is costlier per token at equal size anyway. At
+    least :data:`MIN_PEERS` other replicas.
     """
     frame = cost.frame
     if frame is None or cost.replica_attribute is None or "replica" not in frame.columns:
@@ -442,7 +447,7 @@ def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
         if row["replica"] is not None and row["n"] >= MIN_BUCKET:
             per.setdefault(str(row["replica"]), {})[str(row["side"])] = float(row["_log"])
     raw = {r: sides["candidate"] - sides["baseline"] for r, sides in per.items() if len(sides) == len(SIDES)}
-    if len(raw) < 2:
+    if len(raw) < MIN_PEERS + 1:
         return None
     top = max(raw, key=lambda r: raw[r])
     mine, others = frame.filter(pl.col("replica") == top), frame.filter(pl.col("replica") != top)
@@ -451,12 +456,16 @@ def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
         # buckets may not overlap; at equal prompt size alone the peers' rise then stands for what
         # load did to every replica, and the replica must rise well beyond it.
         own = conditional_log_shift(mine, cost.column, bucket, label)
-        if own is None or own.z < Z_MIN or own.rise < MIN_SLOWDOWN:
+        rest = conditional_log_shift(others, cost.column, bucket, label)
+        # Both sides of the claim need a comparison over a fair share of their requests: that
+        # this replica rose, and that the others, compared the same way, did not.
+        if own is None or rest is None or min(own.coverage, rest.coverage) < MIN_COVERAGE:
+            continue
+        if own.z < Z_MIN or own.rise < MIN_SLOWDOWN:
             continue
         if bucket == "size_bucket" and _batch_growth(mine) > (1 + SAME_LOAD) * _batch_growth(others):
             return None  # its batch grew more than its peers': the size-only comparison cannot tell
-        rest = conditional_log_shift(others, cost.column, bucket, label)
-        if rest is not None and rest.rise > REST_SHARE * own.rise:
+        if rest.rise > REST_SHARE * own.rise:
             return None
         return SlowedReplica(cost.replica_attribute, top, own, rest)
     return None
@@ -476,7 +485,7 @@ def replica_scope(cost: EngineCost) -> tuple[dict[str, str], tuple[Evidence, ...
     found = slowed_replica(cost)
     if found is None:
         return {}, ()
-    rest = "n/a" if found.rest is None else f"{found.rest.rise:+.0%}"
+    rest = f"{found.rest.rise:+.0%}"
     evidence = Evidence(
         f"{cost.column}_change_at_equal_batch[{found.attribute}={found.replica}]",
         0.0,
@@ -571,6 +580,7 @@ __all__ = [
     "BATCH_GREW",
     "ConditionalShift",
     "EngineCost",
+    "MIN_PEERS",
     "MIN_SLOWDOWN",
     "REST_SHARE",
     "SlowedReplica",

@@ -36,9 +36,9 @@ convex (15 % more arrivals can triple a p99). ``confidence``: 0.8 x
 variance, so this rule never outranks a span rule that measured the same
 mechanism: it runs only when no engine request spans exist on either side.
 
-Scope (``decode_slowdown``): the replica whose mean ITL ratio is >= 1.15 and
-1.15 times every peer's (per-replica ITL histograms, >= 1,000 tokens a side,
-at least two peers).
+Scope (``decode_slowdown``): the replica whose mean ITL ratio is >= 1.15 while
+every peer's rose at most a third as much (per-replica ITL histograms, >= 1,000
+tokens a side, at least two peers).
 
 Quiet when the headline did not regress or nothing moved; :class:`RuleSkipped`
 when engine request spans exist (the span rules decide) or the metric stream
@@ -52,6 +52,7 @@ from typing import Final
 
 from sre_agent.compare import SIDES, Comparison
 from sre_agent.metric_view import MetricView
+from sre_agent.rules._engine_cost import REST_SHARE
 from sre_agent.rules._load import kv_limited
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
@@ -274,8 +275,8 @@ def _slowest_replica(metrics: MetricView) -> tuple[dict[str, str], Evidence] | N
 
     A slower step on one replica (a bad node, a driver or image that only it runs) raises
     its mean ITL while its peers, serving the same mix, move with load alone. It is the
-    scope when its ratio is >= 1 + ``MIN_RISE`` and exceeds every peer's ratio by that
-    factor too; a slowdown everywhere, or fewer replicas, moves them together. Two
+    scope when its ratio is >= 1 + ``MIN_RISE`` and every peer rose at most a third as much;
+    a slowdown everywhere, or fewer replicas, moves them together. Two
     replicas are no peer group: when their baselines differ (uneven routing) their ratios
     differ as much, and neither tells which one departed.
     """
@@ -290,7 +291,9 @@ def _slowest_replica(metrics: MetricView) -> tuple[dict[str, str], Evidence] | N
     ranked = sorted(ratios.items(), key=lambda kv: kv[1], reverse=True)
     (attribute, replica), top = ranked[0]
     peer = ranked[1][1]
-    if top < 1 + MIN_RISE or top < (1 + MIN_RISE) * peer:
+    # Every peer rose at most a third as much (as _engine_cost.slowed_replica asks of spans):
+    # per-replica ITL means of a fleet-wide slowdown spread x1.2-1.7 on ~12k tokens a side.
+    if top < 1 + MIN_RISE or peer - 1 > REST_SHARE * (top - 1):
         return None
     evidence = Evidence(f"itl_mean_ratio[{attribute}={replica}]", rnd(peer, 3), rnd(top, 3),
                         "candidate/baseline mean ITL of this replica (candidate) against its closest peer's "
