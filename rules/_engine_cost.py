@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
@@ -327,6 +328,11 @@ class EngineCost:
     work: SidePair = field(default_factory=lambda: SidePair(None, None))
     replica_attribute: str | None = None
 
+    @cached_property
+    def slowed_replica(self) -> SlowedReplica | None:
+        """:func:`slowed_replica` of this cost, computed on first use."""
+        return slowed_replica(self)
+
 
 _COST_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, EngineCost]] = weakref.WeakKeyDictionary()
 
@@ -415,12 +421,14 @@ class SlowedReplica:
     Attributes:
         attribute / replica: how the spans name it (``host.name`` or ``service.instance.id``) and its value.
         own / rest: the cost's comparison on its requests, and on every other replica's.
+        control: what both comparisons hold equal (``batch`` and prompt size, or ``size`` alone).
     """
 
     attribute: str
     replica: str
     own: ConditionalShift
     rest: ConditionalShift
+    control: str
 
 
 def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
@@ -467,7 +475,7 @@ def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
             return None  # its batch grew more than its peers': the size-only comparison cannot tell
         if rest.rise > REST_SHARE * own.rise:
             return None
-        return SlowedReplica(cost.replica_attribute, top, own, rest)
+        return SlowedReplica(cost.replica_attribute, top, own, rest, label)
     return None
 
 
@@ -481,16 +489,18 @@ def _batch_growth(frame: pl.DataFrame) -> float:
 
 
 def replica_scope(cost: EngineCost) -> tuple[dict[str, str], tuple[Evidence, ...]]:
-    """The scope and evidence of :func:`slowed_replica` for a slowdown finding (empty when none)."""
-    found = slowed_replica(cost)
+    """The scope and evidence of :func:`slowed_replica` for a slowdown finding (empty when none).
+
+    Computed once per cost: the stage fallback and the slowdown rules both ask.
+    """
+    found = cost.slowed_replica
     if found is None:
         return {}, ()
-    rest = f"{found.rest.rise:+.0%}"
     evidence = Evidence(
-        f"{cost.column}_change_at_equal_batch[{found.attribute}={found.replica}]",
+        f"{cost.column}_change_at_equal_{found.control}[{found.attribute}={found.replica}]",
         0.0,
         rnd(found.own.rise),
-        f"this replica alone, z = {found.own.z:.1f}; the other replicas {rest}",
+        f"this replica alone, z = {found.own.z:.1f}; the other replicas {found.rest.rise:+.0%}",
     )
     return {found.attribute: found.replica}, (evidence,)
 

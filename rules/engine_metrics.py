@@ -52,7 +52,7 @@ from typing import Final
 
 from sre_agent.compare import SIDES, Comparison
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import REST_SHARE
+from sre_agent.rules._engine_cost import MIN_PEERS, REST_SHARE
 from sre_agent.rules._load import kv_limited
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
@@ -73,8 +73,6 @@ PREEMPTION_RISE: Final[float] = 0.002
 CONFIDENCE: Final[float] = 0.8
 #: Inter-token latencies a replica must have observed on each side to be compared with its peers.
 MIN_REPLICA_TOKENS: Final[int] = 1000
-#: Peers a replica is compared with before it can be the scope of a decode slowdown.
-MIN_PEERS: Final[int] = 2
 
 
 def _requests(

@@ -15,18 +15,11 @@ from typing import Any
 import pyarrow as pa
 
 from sre_agent.normalise import Normaliser
-from sre_agent.schema import canonical_metric_name
+from sre_agent.schema import METRIC_MODEL_KEYS, METRIC_RESOURCE_SOURCES, canonical_metric_name
 
 __all__ = ["flatten_metrics"]
 
 _TEMPORALITY = (None, "delta", "cumulative")
-_RESOURCE_KEYS = {
-    "service_name": ("service.name",),
-    "service_version": ("service.version",),
-    "service_instance": ("service.instance.id", "k8s.pod.name"),
-    "host_name": ("host.name", "k8s.node.name"),
-}
-_MODEL_KEYS = ("model_name", "gen_ai.request.model", "gen_ai.response.model", "model")
 MAX_ERRORS = 5
 _INT64_LIMIT = 1 << 63  # fixed64/uint64 fields beyond int64 cannot be stored
 
@@ -72,7 +65,7 @@ def flatten_metrics(request: Any, norm: Normaliser, schema: pa.Schema) -> tuple[
     errors: list[str] = []
     for resource_metrics in request.resource_metrics:
         res_keys, res_values = norm.map_items(resource_metrics.resource.attributes)
-        res_fields = {col: _first(res_keys, res_values, keys) for col, keys in _RESOURCE_KEYS.items()}
+        res_fields = {col: _first(res_keys, res_values, keys) for col, keys in METRIC_RESOURCE_SOURCES.items()}
         res_sig = _signature(res_keys, res_values)
         res = (res_keys, res_values)
         for scope_metrics in resource_metrics.scope_metrics:
@@ -103,7 +96,9 @@ def flatten_metrics(request: Any, norm: Normaliser, schema: pa.Schema) -> tuple[
                     key = hashlib.blake2b(name.encode("utf-8", "replace"), digest_size=16)
                     key.update(b"\x1d" + res_sig + b"\x1d" + _signature(keys, values))
                     row["series_key"] = key.hexdigest()
-                    row["model"] = _first(keys, values, _MODEL_KEYS) or _first(res_keys, res_values, _MODEL_KEYS)
+                    row["model"] = _first(keys, values, METRIC_MODEL_KEYS) or _first(
+                        res_keys, res_values, METRIC_MODEL_KEYS
+                    )
                     row.update(res_fields)
                     rows.add(row, keys, values, res)
     return _table(rows, schema), rejected, errors

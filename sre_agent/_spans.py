@@ -29,7 +29,9 @@ from sre_agent.normalise import (
 )
 from sre_agent.schema import (
     ENGINE_SPAN_NAMES,
+    INT32_BOUND,
     PROMOTED_KEYS,
+    QUEUE_TOLERANCE_S,
     RESOURCE_BIT_OFFSET,
     RESOURCE_FIRST_COLUMNS,
     SPAN_ATTRIBUTE_SOURCES,
@@ -43,7 +45,6 @@ _SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consu
 _STATUS_CODES = ("unset", "ok", "error")
 _NS_LIMIT = 1 << 63  # fixed64 times beyond int64 (year 2262) cannot be stored
 _ARROW_TYPES = {f.name: f.type for f in spans_arrow_schema()}
-_INT32_BOUND = 2**31  # an int32 column keeps values strictly inside (-bound, bound)
 # Typed constants for compute calls: a bare Python scalar makes Arrow infer
 # its type, which tries (and, without python-dateutil, fails) an import on
 # every call, about 0.5 ms each.
@@ -56,8 +57,7 @@ _ONE = pa.scalar(1, pa.int64())
 _NS_PER_S = pa.scalar(1e9, pa.float64())
 _NULL_FLOAT = pa.scalar(None, pa.float64())
 _ZERO_S = pa.scalar(0.0, pa.float64())
-#: Rounding of float seconds can make ttft - prefill a hair negative for a request never queued.
-_QUEUE_TOLERANCE_S = pa.scalar(-1e-6, pa.float64())
+_QUEUE_TOLERANCE_S = pa.scalar(-QUEUE_TOLERANCE_S, pa.float64())
 
 
 class _Batch:
@@ -483,7 +483,7 @@ def _typed(name: str, chosen: np.ndarray, attrs: Attributes) -> pa.Array:
         is_number = (kinds == KIND_DOUBLE) | (kinds == KIND_INT)
         ok = present & (is_number if numeric else attrs.integer_ok[safe])
         if arrow_type == pa.int32():
-            ok &= (out > -_INT32_BOUND) & (out < _INT32_BOUND)
+            ok &= (out > -INT32_BOUND) & (out < INT32_BOUND)
         # Numbers sent as strings (or other odd types) are parsed one by one.
         for span in np.flatnonzero(present & ~ok & ~is_number).tolist():
             index = int(chosen[span])
@@ -530,7 +530,7 @@ def _coerce(name: str, value: Any) -> Any:
     if name in INT_COLUMNS:
         number = _as_int(value)
         # As _typed does for span values: a resource value beyond int32 once failed the whole batch.
-        if number is not None and _ARROW_TYPES[name] == pa.int32() and not -_INT32_BOUND < number < _INT32_BOUND:
+        if number is not None and _ARROW_TYPES[name] == pa.int32() and not -INT32_BOUND < number < INT32_BOUND:
             return None
         return number
     if name in FLOAT_COLUMNS:

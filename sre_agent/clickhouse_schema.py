@@ -46,7 +46,11 @@ from typing import Final
 from sre_agent.normalise import FLOAT_COLUMNS, INT_COLUMNS
 from sre_agent.schema import (
     ENGINE_SPAN_NAMES,
+    INT32_BOUND,
+    METRIC_MODEL_KEYS,
     METRIC_NAME_ALIASES,
+    METRIC_RESOURCE_SOURCES,
+    QUEUE_TOLERANCE_S,
     RESOURCE_FIRST_COLUMNS,
     SPAN_ATTRIBUTE_SOURCES,
 )
@@ -62,19 +66,6 @@ DEFAULT_METRIC_TABLES: Final[dict[str, str]] = {
     "sum": "otel_metrics_sum",
     "histogram": "otel_metrics_histogram",
 }
-#: Resource keys of the metric points' identity columns, first present wins (as the receiver).
-_METRIC_RESOURCE_KEYS: Final[dict[str, tuple[str, ...]]] = {
-    "service_name": ("service.name",),
-    "service_version": ("service.version",),
-    "service_instance": ("service.instance.id", "k8s.pod.name"),
-    "host_name": ("host.name", "k8s.node.name"),
-}
-#: Point labels (then resource attributes) naming the model a series serves.
-_MODEL_KEYS: Final[tuple[str, ...]] = ("model_name", "gen_ai.request.model", "gen_ai.response.model", "model")
-#: Bounds of the canonical INTEGER column (``attempt``): values outside are NULL, as in the decoder.
-_INT32_BOUND: Final[int] = 2**31
-#: Rounding of float seconds can make ttft - prefill a hair negative for a request never queued.
-_QUEUE_TOLERANCE_S: Final[float] = -1e-6
 
 
 def _chosen(map_column: str, keys: tuple[str, ...]) -> str:
@@ -92,7 +83,7 @@ def _typed(name: str, value: str) -> str:
         number = f"toFloat64OrNull({value})"
         integral = f"coalesce(toInt64OrNull({value}), if(abs({number}) < 9.2e18, toInt64({number}), NULL))"
         if name == "attempt":
-            return f"if(abs({integral}) < {_INT32_BOUND}, toInt32({integral}), NULL)"
+            return f"if(abs({integral}) < {INT32_BOUND}, toInt32({integral}), NULL)"
         return integral
     if name == "finish_reason":
         return (
@@ -134,7 +125,7 @@ SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, duration
   CAST(name IN ({engine_names}) OR position(name, ' Req ') > 0 OR startsWith(name, 'Req ')
     OR ttft_s IS NOT NULL OR e2e_s IS NOT NULL AS Bool) AS is_engine,
   model, request_id, input_tokens, output_tokens, cached_tokens,
-  coalesce(queue_s_attribute, if(ttft_s - prefill_s >= {_QUEUE_TOLERANCE_S}, greatest(ttft_s - prefill_s, 0.0), NULL))
+  coalesce(queue_s_attribute, if(ttft_s - prefill_s >= -{QUEUE_TOLERANCE_S}, greatest(ttft_s - prefill_s, 0.0), NULL))
     AS queue_s,
   ttft_s, prefill_s, decode_s, inference_s, e2e_s,
   if(output_tokens > 1, decode_s / toFloat64(output_tokens - 1), NULL) AS tpot_s,
@@ -181,13 +172,13 @@ def metric_points_select(tables: dict[str, str] | None = None) -> str:
     new = ", ".join(literal(v) for _, v in aliases)
     canonical = f"transform({trimmed}, [{old}], [{new}], {trimmed})"
     identity = ",\n  ".join(f"{_chosen('ResourceAttributes', keys)} AS {column}"
-                              for column, keys in _METRIC_RESOURCE_KEYS.items())  # fmt: skip
+                              for column, keys in METRIC_RESOURCE_SOURCES.items())  # fmt: skip
     common = f"""{canonical} AS name, MetricName AS source_name, {{kind}} AS kind, nullIf(MetricUnit, '') AS unit,
   toUnixTimestamp64Nano(TimeUnix) AS time_ns, nullIf(toUnixTimestamp64Nano(StartTimeUnix), 0) AS start_time_ns,
   {{value}} AS value, {{monotonic}} AS is_monotonic, {{temporality}} AS temporality,
   {{count}} AS count, {{sum}} AS sum, {{bounds}} AS bounds, {{buckets}} AS bucket_counts,
   {identity},
-  coalesce({_chosen("Attributes", _MODEL_KEYS)}, {_chosen("ResourceAttributes", _MODEL_KEYS)}) AS model,
+  coalesce({_chosen("Attributes", METRIC_MODEL_KEYS)}, {_chosen("ResourceAttributes", METRIC_MODEL_KEYS)}) AS model,
   lower(hex(sipHash128({canonical}, ResourceAttributes, Attributes))) AS series_key,
   ResourceAttributes AS resource_attributes, Attributes AS attributes"""
     temporality = "multiIf(AggregationTemporality = 1, 'delta', AggregationTemporality = 2, 'cumulative', NULL)"

@@ -56,13 +56,17 @@ __all__ = [
     "CONTENT_ATTRIBUTES",
     "DEPLOYS_DDL",
     "ENGINE_SPAN_NAMES",
+    "INT32_BOUND",
     "LATENCY_COLUMNS",
+    "METRIC_MODEL_KEYS",
     "METRIC_NAME_ALIASES",
     "METRIC_POINTS_DDL",
     "METRIC_POINT_COLUMNS",
+    "METRIC_RESOURCE_SOURCES",
     "METRIC_SIGNALS",
     "MAP_PARTS",
     "PROMOTED_KEYS",
+    "QUEUE_TOLERANCE_S",
     "RESOURCE_BIT_OFFSET",
     "RESOURCE_FIRST_COLUMNS",
     "SPANS_DDL",
@@ -172,6 +176,21 @@ SPAN_ATTRIBUTE_SOURCES: Final[dict[str, tuple[str, ...]]] = {
 RESOURCE_FIRST_COLUMNS: Final[frozenset[str]] = frozenset(
     {"service_name", "service_version", "service_instance", "host_name"}
 )
+
+#: Metric points' identity columns: resource attributes, first present key wins.
+METRIC_RESOURCE_SOURCES: Final[dict[str, tuple[str, ...]]] = {
+    "service_name": ("service.name",),
+    "service_version": ("service.version",),
+    "service_instance": ("service.instance.id", "k8s.pod.name"),
+    "host_name": ("host.name", "k8s.node.name"),
+}
+#: A metric point's ``model``: the first of these among its labels, then its resource's attributes.
+METRIC_MODEL_KEYS: Final[tuple[str, ...]] = ("model_name", "gen_ai.request.model", "gen_ai.response.model", "model")
+#: An INTEGER (int32) canonical column keeps values strictly inside (-bound, bound); others are NULL.
+INT32_BOUND: Final[int] = 2**31
+#: ``ttft - prefill`` (SGLang's time before the model worked on a request) may fall this far below 0
+#: by rounding of float seconds and still be a queue of 0; further below it is malformed (NULL).
+QUEUE_TOLERANCE_S: Final[float] = 1e-6
 
 # Span names that mark an engine request span; SGLang's root span is
 # "{role} Req {rid8}" and is matched by the substring " Req " or prefix "Req ".
