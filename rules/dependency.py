@@ -197,12 +197,20 @@ def _dependency_share_of_tail(comparison: Comparison, regression: Regression) ->
 def _scope(
     comparison: Comparison, group: tuple[str, str, str], dimensions: list[str]
 ) -> tuple[str, str, float, float] | None:
-    """The attribute value confining the group's shift, from the sampled requests' lifted dimensions."""
-    dims = [d for d in dimensions if d in comparison.requests.columns]
+    """The attribute value confining the group's shift, from the sampled requests' lifted dimensions.
+
+    Without engine spans (a gateway's spans and the engines' metrics) there are no sampled
+    requests; the root spans' own dimensions stand for them.
+    """
+    if comparison.requests.height:
+        dims = [d for d in dimensions if d in comparison.requests.columns]
+        per_trace = comparison.requests.select("trace_id", *dims).unique("trace_id")
+    else:
+        per_trace = comparison.other_spans.root_dimensions.unique("trace_id")
+        dims = [d for d in per_trace.columns if d not in {"trace_id", "side"}]
     if not dims:
         return None
     spans = comparison.other_spans.group_spans(*group)
-    per_trace = comparison.requests.select("trace_id", *dims).unique("trace_id")
     joined = spans.join(per_trace, on="trace_id", how="inner")
     if joined.height == 0:
         return None
@@ -217,21 +225,28 @@ def _caller_slice(
 ) -> tuple[str, str, float, float] | None:
     """The one value every caller of the group shares, when it is a slice of the traffic.
 
-    A dependency only one tenant's requests call (retrieval behind a RAG route) holds its
-    whole shift in that tenant, but its spans show no variation to split. If every span of
+    A dependency only some requests call (retrieval behind a RAG route) holds its whole
+    shift in those requests, but its spans show no variation to split. If every span of
     the group carries the same value of a dimension and that value is at most
-    ``CALLER_SHARE`` of all candidate requests, the slowdown reaches that slice only.
-    Values aliased with each other (the tenant, its route, its ``max_tokens``) cannot be
-    told apart by any statistic; the owner comes first (``SCOPE_PRIORITY``: tenant, route,
-    model), then the rest in order.
+    ``CALLER_SHARE`` of all requests, the slowdown reaches that slice only. Of several
+    such values the one holding the least traffic is the tightest statement (a route one
+    tenant alone calls the dependency from is narrower than the tenant). Values aliased
+    with each other (the tenant, its route, its ``max_tokens``) hold the same requests and
+    cannot be told apart by any statistic; the owner comes first (``SCOPE_PRIORITY``:
+    tenant, route, model), then the rest in order.
     """
     ordered = [d for d in SCOPE_PRIORITY if d in dims] + [d for d in dims if d not in SCOPE_PRIORITY]
+    found: list[tuple[int, str, str]] = []
     for dim in ordered:
         values = joined[dim].cast(pl.String).drop_nulls().unique()
         if values.len() != 1 or joined[dim].null_count():
             continue
         value = str(values[0])
-        share = int((per_trace[dim].cast(pl.String) == value).sum()) / max(1, per_trace.height)
-        if share <= CALLER_SHARE:
-            return dim, value, 1.0, share
-    return None
+        holders = int((per_trace[dim].cast(pl.String) == value).sum())
+        if holders <= CALLER_SHARE * max(1, per_trace.height):
+            found.append((holders, dim, value))
+    if not found:
+        return None
+    # min() keeps the first of equal counts: the priority order among aliases.
+    holders, dim, value = min(found, key=lambda f: f[0])
+    return dim, value, 1.0, holders / max(1, per_trace.height)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from sre_agent.attribute_sql import entries_sql, lookup_sql
-from sre_agent.compare_traces import MAX_DIMENSION_VALUES, NOT_DIMENSION_PREFIXES
 from sre_agent.metric_view import fetch_one
 from sre_agent.resolve import service_sql
 from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
@@ -24,7 +23,31 @@ if TYPE_CHECKING:
 
     from sre_agent.selection import Selection
 
-__all__ = ["discover_dimensions", "filter_sql", "key_sql", "metric_key_sql"]
+__all__ = [
+    "MAX_DIMENSION_VALUES",
+    "NOT_DIMENSION_PREFIXES",
+    "discover_dimensions",
+    "filter_sql",
+    "key_sql",
+    "metric_key_sql",
+]
+
+#: Most distinct values an attribute may have to count as a localisation dimension.
+MAX_DIMENSION_VALUES = 64
+# Attributes that are never localisation dimensions: identifiers, token counts, latencies, content.
+NOT_DIMENSION_PREFIXES: tuple[str, ...] = (
+    "gen_ai.latency.",
+    "gen_ai.usage.",
+    "gen_ai.request.id",
+    "gen_ai.response.id",
+    "gen_ai.input",
+    "gen_ai.output",
+    "gen_ai.prompt",
+    "gen_ai.completion",
+    "http.request.resend_count",
+    "process.pid",
+    "telemetry.",
+)
 
 _MAP_COLUMNS = {"attributes", "resource_attributes"}
 _CANONICAL = {c.name for c in SPAN_COLUMNS} - _MAP_COLUMNS

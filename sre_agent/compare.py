@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from sre_agent import stats
-from sre_agent.attribute_keys import discover_dimensions, filter_sql, key_sql, metric_key_sql
+from sre_agent.attribute_keys import MAX_DIMENSION_VALUES, discover_dimensions, filter_sql, key_sql, metric_key_sql
 from sre_agent.busy import BusyIntervals, Prefetch
-from sre_agent.compare_traces import MAX_DIMENSION_VALUES, TraceAggregates
+from sre_agent.compare_traces import TraceAggregates
 from sre_agent.errors import EmptySelectionError, InsufficientDataError
 from sre_agent.metric_view import MetricView, fetch_one
 from sre_agent.resolve import (

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sre_agent import stats
+from sre_agent.attribute_keys import MAX_DIMENSION_VALUES, NOT_DIMENSION_PREFIXES
 from sre_agent.attribute_sql import entries_sql, lookup_sql
 from sre_agent.metric_view import fetch_one
 from sre_agent.other_spans import OtherSpans
@@ -26,25 +27,9 @@ if TYPE_CHECKING:
     from sre_agent.compare import SideWindow
     from sre_agent.selection import Selection
 
-__all__ = ["MAX_DIMENSION_VALUES", "NOT_DIMENSION_PREFIXES", "TraceAggregates"]
+__all__ = ["TraceAggregates"]
 
 _NS = 1_000_000_000
-#: Most distinct values an attribute may have to count as a localisation dimension.
-MAX_DIMENSION_VALUES = 64
-# Attributes that are never localisation dimensions: identifiers, token counts, latencies, content.
-NOT_DIMENSION_PREFIXES: tuple[str, ...] = (
-    "gen_ai.latency.",
-    "gen_ai.usage.",
-    "gen_ai.request.id",
-    "gen_ai.response.id",
-    "gen_ai.input",
-    "gen_ai.output",
-    "gen_ai.prompt",
-    "gen_ai.completion",
-    "http.request.resend_count",
-    "process.pid",
-    "telemetry.",
-)
 
 
 class TraceAggregates:

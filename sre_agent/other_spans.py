@@ -19,11 +19,14 @@ services.
 
 from __future__ import annotations
 
+import uuid
 from functools import cached_property
 from typing import TYPE_CHECKING, Final
 
+from sre_agent.attribute_keys import discover_dimensions, key_sql
 from sre_agent.attribute_sql import lookup_sql
 from sre_agent.resolve import valid_latency_sql
+from sre_agent.sql_text import ident
 
 if TYPE_CHECKING:
     import duckdb
@@ -53,14 +56,21 @@ class OtherSpans:
         self._slices = slices
 
     @cached_property
+    def _side_sql(self) -> str:
+        """The side of span ``s`` by its start time (NULL outside both windows)."""
+        b, c = self._b, self._c
+        in_b = f"s.start_ns >= {b.start_ns} AND s.start_ns < {b.end_ns}"
+        in_c = f"s.start_ns >= {c.start_ns} AND s.start_ns < {c.end_ns}"
+        # A span in both windows (overlapping windows) is the baseline's; callers refuse overlaps.
+        return f"CASE WHEN {in_b} THEN 'baseline' WHEN {in_c} THEN 'candidate' END"
+
+    @cached_property
     def _sql(self) -> str:
         """The sided subquery every frame reads (see the module docstring for its columns)."""
         b, c, k = self._b, self._c, self._slices
         lo, hi = min(b.start_ns, c.start_ns), max(b.end_ns, c.end_ns)
         in_b = f"s.start_ns >= {b.start_ns} AND s.start_ns < {b.end_ns}"
-        in_c = f"s.start_ns >= {c.start_ns} AND s.start_ns < {c.end_ns}"
-        # A span in both windows (overlapping windows) is the baseline's; callers refuse overlaps.
-        side_sql = f"CASE WHEN {in_b} THEN 'baseline' WHEN {in_c} THEN 'candidate' END"
+        side_sql = self._side_sql
         b_len, c_len = max(1, b.end_ns - b.start_ns), max(1, c.end_ns - c.start_ns)
         slice_sql = (
             f"CAST(floor((s.start_ns - CASE WHEN {in_b} THEN {b.start_ns} ELSE {c.start_ns} END) * {k}.0 "
@@ -103,6 +113,28 @@ class OtherSpans:
     def roots(self) -> pl.DataFrame:
         """Root spans (logical requests): ``side``, ``slice``, ``duration_s``, ``status_code``, ``error_type``."""
         return self._frame(f"SELECT side, slice, duration_s, status_code, error_type FROM {self._sql} WHERE is_root")
+
+    @cached_property
+    def root_dimensions(self) -> pl.DataFrame:
+        """Per root span: ``trace_id``, ``side`` and one column per dimension the roots carry.
+
+        A dimension is an attribute (span side first, then resource) with 2..64 values among
+        the root spans of both windows, as the engine requests' dimensions are found
+        (:func:`~sre_agent.attribute_keys.discover_dimensions`). Where the engine sends no
+        spans, a gateway's root spans are the only place a request's tenant or route is told.
+        """
+        b, c = self._b, self._c
+        lo, hi = min(b.start_ns, c.start_ns), max(b.end_ns, c.end_ns)
+        where = (
+            f"s.parent_span_id IS NULL AND NOT coalesce(s.is_engine, false) AND s.start_ns >= {lo} "
+            f"AND s.start_ns < {hi} AND {self._side_sql} IS NOT NULL"
+        )
+        dims, maps = discover_dimensions(
+            self._con, f"SELECT s.* FROM spans s WHERE {where}", f"sre_roots_{uuid.uuid4().hex[:10]}"
+        )
+        both = ("attributes", "resource_attributes")
+        columns = "".join(f", {key_sql(k, maps.get(k, both))} AS {ident(k)}" for k in dims)
+        return self._frame(f"SELECT s.trace_id, {self._side_sql} AS side{columns} FROM spans s WHERE {where}")
 
     def root_counts(self) -> dict[str, int]:
         """Root spans per side (absent sides are missing from the dict)."""

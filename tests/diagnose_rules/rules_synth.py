@@ -28,6 +28,8 @@ from sre_agent._span_rows import to_span_rows
 
 NS = 1_000_000_000
 T0 = 1_790_000_000.0
+#: vLLM's default e2e latency buckets (seconds), the first ones.
+E2E_BOUNDS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 ITERATION_BOUNDS = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0]
 
 
@@ -88,8 +90,8 @@ def _simulate(side: Side, start: float, rng: random.Random) -> list[dict[str, An
                     "retrieval": side.retrieval_s[tenant] * rng.uniform(0.8, 1.2)})  # fmt: skip
 
 
-def _spans(
-    reqs: list[dict[str, Any]], side: Side, gateway: bool, cached: bool, rng: random.Random
+def _spans(  # noqa: PLR0917 - the build's options, passed once
+    reqs: list[dict[str, Any]], side: Side, gateway: bool, cached: bool, rng: random.Random, engine: bool = True
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for r in reqs:
@@ -117,7 +119,11 @@ def _spans(
             rows.append({**gw, "span_id": parent, "parent_span_id": root, "name": "POST", "kind": "client",
                          "start_ns": int(arrival * NS), "end_ns": int(end * NS), "duration_s": end - arrival,
                          "attempt": 1 if r["retried"] else None,
+                         # Without engine spans the model the gateway names marks the call as inference.
+                         "model": None if engine else "m",
                          "attributes": {"http.request.resend_count": "1"} if r["retried"] else {}})  # fmt: skip
+        if not engine:
+            continue
         queue, prefill, decode = r["begin"] - arrival, r["first"] - r["begin"], end - r["first"]
         rows.append({"trace_id": trace, "span_id": f"{rng.getrandbits(64):016x}", "parent_span_id": parent,
                      "name": "llm_request", "kind": "server", "start_ns": int(arrival * NS), "end_ns": int(end * NS),
@@ -141,8 +147,13 @@ def _histogram(values: list[float]) -> list[int]:
     return counts
 
 
-def _metrics(reqs: list[dict[str, Any]], side: Side, start: float, rng: random.Random) -> list[dict[str, Any]]:
-    """Cumulative counters and histograms every 10 s per replica, as an OTel Collector delivers vLLM's metrics."""
+def _metrics(
+    reqs: list[dict[str, Any]], side: Side, start: float, rng: random.Random, latency: bool = False
+) -> list[dict[str, Any]]:
+    """Cumulative counters and histograms every 10 s per replica, as an OTel Collector delivers vLLM's metrics.
+
+    ``latency`` adds the e2e latency histogram of the requests finished by each scrape.
+    """
     rows: list[dict[str, Any]] = []
     for replica in range(side.replicas):
         host = f"gpu-{replica}"
@@ -188,6 +199,15 @@ def _metrics(reqs: list[dict[str, Any]], side: Side, start: float, rng: random.R
                          "kind": "histogram", "temporality": "cumulative", "count": sum(steps), "sum": 0.0,
                          "bounds": ITERATION_BOUNDS, "bucket_counts": list(steps),
                          "series_key": f"iter|{host}|{side.version}"})  # fmt: skip
+            if latency:
+                done = [r["end"] - r["arrival"] for r in mine if r["end"] <= t]
+                counts = [sum(1 for d in done if d <= b) for b in E2E_BOUNDS] + [len(done)]
+                buckets = [counts[0]] + [counts[i] - counts[i - 1] for i in range(1, len(counts))]
+                rows.append({**base, "name": "vllm:e2e_request_latency_seconds",
+                             "source_name": "vllm:e2e_request_latency_seconds", "kind": "histogram",
+                             "temporality": "cumulative", "count": len(done), "sum": float(sum(done)),
+                             "bounds": E2E_BOUNDS, "bucket_counts": buckets,
+                             "series_key": f"e2e|{host}|{side.version}"})  # fmt: skip
             t += 10.0
     return rows
 
@@ -200,6 +220,7 @@ def build(
     gateway: bool = False,
     metrics: bool = True,
     cached_on_spans: bool = True,
+    engine_spans: bool = True,
     seed: int = 7,
 ) -> Path:
     """Write a store with the baseline window then the candidate window (version change = the deploy)."""
@@ -210,13 +231,15 @@ def build(
     try:
         for ddl in (schema.SPANS_DDL, schema.METRIC_POINTS_DDL, schema.DEPLOYS_DDL):
             con.execute(ddl)
-        spans = _spans(reqs_b, baseline, gateway, cached_on_spans, rng) + _spans(
-            reqs_c, candidate, gateway, cached_on_spans, rng
+        spans = _spans(reqs_b, baseline, gateway, cached_on_spans, rng, engine_spans) + _spans(
+            reqs_c, candidate, gateway, cached_on_spans, rng, engine_spans
         )
         con.register("new_spans", to_span_rows(pa.Table.from_pylist(spans, schema=schema.spans_arrow_schema())))
         con.execute("INSERT INTO span_rows BY NAME SELECT * FROM new_spans")
         if metrics:
-            points = _metrics(reqs_b, baseline, T0, rng) + _metrics(reqs_c, candidate, deploy, rng)
+            # Without engine spans the engines' latency histograms are the latency signal.
+            latency = not engine_spans
+            points = _metrics(reqs_b, baseline, T0, rng, latency) + _metrics(reqs_c, candidate, deploy, rng, latency)
             con.register("new_points", pa.Table.from_pylist(points, schema=schema.metric_points_arrow_schema()))
             con.execute("INSERT INTO metric_points SELECT * FROM new_points")
         con.execute("INSERT INTO deploys VALUES (?, 'vllm', ?, ?, 'test', NULL)",

@@ -53,6 +53,12 @@ STORES: dict[str, tuple[Side, Side, dict[str, Any]]] = {
         replace(V2, retrieval_s={"acme": 0.6, "globex": 0.05}, retry_share=0.25, length_share=0.2),
         {"gateway": True},
     ),
+    # A gateway's spans and the engines' metrics, no engine spans: the requests' tenants are on the roots.
+    "gateway_only_dependency": (
+        BASE,
+        replace(V2, retrieval_s={"acme": 0.6, "globex": 0.05}),
+        {"gateway": True, "engine_spans": False},
+    ),
 }
 
 
@@ -184,6 +190,16 @@ def test_dependency_fires_scoped_to_the_tenant_whose_retrieval_slowed(report: Ca
     assert finding.scope == {"tenant.id": "acme"}
     assert finding.stage == "dependency"
     assert finding.confidence > 0.8
+
+
+def test_dependency_is_scoped_by_the_root_spans_when_the_engine_sends_no_spans(
+    report: Callable[[str], Report],
+) -> None:
+    # No engine spans, so no sampled engine requests to slice: the gateway's root spans carry
+    # the tenant (before, the finding had no scope).
+    finding = _fires(report("gateway_only_dependency"), "dependency", 0.0)
+    assert finding.scope == {"tenant.id": "acme"}
+    assert "shift_share[tenant.id=acme]" in {e.signal for e in finding.evidence}
 
 
 def test_retry_amplification_fires_on_more_attempts_per_request(report: Callable[[str], Report]) -> None:

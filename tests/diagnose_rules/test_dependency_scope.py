@@ -1,0 +1,48 @@
+"""Which slice a dependency's shift is confined to, when every caller shares a value (hand-built frames)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from rules.dependency import _caller_slice
+
+
+def _traffic() -> pl.DataFrame:
+    # 100 requests: tyrell sends 40 (20 chat, 20 RAG), acme 60 chat. Only RAG calls retrieval.
+    tenants = ["tyrell"] * 40 + ["acme"] * 60
+    routes = ["/v1/chat"] * 20 + ["/v1/rag"] * 20 + ["/v1/chat"] * 60
+    tokens = ["512"] * 100
+    return pl.DataFrame(
+        {"trace_id": [f"t{i}" for i in range(100)], "tenant.id": tenants, "http.route": routes, "max_tokens": tokens}
+    )
+
+
+def test_the_route_that_alone_calls_the_dependency_is_named_before_its_only_tenant() -> None:
+    traffic = _traffic()
+    # The retrieval spans: tyrell's RAG requests. Both tenant and route are the same on every
+    # span, but the route holds 20 requests and the tenant 40: the route is the tighter slice.
+    spans = traffic.filter(pl.col("http.route") == "/v1/rag").with_columns(duration_s=pl.lit(0.4))
+    found = _caller_slice(spans, traffic, ["tenant.id", "http.route", "max_tokens"])
+    assert found is not None
+    assert found[:2] == ("http.route", "/v1/rag")
+    assert found[3] == 0.2
+
+
+def test_aliases_holding_the_same_requests_name_the_owner() -> None:
+    traffic = _traffic().with_columns(
+        # tyrell sends only RAG requests now: tenant and route select the same 20 requests
+        pl.when(pl.col("tenant.id") == "tyrell")
+        .then(pl.lit("/v1/rag"))
+        .otherwise(pl.lit("/v1/chat"))
+        .alias("http.route")
+    )
+    spans = traffic.filter(pl.col("tenant.id") == "tyrell")
+    found = _caller_slice(spans, traffic, ["http.route", "max_tokens", "tenant.id"])
+    assert found is not None
+    assert found[:2] == ("tenant.id", "tyrell")
+
+
+def test_a_value_every_request_carries_is_no_slice() -> None:
+    traffic = _traffic()
+    spans = traffic.filter(pl.col("http.route") == "/v1/rag").select("trace_id", "max_tokens")
+    assert _caller_slice(spans, traffic, ["max_tokens"]) is None
