@@ -426,6 +426,10 @@ def _apply_cause(  # noqa: PLR0917 - one draw's context, passed once
         dep = "guardrail"
         if tenant is None or "/v1/rag/chat" in tenant.routes:
             dep = rng.choice(("guardrail", "retrieval"))
+        callers = [r.name for r in s.routes.values() if dep in r.dependencies]
+        if tenant is None and len(callers) == 1 and len(s.routes) > 1:
+            # a dependency one route alone calls (retrieval behind RAG) slows that route's requests only
+            scope = {"http.route": callers[0]}
         base = s.dependencies[dep]
         params: dict[str, Any] = {"dependency": dep, "median_s": base.median_s * m * 2, "sigma": base.sigma}
         if tenant is not None:

@@ -11,11 +11,17 @@ with the incident's truth.
 
 Prints one line per incident, the confusion matrix (truth rows, top-1 columns)
 and the last line
-``accuracy: n=N top1=.. top3=.. scope=.. false_alarm=.. missed=.. errors=..``:
+``accuracy: n=N top1=.. top3=.. scope=.. false_alarm=.. missed=.. errors=.. false_scope=..``:
 
 - top1 / top3: the truth's cause is the first finding / among the first three;
 - scope: of the incidents confined to a slice (one replica, one tenant), the
   share whose top finding carries that slice;
+- false_scope: of the incidents whose change reached every request (the truth
+  names no slice) and whose top finding is the right cause, the share whose top
+  finding names a slice anyway (a replica, a tenant, a finish reason). Two causes
+  are left out, their slice being right though the truth names none: a
+  ``traffic_mix`` (the new traffic is a slice) and a ``retry_amplification``
+  (one replica's failures are where the retries start);
 - false_alarm: of the ``none`` incidents, the share diagnosed as something else;
 - missed: of the other incidents, the share diagnosed ``none``;
 - errors: incidents the CLI failed on (non-zero exit, bad JSON, timeout);
@@ -48,6 +54,9 @@ from typing import Any
 
 from sre_agent.replays.incidents import generate, write_incident
 from sre_agent.rules_api import CAUSES
+
+#: Causes whose slice is right although the truth names none (see false_scope above).
+UNLABELLED_SLICE_CAUSES = frozenset({"traffic_mix", "retry_amplification"})
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACES = REPO.parent / "shared" / "data" / "traces"
@@ -125,6 +134,7 @@ def _score(rows: list[dict[str, Any]]) -> dict[str, Any]:
     scope_n = scope_ok = 0
     none_n = false_alarm = 0
     cause_n = missed = 0
+    wide_n = false_scope = 0
     errors = 0
     confusion: Counter[tuple[str, str]] = Counter()
     for r in scored:
@@ -141,10 +151,13 @@ def _score(rows: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             cause_n += 1
             missed += got == "none"
+        top_scope = r["findings"][0][1] if r["findings"] else {}
         if truth["scope"]:
             scope_n += 1
-            top_scope = r["findings"][0][1] if r["findings"] else {}
             scope_ok += all(top_scope.get(k) == v for k, v in truth["scope"].items())
+        elif got == truth["cause"] and got not in UNLABELLED_SLICE_CAUSES | {"none"}:
+            wide_n += 1
+            false_scope += bool(top_scope)
     n = len(scored)
     return {
         "n": n,
@@ -156,6 +169,8 @@ def _score(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "false_alarm": false_alarm / none_n if none_n else float("nan"),
         "none_n": none_n,
         "missed": missed / cause_n if cause_n else float("nan"),
+        "false_scope": false_scope / wide_n if wide_n else float("nan"),
+        "wide_n": wide_n,
         "errors": errors,
         "confusion": confusion,
     }
@@ -225,11 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     _print_confusion(s["confusion"])
     print(
         f"scored {s['n']} incidents ({s['skipped']} skipped: cause not visible), {s['scope_n']} slice-confined, "
-        f"{s['none_n']} none"
+        f"{s['none_n']} none, {s['wide_n']} right about a change that reached every request"
     )
     print(
         f"accuracy: n={s['n']} top1={s['top1']:.3f} top3={s['top3']:.3f} scope={s['scope']:.3f} "
-        f"false_alarm={s['false_alarm']:.3f} missed={s['missed']:.3f} errors={s['errors']}"
+        f"false_alarm={s['false_alarm']:.3f} missed={s['missed']:.3f} errors={s['errors']} "
+        f"false_scope={s['false_scope']:.3f}"
     )
     return 0
 

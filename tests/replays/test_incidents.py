@@ -33,6 +33,19 @@ def test_same_seed_same_incident_and_seeds_vary_what_fleets_vary() -> None:
         assert 300 <= i.window_s <= 1800
 
 
+def test_a_dependency_one_route_alone_calls_is_scoped_to_that_route() -> None:
+    # Retrieval sits behind the RAG route only, so its slowdown reaches that route's requests
+    # and nothing else: the truth names the route. The guardrail every route calls names none.
+    drawn = [generate(seed) for seed in range(300)]
+    dependency = [i for i in drawn if i.truth.cause == "dependency" and "tenant" not in i.truth.detail]
+    retrieval = [i for i in dependency if i.truth.detail.startswith("retrieval")]
+    guardrail = [i for i in dependency if i.truth.detail.startswith("guardrail")]
+    assert retrieval, "no retrieval incident drawn"
+    assert guardrail, "no guardrail incident drawn"
+    assert all(i.truth.scope == {"http.route": "/v1/rag/chat"} for i in retrieval)
+    assert all(i.truth.scope == {} for i in guardrail)
+
+
 def test_without_a_traces_dir_only_the_bundled_sample_is_read() -> None:
     assert {generate(s).trace for s in range(40)} == {"azure-conv-sample"}
 
