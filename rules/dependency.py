@@ -154,10 +154,11 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
                      f"shifts; {detail}"),
         ]  # fmt: skip
         scope = _scope(comparison, (service, name, kind), dimensions)
+        named = ", ".join(f"{k}={v}" for k, v in scope[0].items()) if scope else ""
         if scope is not None:
-            evidence.append(Evidence(f"shift_share[{scope[0]}={scope[1]}]", None, rnd(scope[2]),
-                                     f"share of the added time; {scope[3]:.0%} of the traffic"))  # fmt: skip
-        where = f" for {scope[0]}={scope[1]}" if scope else ""
+            evidence.append(Evidence(f"shift_share[{named}]", None, rnd(scope[1]),
+                                     f"share of the added time; {scope[2]:.0%} of the traffic"))  # fmt: skip
+        where = f" for {named}" if scope else ""
         findings.append(
             Finding(
                 cause="dependency",
@@ -166,7 +167,7 @@ def dependency(comparison: Comparison, regression: Regression, dimensions: list[
                 explained=latency_share(regression, explained),
                 confidence=significance(z) * min(1.0, rise / FULL_RISE),
                 stage="dependency",
-                scope={scope[0]: scope[1]} if scope else {},
+                scope=dict(scope[0]) if scope else {},
                 evidence=tuple(evidence),
                 next_check=f"open the slowest candidate traces and compare {name!r} spans with the baseline's "
                 f"(by {', '.join(dimensions[:3]) or 'attribute'}); check {service}'s own deploys, "
@@ -196,11 +197,12 @@ def _dependency_share_of_tail(comparison: Comparison, regression: Regression) ->
 
 def _scope(
     comparison: Comparison, group: tuple[str, str, str], dimensions: list[str]
-) -> tuple[str, str, float, float] | None:
-    """The attribute value confining the group's shift, from the sampled requests' lifted dimensions.
+) -> tuple[dict[str, str], float, float] | None:
+    """The slice confining the group's shift (names, share of the shift, share of the traffic), or ``None``.
 
-    Without engine spans (a gateway's spans and the engines' metrics) there are no sampled
-    requests; the root spans' own dimensions stand for them.
+    Found on the sampled requests' lifted dimensions. Without engine spans (a gateway's
+    spans and the engines' metrics) there are no sampled requests; the root spans' own
+    dimensions stand for them.
     """
     if comparison.requests.height:
         dims = [d for d in dimensions if d in comparison.requests.columns]
@@ -217,23 +219,26 @@ def _scope(
     # A value confining the shift within the group's own spans is the tighter scope; only when
     # the spans show no such variation does the group's single caller slice stand for it.
     within = confined_slice(joined, dims, pl.col("duration_s"), pl.lit(1.0), direction=1)
-    return within or _caller_slice(joined, per_trace, dims)
+    if within is not None:
+        return {within[0]: within[1]}, within[2], within[3]
+    return _caller_slice(joined, per_trace, dims)
 
 
 def _caller_slice(
     joined: pl.DataFrame, per_trace: pl.DataFrame, dims: list[str]
-) -> tuple[str, str, float, float] | None:
-    """The one value every caller of the group shares, when it is a slice of the traffic.
+) -> tuple[dict[str, str], float, float] | None:
+    """The values every caller of the group shares, when they are a slice of the traffic.
 
     A dependency only some requests call (retrieval behind a RAG route) holds its whole
     shift in those requests, but its spans show no variation to split. If every span of
     the group carries the same value of a dimension and that value is at most
-    ``CALLER_SHARE`` of all requests, the slowdown reaches that slice only. Of several
-    such values the one holding the least traffic is the tightest statement (a route one
-    tenant alone calls the dependency from is narrower than the tenant). Values aliased
-    with each other (the tenant, its route, its ``max_tokens``) hold the same requests and
-    cannot be told apart by any statistic; the owner comes first (``SCOPE_PRIORITY``:
-    tenant, route, model), then the rest in order.
+    ``CALLER_SHARE`` of all requests, the slowdown reaches that slice only. The value
+    holding the least traffic is the tightest statement and is named first; an owner
+    (``SCOPE_PRIORITY``: tenant, route, model) holding more is named beside it, since
+    the data cannot tell "retrieval slowed" from "retrieval slowed for the one tenant
+    that calls it". Values aliased with each other (the tenant, its route, its
+    ``max_tokens``, holding the same requests) cannot be told apart by any statistic:
+    only the first in priority order is named.
     """
     ordered = [d for d in SCOPE_PRIORITY if d in dims] + [d for d in dims if d not in SCOPE_PRIORITY]
     found: list[tuple[int, str, str]] = []
@@ -247,6 +252,12 @@ def _caller_slice(
             found.append((holders, dim, value))
     if not found:
         return None
-    # min() keeps the first of equal counts: the priority order among aliases.
-    holders, dim, value = min(found, key=lambda f: f[0])
-    return dim, value, 1.0, holders / max(1, per_trace.height)
+    # sorted() keeps the priority order among equal counts.
+    tightest, *rest = sorted(found, key=lambda f: f[0])
+    names = {tightest[1]: tightest[2]}
+    counts = {tightest[0]}
+    for holders, dim, value in rest:
+        if dim in SCOPE_PRIORITY and holders not in counts:
+            names[dim] = value
+            counts.add(holders)
+    return names, 1.0, tightest[0] / max(1, per_trace.height)

@@ -9,6 +9,15 @@ baseline slow rate (the overall rate when the slice is new or tiny). A slice
 that holds most of the excess while carrying a small share of the traffic is
 where the regression lives. Aliased attributes (``host.name`` and
 ``service.instance.id`` naming the same replica) are reported together.
+
+Concentration alone also picks the slice of the longest requests when every
+request slowed by the same factor: a multiplicative slowdown pushes the
+requests closest to T over it, and those are one tenant's long prompts or the
+requests that ran to ``max_tokens``. So the slice is named only when the rest
+of the candidate's requests rose, at the headline quantile against their own
+baseline, at most :data:`REST_SHARE` as much as the slice did; a slice the
+baseline never served (a new tenant, a version on one replica) has no rise of
+its own and is judged by concentration alone.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ MIN_LIFT: Final[float] = 3.0
 MIN_SLICE_BASELINE: Final[int] = 50
 #: Pseudo-requests at the overall slow rate added to each slice's baseline (shrinkage).
 PRIOR_REQUESTS: Final[int] = 100
+#: The rest of the traffic may rise at most this share of the slice's rise (quantile ratio - 1).
+REST_SHARE: Final[float] = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -163,6 +174,7 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
         and best.traffic_candidate <= MAX_TRAFFIC_SHARE
         and best.z >= 3.0
         and best.lift >= MIN_LIFT
+        and not _rest_rose_alike(frame, best, col, q)
     ):
         scope[best.dimension] = best.value
         # Attributes that hold the same candidate requests name the same slice: the host and
@@ -173,6 +185,29 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
             if other.dimension not in scope and _same_candidate_requests(frame, best, other):
                 scope[other.dimension] = other.value
     return Localisation(metric, float(threshold), tuple(scores), scope)
+
+
+def _rest_rose_alike(frame: pl.DataFrame, best: SliceScore, col: str, q: float) -> bool:
+    """Whether the requests outside ``best`` rose more than :data:`REST_SHARE` of its rise at quantile ``q``.
+
+    Each part is compared with its own baseline (quantile ratio candidate / baseline of
+    ``col``). ``False`` when either part has fewer than :data:`MIN_SLICE_BASELINE`
+    requests on a side: a slice new at the deploy has no rise to compare with.
+    """
+    import polars as pl
+
+    inside = pl.col(best.dimension).cast(pl.String).fill_null("(missing)") == best.value
+    rises = []
+    for part in (frame.filter(inside), frame.filter(~inside)):
+        values = [part.filter(pl.col("side") == s)[col] for s in ("baseline", "candidate")]
+        if min(v.len() for v in values) < MIN_SLICE_BASELINE:
+            return False
+        base, cand = (v.quantile(q, interpolation="linear") for v in values)
+        if base is None or cand is None or base <= 0:
+            return False
+        rises.append(cand / base - 1.0)
+    own, rest = rises
+    return rest > REST_SHARE * max(own, 0.0)
 
 
 def _same_candidate_requests(frame: pl.DataFrame, one: SliceScore, other: SliceScore) -> bool:

@@ -75,3 +75,42 @@ def test_equal_counts_of_other_requests_are_not_the_same_slice() -> None:
     assert (tenant.candidate_requests, tenant.candidate_slow) == (replica.candidate_requests, replica.candidate_slow)
     assert result.scope.get("host.name") == "replica-2"
     assert "tenant.id" not in result.scope
+
+
+def _long_prompts(*, factor_rest: float) -> _Requests:
+    """Two tenants; ``long`` sends prompts 4x as long. Every candidate request of ``long`` is 1.8x
+    slower; the ``short`` tenant's requests are ``factor_rest`` x slower.
+
+    The baseline p90 sits inside the long tenant's range, so a uniform slowdown pushes mostly
+    its requests over it: the long tenant holds the excess either way.
+    """
+    rng = np.random.default_rng(11)
+    rows = []
+    for side in ("baseline", "candidate"):
+        for i in range(3000):
+            tenant = "long" if i % 4 == 0 else "short"
+            e2e = float(rng.lognormal(np.log(4.0 if tenant == "long" else 1.0), 0.25))
+            if side == "candidate":
+                e2e *= 1.8 if tenant == "long" else factor_rest
+            replica = f"replica-{i % 3}"
+            rows.append({"side": side, "e2e_s": e2e, "host.name": replica, "service.instance.id": replica,
+                         "service.version": side, "tenant.id": tenant})  # fmt: skip
+    return _Requests(pl.DataFrame(rows), ["host.name", "tenant.id"])
+
+
+def test_a_slowdown_of_every_request_is_not_the_slice_of_the_longest_ones() -> None:
+    # Every request 1.8x slower: the long tenant holds nearly all requests over the baseline
+    # p90 (concentration, lift and z all point at it), but the short tenant's own p90 rose as
+    # much. Before the rest-of-traffic check the scope named tenant "long".
+    result = localise(_long_prompts(factor_rest=1.8), REGRESSION)  # type: ignore[arg-type]
+    best = result.best
+    assert best is not None
+    assert (best.dimension, best.value) == ("tenant.id", "long")
+    assert best.excess_share >= 0.6
+    assert best.lift >= 3.0
+    assert result.scope == {}
+
+
+def test_a_slowdown_of_one_tenants_requests_is_that_tenant() -> None:
+    result = localise(_long_prompts(factor_rest=1.0), REGRESSION)  # type: ignore[arg-type]
+    assert result.scope == {"tenant.id": "long"}
