@@ -5,7 +5,9 @@ above that side's q-quantile of the metric) and compare the mean time each
 stage took in the tail: queue, prefill, decode (engine span), gateway and
 dependency (other spans of the same trace). A stage's *share* is its part of
 the summed positive excess. Tail means are additive, so the shares add up to
-one, unlike differences of per-stage quantiles.
+one, unlike differences of per-stage quantiles. A tail whose stages add up to
+no rise has no shares. An ITL headline (metrics) is decomposed on its
+per-request counterpart, TPOT.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ def stage_decomposition(
     if regression.metric == "error_rate":
         return StageDecomposition("error_rate", regression.quantile, (0, 0), {}, {}, {})
     metric = regression.metric if regression.metric in (*LATENCIES, "trace", "dependency", "gateway") else "e2e"
+    if regression.metric == "itl":
+        # Inter-token latency is decode time per token: its per-request counterpart is TPOT, not
+        # the e2e tail (which the queue and prefill share, and which may not have moved at all).
+        metric = "tpot"
     stages = STAGES_OF.get(regression.metric, STAGES_OF["e2e"])
     col = LATENCIES.get(metric, f"{metric}_s")
     q = regression.quantile if regression.quantile >= 0.5 else 0.9
@@ -101,7 +107,10 @@ def stage_decomposition(
         return StageDecomposition(metric, q, (tails[0], tails[1]), means["baseline"], means["candidate"], {})
     excess = {s: means["candidate"][s] - means["baseline"][s] for s in means["baseline"]}
     positive = sum(max(0.0, v) for v in excess.values())
-    shares = {s: max(0.0, v) / positive for s, v in excess.items()} if positive > 0 else {}
+    # A tail whose stages add up to no rise has no excess to split: one stage's noise would be
+    # "100 % of it" while another stage fell by more.
+    grew = positive > 0 and sum(excess.values()) > 0
+    shares = {s: max(0.0, v) / positive for s, v in excess.items()} if grew else {}
     return StageDecomposition(metric, q, (tails[0], tails[1]), means["baseline"], means["candidate"], shares)
 
 
