@@ -22,7 +22,8 @@ Mechanisms, each with what must stay flat:
 * ``capacity``: replicas fell by >= 10 % (or the running cap fell while
   requests waited) with ``lambda`` within 15 %;
 * ``decode_slowdown``: mean ITL rose >= 15 % while the offered load per replica
-  (``lambda / R``), work per request (within 20 %), preemptions per request and
+  (``lambda / R``: within 15 %, or the same replicas and a ``lambda`` change within
+  noise as above), work per request (within 20 %), preemptions per request and
   the prefix-cache hit rate stayed flat (those rises are ``load``/``capacity``,
   ``traffic_mix``, ``kv_pressure`` and ``prefix_cache``, whose own rules read
   them). A slower step raises the running batch too (Little's law), so the
@@ -160,6 +161,9 @@ def engine_metrics(
     rate_moved = rate.ratio >= 1 + MIN_RISE and rate_z >= MIN_Z
     rate_flat = abs(rate.ratio - 1) < MIN_RISE or abs(rate_z) < MIN_Z
     load_per_replica = rate.ratio / replicas.ratio
+    # Flat per replica: within 15 %, or the same replicas and an arrival change within noise
+    # (bursty traffic moves a short window's rate by 20 % at z < 3).
+    per_replica_flat = abs(load_per_replica - 1) < MIN_RISE or (rate_flat and abs(replicas.ratio - 1) < MIN_RISE)
     cap_fell = (
         running_max.ratio is not None
         and running_max.ratio <= 1 - MIN_FALL
@@ -177,12 +181,7 @@ def engine_metrics(
         terms["load"] = _log(rate.ratio)
     if rate_flat and (replicas.ratio <= 1 - MIN_FALL or cap_fell):
         terms["capacity"] = -_log(replicas.ratio) + (-_log(running_max.ratio) if cap_fell else 0.0)
-    if (
-        itl_mean.ratio is not None
-        and itl_mean.ratio >= 1 + MIN_RISE
-        and abs(load_per_replica - 1) < MIN_RISE
-        and not other_mechanism
-    ):
+    if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE and per_replica_flat and not other_mechanism:
         terms["decode_slowdown"] = _log(itl_mean.ratio)
     terms = {k: v for k, v in terms.items() if v > 0}
     if not terms:

@@ -302,8 +302,10 @@ class MetricView:
         requests just after it; neither is capacity. Each instance counts for the share of
         the window between the point before its finished-request count (e2e, else TTFT
         histogram) first rose and the last point at which it rose, so one serving the whole
-        window counts about 1 and one drained 15 s into a 300 s window about 0.05. Falls
-        back to the instances reporting the running gauge.
+        window counts about 1 and one drained 15 s into a 300 s window about 0.05. The window
+        here is the span in which any instance finished requests: a gap in the traffic that
+        idles every replica (bursty arrivals) is not a replica gone. Falls back to the
+        instances reporting the running gauge.
         """
         return self._memo(("serving",), self._serving_replicas)
 
@@ -325,7 +327,9 @@ class MetricView:
                                     AND count > lag(count) OVER (PARTITION BY series_key ORDER BY time_ns) AS rose,
                                lag(time_ns) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev_ns
                         FROM metric_points WHERE {self._where(side, name)} AND count IS NOT NULL),
-                    bounds AS (SELECT min(time_ns) AS t0, max(time_ns) AS t1 FROM points),
+                    bounds AS (
+                        SELECT coalesce(min(prev_ns) FILTER (WHERE rose), min(time_ns)) AS t0,
+                               max(time_ns) FILTER (WHERE rose) AS t1 FROM points),
                     spans AS (
                         SELECT instance, (max(time_ns) FILTER (WHERE rose))
                                          - coalesce(min(prev_ns) FILTER (WHERE rose), min(time_ns)) AS served_ns

@@ -131,15 +131,20 @@ def test_quantile_interval_brackets_the_quantile(counts: list[int], q: float) ->
         assert interval[1] == math.inf
 
 
-def _store(path: Path, served_until_s: dict[str, float]) -> duckdb.DuckDBPyConnection:
-    """A cumulative e2e histogram per replica scraped every 15 s over 600 s (deploy at 300 s)."""
+def _store(
+    path: Path, served_until_s: dict[str, float], idle_s: tuple[float, float] = (0.0, 0.0)
+) -> duckdb.DuckDBPyConnection:
+    """A cumulative e2e histogram per replica scraped every 15 s over 600 s (deploy at 300 s).
+
+    No request finishes anywhere during ``idle_s`` (a gap in the traffic).
+    """
     rng = random.Random(3)
     rows = []
     for instance, until in served_until_s.items():
         total = 0
         for k in range(41):
             t = 15.0 * k
-            if 0 < t <= until:
+            if 0 < t <= until and not idle_s[0] < t <= idle_s[1]:
                 total += rng.randint(3, 8)  # finished requests since the last scrape
             counts = [0] * (len(BOUNDS) + 1)
             counts[3] = total
@@ -177,6 +182,17 @@ def test_a_removed_replica_that_keeps_exporting_frozen_counters_is_not_capacity(
 
 def test_serving_replicas_counts_replicas_that_served_all_window_fully(tmp_path: Path) -> None:
     con = _store(tmp_path / "m.duckdb", {"replica-1": 600, "replica-2": 600})
+    serving = _view(con).serving_replicas()
+    assert serving.baseline == pytest.approx(2.0, abs=0.15)
+    assert serving.candidate == pytest.approx(2.0, abs=0.15)
+
+
+def test_a_gap_in_the_traffic_is_not_a_gap_in_the_replicas(tmp_path: Path) -> None:
+    # Bursty traffic: nothing finishes anywhere for the last 135 s of the baseline. Both replicas
+    # served whenever anything was served; before, each counted for the ~half of the window in
+    # which it finished requests, the baseline had ~1 replica, and a 2x decode slowdown at the
+    # same load per replica read as load per replica falling by half (1050031).
+    con = _store(tmp_path / "m.duckdb", {"replica-1": 600, "replica-2": 600}, idle_s=(165.0, 300.0))
     serving = _view(con).serving_replicas()
     assert serving.baseline == pytest.approx(2.0, abs=0.15)
     assert serving.candidate == pytest.approx(2.0, abs=0.15)

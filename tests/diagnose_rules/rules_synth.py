@@ -13,6 +13,7 @@ Tables come from ``sre_agent.schema``'s DDL.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import random
@@ -30,6 +31,8 @@ NS = 1_000_000_000
 T0 = 1_790_000_000.0
 #: vLLM's default e2e latency buckets (seconds), the first ones.
 E2E_BOUNDS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+#: vLLM's inter-token latency buckets (seconds), the first ones.
+ITL_BOUNDS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
 ITERATION_BOUNDS = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0]
 
 
@@ -200,14 +203,21 @@ def _metrics(
                          "bounds": ITERATION_BOUNDS, "bucket_counts": list(steps),
                          "series_key": f"iter|{host}|{side.version}"})  # fmt: skip
             if latency:
-                done = [r["end"] - r["arrival"] for r in mine if r["end"] <= t]
-                counts = [sum(1 for d in done if d <= b) for b in E2E_BOUNDS] + [len(done)]
-                buckets = [counts[0]] + [counts[i] - counts[i - 1] for i in range(1, len(counts))]
-                rows.append({**base, "name": "vllm:e2e_request_latency_seconds",
-                             "source_name": "vllm:e2e_request_latency_seconds", "kind": "histogram",
-                             "temporality": "cumulative", "count": len(done), "sum": float(sum(done)),
-                             "bounds": E2E_BOUNDS, "bucket_counts": buckets,
-                             "series_key": f"e2e|{host}|{side.version}"})  # fmt: skip
+                finished = [r for r in mine if r["end"] <= t]
+                done = [r["end"] - r["arrival"] for r in finished]
+                # Each finished request's decode steps at its mean inter-token time.
+                steps_itl = [((r["end"] - r["first"]) / (r["output"] - 1), r["output"] - 1) for r in finished]
+                for name, bounds, observed in (
+                    ("vllm:e2e_request_latency_seconds", E2E_BOUNDS, [(d, 1) for d in done]),
+                    ("vllm:inter_token_latency_seconds", ITL_BOUNDS, steps_itl),
+                ):
+                    buckets = [0] * (len(bounds) + 1)
+                    for value, weight in observed:
+                        buckets[bisect.bisect_left(bounds, value)] += weight
+                    rows.append({**base, "name": name, "source_name": name, "kind": "histogram",
+                                 "temporality": "cumulative", "count": sum(buckets),
+                                 "sum": float(sum(v * w for v, w in observed)), "bounds": bounds,
+                                 "bucket_counts": buckets, "series_key": f"{name}|{host}|{side.version}"})  # fmt: skip
             t += 10.0
     return rows
 

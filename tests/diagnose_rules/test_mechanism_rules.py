@@ -202,6 +202,23 @@ def test_dependency_is_scoped_by_the_root_spans_when_the_engine_sends_no_spans(
     assert "shift_share[tenant.id=acme]" in {e.signal for e in finding.evidence}
 
 
+def test_a_slower_decode_read_from_metrics_alone_with_arrivals_up_within_noise(tmp_path: Path) -> None:
+    # The engines' metrics only: decode 1.7x slower, arrivals 20 % up, which at ~4 requests/s
+    # over 200 s is within the over-dispersed Poisson noise (z < 3). Before, the offered load
+    # per replica "changed by 15 % or more" and blocked the decode finding: nothing explained
+    # the regression (1050031, with a bursty trace).
+    path = build(tmp_path / "m.duckdb", BASE, replace(V2, tpot_s=0.034, rate_rps=4.8), engine_spans=False)
+    report = diagnose(path, Selection(mode="since_last_deploy"))
+    assert not report.errors, report.errors
+    assert report.findings, report.render("text")
+    top = report.findings[0]
+    assert top.cause == "decode_slowdown", report.render("text")
+    rate = next(e for e in top.evidence if e.signal == "requests_per_s")
+    assert rate.candidate / rate.baseline >= 1.15
+    itl = next(e for e in top.evidence if e.signal == "itl_mean_s")
+    assert itl.candidate / itl.baseline >= 1.5
+
+
 def test_retry_amplification_fires_on_more_attempts_per_request(report: Callable[[str], Report]) -> None:
     finding = _fires(report("gateway_incident"), "retry_amplification", 0.0)
     attempts = next(e for e in finding.evidence if e.signal == "attempts_per_request")
