@@ -135,8 +135,8 @@ def batch_composition(
     # Without a load measure on both sides nothing says the load stayed put: stay quiet.
     if load_moved(comparison, metrics, MAX_RATE_CHANGE) is not False or _changed(work_pair.ratio, MAX_WORK_CHANGE):
         return None
-    running = metrics.gauge("running_requests")
-    running_how = "num_requests_running gauge, window mean"
+    running = metrics.running_per_replica()
+    running_how = "num_requests_running gauge, window mean per serving replica"
     if running.baseline is None or running.candidate is None:
         overlap = frame.select("span_id", "side").join(running_batch(comparison, "decode"), on="span_id")
         means = [side(overlap, s)["running"].mean() for s in SIDES]

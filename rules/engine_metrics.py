@@ -129,7 +129,7 @@ def engine_metrics(
     replicas = metrics.serving_replicas()
     if rate.ratio is None or replicas.ratio is None or counts.baseline is None or counts.candidate is None:
         return []
-    running, running_max = metrics.gauge("running_requests"), metrics.gauge("running_requests", "max")
+    running, running_max = metrics.running_per_replica(), metrics.gauge("running_requests", "max")
     waiting = metrics.gauge("waiting_requests")
     tokens = SidePair(
         *(
@@ -195,7 +195,8 @@ def engine_metrics(
                  "instances serving, weighted by the share of the window each served"),
         Evidence("requests_per_s_per_replica", rnd(_per(rate, replicas).baseline), rnd(_per(rate, replicas).candidate),
                  "offered load per replica"),
-        Evidence("running_per_replica", rnd(running.baseline), rnd(running.candidate), "running gauge, window mean"),
+        Evidence("running_per_replica", rnd(running.baseline), rnd(running.candidate),
+                 "running gauge, window mean per serving replica"),
         Evidence("max_running", running_max.baseline, running_max.candidate,
                  "running gauge peak (effective max_num_seqs)"),
         Evidence("waiting_requests", rnd(waiting.baseline), rnd(waiting.candidate), "waiting gauge, window mean"),

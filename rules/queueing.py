@@ -57,8 +57,8 @@ def _replicas(requests: pl.LazyFrame, metrics: MetricView) -> SidePair:
 def _concurrency(
     requests: pl.LazyFrame, windows: dict[str, tuple[int, int, float, int]], metrics: MetricView
 ) -> SidePair:
-    """Mean running requests per replica: the running gauge, else Little's law over the spans."""
-    gauge = metrics.gauge("running_requests")
+    """Mean running requests per serving replica: the running gauge, else Little's law over the spans."""
+    gauge = metrics.running_per_replica()
     if gauge.baseline is not None and gauge.candidate is not None:
         return gauge
     sums = (

@@ -6,8 +6,9 @@ stage took in the tail: queue, prefill, decode (engine span), gateway and
 dependency (other spans of the same trace). A stage's *share* is its part of
 the summed positive excess. Tail means are additive, so the shares add up to
 one, unlike differences of per-stage quantiles. A tail whose stages add up to
-no rise has no shares. An ITL headline (metrics) is decomposed on its
-per-request counterpart, TPOT.
+no rise has no shares. A TPOT headline's one stage is decode, measured as the
+tail's TPOT; an ITL headline (metrics) is decomposed on its per-request
+counterpart, TPOT.
 """
 
 from __future__ import annotations
@@ -93,6 +94,11 @@ def stage_decomposition(
         return StageDecomposition(metric, q, (0, 0), {}, {}, {})
     if metric in ("e2e", "trace") and "gateway_s" in frame.columns:
         stages = (*stages, "gateway", "dependency")
+    columns = {s: _column(s) for s in stages}
+    if metric == "tpot":
+        # A per-token headline has one stage, decode, in its own unit: the tail's decode seconds
+        # would weigh long answers, whose TPOT is not the tail's.
+        columns["decode"] = "tpot_s"
     means: dict[str, dict[str, float]] = {}
     tails: list[int] = []
     for side in SIDES:
@@ -102,7 +108,7 @@ def stage_decomposition(
         threshold = part[col].quantile(q, interpolation="lower")
         tail = part.filter(pl.col(col) >= threshold)
         tails.append(tail.height)
-        means[side] = {s: _mean(tail[_column(s)].fill_null(0.0)) for s in stages if _column(s) in tail.columns}
+        means[side] = {s: _mean(tail[columns[s]].fill_null(0.0)) for s in stages if columns[s] in tail.columns}
     if min(tails) < MIN_TAIL:
         return StageDecomposition(metric, q, (tails[0], tails[1]), means["baseline"], means["candidate"], {})
     excess = {s: means["candidate"][s] - means["baseline"][s] for s in means["baseline"]}

@@ -274,6 +274,39 @@ class MetricView:
             values.append(None if row is None or row[0] is None else float(row[0]))
         return SidePair(values[0], values[1])
 
+    def running_per_replica(self) -> SidePair:
+        """Mean requests running per serving replica: each instance's window mean of the running
+        gauge, summed, over :meth:`serving_replicas`.
+
+        The plain :meth:`gauge` mean averages every point, so a replica removed at the deploy
+        that keeps exporting a running gauge of 0 halves the candidate's batch when half the
+        replicas go (1030005: 2.8 -> 3.1 running per replica "flat" while the two replicas left
+        ran 5.5 each). Summing per-instance means needs no aligned scrape times. Falls back
+        to the plain mean when the serving replicas are unknown.
+        """
+        return self._memo(("running_per_replica",), self._running_per_replica)
+
+    def _running_per_replica(self) -> SidePair:
+        """Uncached :meth:`running_per_replica`."""
+        name = self.name_for("running_requests")
+        if name is None:
+            return SidePair(None, None)
+        serving = self.serving_replicas()
+        plain = self.gauge("running_requests")
+        values: list[float | None] = []
+        pairs = zip(SIDES, (serving.baseline, serving.candidate), (plain.baseline, plain.candidate), strict=True)
+        for side, replicas, fallback in pairs:
+            where = self._where(side, name) + " AND isfinite(value)"
+            row = fetch_one(
+                self._con.execute(
+                    f"SELECT sum(m) FROM (SELECT avg(value) AS m FROM metric_points WHERE {where} "
+                    "GROUP BY coalesce(service_instance, host_name, series_key))"
+                )
+            )
+            total = None if row is None or row[0] is None else float(row[0])
+            values.append(total / replicas if total is not None and replicas else fallback)
+        return SidePair(values[0], values[1])
+
     def series_count(self, signal: str) -> SidePair:
         """Distinct series (usually replicas) reporting the signal on each side."""
         return self._memo(("series", signal), lambda: self._series_count(signal))

@@ -60,3 +60,13 @@ def test_an_itl_headline_is_split_on_tpot_not_on_the_e2e_tail() -> None:
     result = stage_decomposition(frames, _regression("itl"))  # type: ignore[arg-type]
     assert result.metric == "tpot"
     assert result.shares == {"decode": 1.0}
+
+
+def test_a_tpot_headline_is_split_in_its_own_unit() -> None:
+    # The TPOT tail's decode stage is its TPOT (seconds per token), not its decode seconds:
+    # the requests with the highest TPOT are often short answers with little decode time.
+    frames = _requests(decode_scale=1.0, dependency_add_s=0.0, tpot_scale=1.4)
+    result = stage_decomposition(frames, _regression("tpot"))  # type: ignore[arg-type]
+    assert result.shares == {"decode": 1.0}
+    assert 0.02 < result.baseline["decode"] < 0.2
+    assert result.candidate["decode"] / result.baseline["decode"] > 1.3

@@ -198,6 +198,37 @@ def test_a_gap_in_the_traffic_is_not_a_gap_in_the_replicas(tmp_path: Path) -> No
     assert serving.candidate == pytest.approx(2.0, abs=0.15)
 
 
+def test_running_per_replica_is_not_diluted_by_replicas_removed_at_the_deploy(tmp_path: Path) -> None:
+    # Four replicas run 3 requests each before the deploy; two are removed at it and keep
+    # exporting a running gauge of 0, the two left run 6 each. Scrapes are not aligned across
+    # replicas. The plain gauge mean reads 3 -> 3; per serving replica it is 3 -> 6.
+    rows = []
+    for k, host in enumerate(("replica-1", "replica-2", "replica-3", "replica-4")):
+        removed = host in ("replica-3", "replica-4")
+        for i in range(40):
+            t = 15.0 * i + 2.0 * k  # each replica scraped at its own offset
+            running = 3.0 if t < 300 else (0.0 if removed else 6.0)
+            rows.append({"name": "vllm:num_requests_running", "kind": "gauge", "time_ns": int(t * 1e9),
+                         "value": running, "service_name": "vllm", "service_instance": host, "host_name": host,
+                         "series_key": f"run|{host}"})  # fmt: skip
+            done = i if t < 300 or not removed else 20  # finished-request count: removed ones stop
+            rows.append({"name": "vllm:e2e_request_latency_seconds", "kind": "histogram", "time_ns": int(t * 1e9),
+                         "start_time_ns": 0, "temporality": "cumulative", "count": done, "sum": 0.25 * done,
+                         "bounds": list(BOUNDS), "bucket_counts": [0, 0, 0, done] + [0] * (len(BOUNDS) - 3),
+                         "service_name": "vllm", "service_instance": host, "host_name": host,
+                         "series_key": f"e2e|{host}"})  # fmt: skip
+    con = duckdb.connect(str(tmp_path / "m.duckdb"))
+    con.execute(schema.METRIC_POINTS_DDL)
+    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
+    con.execute("INSERT INTO metric_points SELECT * FROM new_points")
+    view = _view(con)
+    plain = view.gauge("running_requests")
+    assert plain.candidate == pytest.approx(3.0, abs=0.2)
+    running = view.running_per_replica()
+    assert running.baseline == pytest.approx(3.0, abs=0.2)
+    assert running.candidate == pytest.approx(6.0, abs=0.6)
+
+
 def test_histogram_by_replica_adds_each_replicas_increments_across_a_reset(tmp_path: Path) -> None:
     # Cumulative ITL histograms of two replicas scraped every 60 s; replica-2 restarts in the
     # candidate window (its count falls), which adds the count it restarted with.

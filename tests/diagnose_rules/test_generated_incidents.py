@@ -384,3 +384,16 @@ def test_a_prefill_slowdown_everywhere_is_not_one_replicas(tmp_path: Path) -> No
     report = diagnose(tmp_path / "store.duckdb", selection)
     assert report.findings[0].cause == "prefill_slowdown", report.findings
     assert "host.name" not in report.findings[0].scope, report.findings[0].scope
+
+
+def test_replicas_removed_at_the_deploy_that_keep_exporting_an_idle_gauge_are_capacity(tmp_path: Path) -> None:
+    # 2 of 4 replicas removed; they keep exporting num_requests_running = 0. The plain gauge
+    # mean read the running batch per replica as flat (2.8 -> 3.1) where the two left ran 5.5
+    # each, and the TPOT headline's tail was split on decode seconds, which fell: no rule
+    # explained the regression. Per serving replica the batch doubled; the TPOT tail is split
+    # in its own unit.
+    incident, findings = _diagnosed(1030005, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "capacity"  # type: ignore[attr-defined]
+    assert "replicas removed" in incident.truth.detail  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "capacity", findings
