@@ -20,7 +20,9 @@ Mechanisms, each with what must stay flat:
 * ``load``: ``lambda`` rose (>= 15 %, Poisson z >= 3 with an over-dispersion
   of 4 for bursty arrivals) with replicas unchanged;
 * ``capacity``: replicas fell by >= 10 % (or the running cap fell while
-  requests waited) with ``lambda`` within 15 %;
+  requests waited) with ``lambda`` within 15 %, or with finished requests per
+  second (throughput) fallen while a backlog built (the waiting gauge at least
+  doubled, to 2 or more): the requests kept arriving faster than they were served;
 * ``decode_slowdown``: mean ITL rose >= 15 % while the offered load per replica
   (``lambda / R``: within 15 %, or the same replicas and a ``lambda`` change within
   noise as above), work per request (within 20 %), preemptions per request and
@@ -72,8 +74,14 @@ DISPERSION: Final[float] = 4.0
 HIT_RATE_FALL: Final[float] = 0.05
 PREEMPTION_RISE: Final[float] = 0.002
 CONFIDENCE: Final[float] = 0.8
+#: Mean waiting requests the candidate must reach (and at least double) to count as a backlog that built.
+BACKLOG: Final[float] = 2.0
 #: Inter-token latencies a replica must have observed on each side to be compared with its peers.
 MIN_REPLICA_TOKENS: Final[int] = 1000
+
+
+#: What the rate counts when the gateway's root spans are missing (see _requests).
+FINISHED: Final[str] = "latency-histogram count (finished requests)"
 
 
 def _requests(
@@ -93,7 +101,7 @@ def _requests(
         how = "gateway root spans (logical requests) starting per second of window"
     else:
         counts = metrics.finished_requests()
-        how = "latency-histogram count (finished requests) per second of window"
+        how = f"{FINISHED} per second of window"
     if counts.baseline is None or counts.candidate is None:
         return counts, SidePair(None, None), how
     rate = SidePair(counts.baseline / windows["baseline"][2], counts.candidate / windows["candidate"][2])
@@ -160,6 +168,12 @@ def engine_metrics(
     rate_z = ((rate.candidate or 0.0) - (rate.baseline or 0.0)) / se if se > 0 else 0.0
     rate_moved = rate.ratio >= 1 + MIN_RISE and rate_z >= MIN_Z
     rate_flat = abs(rate.ratio - 1) < MIN_RISE or abs(rate_z) < MIN_Z
+    # Finished requests per second are throughput. When it fell while a backlog built (the
+    # waiting gauge at least doubled, to BACKLOG or more), the requests kept arriving faster
+    # than they were served: arrivals did not fall with it (1 of 3 replicas removed, metrics
+    # only: throughput -23 %, waiting 0.3 -> 65).
+    backlog = (waiting.candidate or 0.0) >= max(BACKLOG, 2 * (waiting.baseline or 0.0))
+    throughput_fell_under_backlog = counted.startswith(FINISHED) and rate.ratio < 1 and backlog
     load_per_replica = rate.ratio / replicas.ratio
     # Flat per replica: within 15 %, or the same replicas and an arrival change within noise
     # (bursty traffic moves a short window's rate by 20 % at z < 3).
@@ -179,7 +193,7 @@ def engine_metrics(
     terms: dict[str, float] = {}
     if rate_moved and replicas.ratio >= 1 - MIN_FALL:
         terms["load"] = _log(rate.ratio)
-    if rate_flat and (replicas.ratio <= 1 - MIN_FALL or cap_fell):
+    if (rate_flat or throughput_fell_under_backlog) and (replicas.ratio <= 1 - MIN_FALL or cap_fell):
         terms["capacity"] = -_log(replicas.ratio) + (-_log(running_max.ratio) if cap_fell else 0.0)
     if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE and per_replica_flat and not other_mechanism:
         terms["decode_slowdown"] = _log(itl_mean.ratio)

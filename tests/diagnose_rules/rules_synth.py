@@ -203,6 +203,10 @@ def _metrics(
                          "bounds": ITERATION_BOUNDS, "bucket_counts": list(steps),
                          "series_key": f"iter|{host}|{side.version}"})  # fmt: skip
             if latency:
+                waiting = sum(1 for r in mine if r["arrival"] <= t < r["begin"])
+                rows.append({**base, "name": "vllm:num_requests_waiting", "source_name": "vllm:num_requests_waiting",
+                             "kind": "gauge", "value": float(waiting),
+                             "series_key": f"wait|{host}|{side.version}"})  # fmt: skip
                 finished = [r for r in mine if r["end"] <= t]
                 done = [r["end"] - r["arrival"] for r in finished]
                 # Each finished request's decode steps at its mean inter-token time.

@@ -219,6 +219,21 @@ def test_a_slower_decode_read_from_metrics_alone_with_arrivals_up_within_noise(t
     assert itl.candidate / itl.baseline >= 1.5
 
 
+def test_a_replica_removed_with_a_backlog_building_is_capacity_from_metrics_alone(tmp_path: Path) -> None:
+    # The engines' metrics only: one of two replicas gone at the same arrivals, and the one left
+    # cannot keep up. Requests finished per second (the only rate there is) fell with the
+    # backlog; before, that read as "arrivals fell" and blocked capacity.
+    baseline, candidate = replace(BASE, slots=8), replace(V2, slots=4, replicas=1)
+    path = build(tmp_path / "m.duckdb", baseline, candidate, engine_spans=False)
+    report = diagnose(path, Selection(mode="since_last_deploy"), rules=["engine_metrics"])
+    assert not report.errors, report.errors
+    capacity = [f for f in report.findings if f.cause == "capacity"]
+    assert capacity, report.render("text")
+    evidence = {e.signal: e for e in capacity[0].evidence}
+    assert evidence["requests_per_s"].candidate < 0.85 * evidence["requests_per_s"].baseline
+    assert evidence["waiting_requests"].candidate >= 2 * max(1.0, evidence["waiting_requests"].baseline)
+
+
 def test_retry_amplification_fires_on_more_attempts_per_request(report: Callable[[str], Report]) -> None:
     finding = _fires(report("gateway_incident"), "retry_amplification", 0.0)
     attempts = next(e for e in finding.evidence if e.signal == "attempts_per_request")
