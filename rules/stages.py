@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from typing import Final, Literal
 
+import polars as pl
+
 from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
@@ -107,9 +109,39 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
         out[driver] = kept
         if batch_driver is not None:
             out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept - to_prefill)
-    if echo > 0:
-        out["prefill_slowdown"] = out.get("prefill_slowdown", 0.0) + echo
+    owner = _prefill_echo_owner(comparison, metrics) if echo > 0 else None
+    if owner is not None:
+        out[owner] = out.get(owner, 0.0) + echo
     return {k: v for k, v in out.items() if v > 0}
+
+
+def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str | None:
+    """Who owns the part of a slower decode that the prefill sharing its steps accounts for.
+
+    ``prefill_slowdown`` when prefill per uncached token rose at equal batch and prompt size
+    (or that cannot be measured: as before). When it did not, the steps carry *more* prefill,
+    not costlier: more prompt tokens per request (``traffic_mix``: a new tenant's long
+    prompts), else more of them uncached (``prefix_cache``); neither, and nothing owns it.
+    """
+    try:
+        cost = engine_cost(comparison, metrics, "prefill")
+    except RuleSkipped:
+        return "prefill_slowdown"
+    shift = cost.shift or cost.size_shift
+    if shift is None or (shift.z >= 2 and shift.rise >= DRIVER_MIN_CHANGE):
+        return "prefill_slowdown"
+    frame = comparison.requests.group_by("side").agg(
+        pl.col("input_tokens").mean().alias("prompt"),
+        (pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0).mean().alias("uncached"),
+    )
+    means = {r["side"]: r for r in frame.to_dicts()}
+    if "baseline" not in means or "candidate" not in means:
+        return None
+    for column, owner in (("prompt", "traffic_mix"), ("uncached", "prefix_cache")):
+        before, after = means["baseline"][column], means["candidate"][column]
+        if before and after and after / before >= 1 + DRIVER_MIN_CHANGE:
+            return owner
+    return None
 
 
 def _slower_at_equal_batch(comparison: Comparison, metrics: MetricView | None, stage: str) -> bool:

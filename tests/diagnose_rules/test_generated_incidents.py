@@ -397,3 +397,17 @@ def test_replicas_removed_at_the_deploy_that_keep_exporting_an_idle_gauge_are_ca
     assert "replicas removed" in incident.truth.detail  # type: ignore[attr-defined]
     assert findings, "no finding at all"
     assert findings[0][0] == "capacity", findings
+
+
+def test_decode_steps_slowed_by_a_new_tenants_prefill_chunks_are_the_mix(tmp_path: Path) -> None:
+    # A new tenant sends 25 % of the traffic with longer prompts (vLLM V1, chunked prefill): the
+    # decode steps now carry 2.4x the prompt tokens, so TPOT rose at equal running batch. The
+    # stage fallback handed that part of the decode rise to prefill_slowdown, although prefill
+    # per uncached token did not rise at equal batch and size (7 %, z 2.5): the steps carry
+    # more prefill, not costlier prefill, and more prompt tokens per request is the mix.
+    incident, findings = _diagnosed(81, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "traffic_mix"  # type: ignore[attr-defined]
+    assert "new tenant" in incident.truth.detail  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "traffic_mix", findings
+    assert all(cause != "prefill_slowdown" for cause, _, _ in findings), findings
