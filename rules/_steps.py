@@ -158,24 +158,44 @@ class StepMix:
     mean step time over its decode: ``tpot = a + b * running + g * prefill_per_step``, where
     ``prefill_per_step`` is the prompt tokens its replica prefilled while it decoded, per
     its own output token. A prefill regression raises ``g``; a decode regression raises
-    ``a`` and ``b``. Fitted per side by least squares; the rise is split at the candidate's
-    mean work.
+    ``a`` and ``b``; more prefill arriving (longer or less cached prompts, more requests)
+    raises ``prefill_per_step`` at the same ``g``. Fitted per side by least squares; the
+    change of the mean TPOT splits exactly into the coefficients' changes at the
+    candidate's mean work and the work's change at the baseline's coefficients.
 
     Attributes:
         decode_part: (a_c - a_b) + (b_c - b_b) * mean candidate running, seconds per token.
         prefill_part: (g_c - g_b) * mean candidate prefill per step, seconds per token.
         prefill_per_step: mean prompt tokens prefilled per decode step, per side.
+        work_part: g_b * (rise of prefill per step that more prefill arriving per replica
+            accounts for), seconds per token: the steps carry more prefill at the baseline's
+            cost per token. The rest of a rise in prefill per step is longer steps gathering
+            more of the same arrivals, the echo of whatever slowed the step.
     """
 
     decode_part: float
     prefill_part: float
     prefill_per_step: SidePair
+    work_part: float = 0.0
+
+    def _share(self, part: float) -> float | None:
+        total = max(self.decode_part, 0.0) + max(self.prefill_part, 0.0) + max(self.work_part, 0.0)
+        return max(part, 0.0) / total if total > 0 else None
 
     @property
     def decode_share(self) -> float | None:
         """The decode part's share of a positive rise (0..1); ``None`` when the TPOT did not rise."""
-        total = max(self.decode_part, 0.0) + max(self.prefill_part, 0.0)
-        return max(self.decode_part, 0.0) / total if total > 0 else None
+        return self._share(self.decode_part)
+
+    @property
+    def prefill_share(self) -> float | None:
+        """The costlier prefill's share of a positive rise (0..1); ``None`` when the TPOT did not rise."""
+        return self._share(self.prefill_part)
+
+    @property
+    def work_share(self) -> float | None:
+        """The share of a positive rise from more prefill per step at the old cost (0..1)."""
+        return self._share(self.work_part)
 
 
 def _prefill_integral(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -267,11 +287,32 @@ def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
         means[s] = x.mean(axis=0)
     delta = fits["candidate"] - fits["baseline"]
     at = means["candidate"]
+    # More prefill per step comes from more prompt tokens arriving per replica (longer or less
+    # cached prompts, more requests) or from longer steps gathering more of the same arrivals
+    # (a slower step's echo). Only the first is work: at most the rise of the prefill arrival
+    # rate per replica, on the baseline's prefill per step.
+    arriving = _prefill_rate(requests, comparison)
+    more = max(0.0, arriving - 1.0) * means["baseline"][2] if arriving is not None else 0.0
     return StepMix(
         decode_part=float(delta[0] + delta[1] * at[1]),
         prefill_part=float(delta[2] * at[2]),
         prefill_per_step=SidePair(float(means["baseline"][2]), float(at[2])),
+        work_part=float(fits["baseline"][2] * min(more, max(0.0, at[2] - means["baseline"][2]))),
     )
+
+
+def _prefill_rate(requests: pl.DataFrame, comparison: Comparison) -> float | None:
+    """Candidate / baseline uncached prompt tokens arriving per second per replica (``None`` if unknown)."""
+    agg = requests.group_by("side").agg(pl.col("_uncached").mean().alias("u"), pl.col("replica").n_unique().alias("r"))
+    rows = {r["side"]: r for r in agg.to_dicts()}
+    rate = comparison.arrival_rate
+    per: list[float] = []
+    for s, arrivals in zip(SIDES, (rate.baseline, rate.candidate), strict=True):
+        row = rows.get(s)
+        if row is None or not row["r"] or not row["u"] or not arrivals:
+            return None
+        per.append(float(row["u"]) * arrivals / float(row["r"]))
+    return per[1] / per[0]
 
 
 _MIX_CACHE: weakref.WeakKeyDictionary[Comparison, tuple[StepMix | None]] = weakref.WeakKeyDictionary()

@@ -92,7 +92,9 @@ def decode_slowdown(
             Evidence("tpot_rise_from_decode_work_s", 0.0, rnd(mix.decode_part),
                      "TPOT change the decode work of a step accounts for (fixed + per running sequence)"),
             Evidence("tpot_rise_from_shared_prefill_s", 0.0, rnd(mix.prefill_part),
-                     f"TPOT change from costlier prefill in the same steps "
+                     "TPOT change from costlier prefill in the same steps"),
+            Evidence("tpot_rise_from_more_prefill_s", 0.0, rnd(mix.work_part),
+                     f"TPOT change from more prefill in the same steps at the old cost "
                      f"({mix.prefill_per_step.baseline:.0f} -> {mix.prefill_per_step.candidate:.0f} prompt tokens "
                      "per decode step)"),
         )  # fmt: skip

@@ -95,10 +95,11 @@ def prefill_slowdown(
             extra = (Evidence("tpot_s_change_at_equal_batch", 0.0, rnd(decode.rise),
                               "decode slowed less than prefill: the shared steps carry the prefill cost"),)  # fmt: skip
     mix = decode_step_mix(comparison, metrics)
-    if share < 1.0 and mix is not None and mix.decode_share is not None and mix.prefill_part > 0:
+    if share < 1.0 and mix is not None and mix.prefill_share is not None and mix.prefill_part > 0:
         # The decode steps carry prefill chunks too: the part of the decode time's rise that
-        # costlier prefill in those steps accounts for (_steps.StepMix) is this cause's.
-        echo = stage_share(stages, "decode", regression, comparison) * (1 - mix.decode_share)
+        # costlier prefill in those steps accounts for (_steps.StepMix) is this cause's (not
+        # the part from more prefill per step at the old cost: that is the work's).
+        echo = stage_share(stages, "decode", regression, comparison) * mix.prefill_share
         share = min(1.0, share + echo)
         why = f"{echo:.0%} of the tail excess is decode time lost to costlier prefill in shared steps"
         extra += (Evidence("tpot_rise_from_shared_prefill_s", 0.0, rnd(mix.prefill_part), why),)

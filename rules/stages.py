@@ -78,7 +78,7 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
     )
     grew = [d for d in ("capacity", "load") if growth.get(d, 0.0) > 0]
     batch_driver = max(grew, key=lambda d: growth[d], default=None)
-    echo = 0.0
+    echo = more = 0.0
     for driver, stage in (("decode_slowdown", "decode"), ("prefill_slowdown", "prefill")):
         term = out.get(driver)
         if not term:
@@ -97,31 +97,34 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
                 out[driver] = 0.0
             continue
         kept = term * shift.explained_share if shift.z >= 2 else 0.0
-        to_prefill = 0.0
+        moved = 0.0
         mix = decode_step_mix(comparison, metrics) if driver == "decode_slowdown" else None
         if mix is not None and mix.decode_share is not None:
             # Decode steps carry the replica's prefill chunks: the part of the slower decode that
-            # costlier prefill in those steps accounts for is prefill's (see _steps.StepMix).
-            # Added after the loop: the step fit measured it, not prefill's own per-token cost.
-            to_prefill = kept * (1 - mix.decode_share)
-            echo += to_prefill
+            # costlier prefill in those steps accounts for is prefill's, the part from more
+            # prefill per step at the old cost is whatever brought that prefill (_steps.StepMix).
+            # Added after the loop: the step fit measured them, not prefill's own per-token cost.
+            echo += kept * (mix.prefill_share or 0.0)
+            more += kept * (mix.work_share or 0.0)
+            moved = kept * (1 - mix.decode_share)
             kept *= mix.decode_share
         out[driver] = kept
         if batch_driver is not None:
-            out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept - to_prefill)
-    owner = _prefill_echo_owner(comparison, metrics) if echo > 0 else None
-    if owner is not None:
-        out[owner] = out.get(owner, 0.0) + echo
+            out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept - moved)
+    for part, owner in ((echo, _prefill_echo_owner), (more, _prefill_work_owner)):
+        name = owner(comparison, metrics) if part > 0 else None
+        if name is not None:
+            out[name] = out.get(name, 0.0) + part
     return {k: v for k, v in out.items() if v > 0}
 
 
 def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str | None:
-    """Who owns the part of a slower decode that the prefill sharing its steps accounts for.
+    """Who owns the part of a slower decode that costlier prefill sharing its steps accounts for.
 
     ``prefill_slowdown`` when prefill per uncached token rose at equal batch and prompt size
-    (or that cannot be measured: as before). When it did not, the steps carry *more* prefill,
-    not costlier: more prompt tokens per request (``traffic_mix``: a new tenant's long
-    prompts), else more of them uncached (``prefix_cache``); neither, and nothing owns it.
+    (or that cannot be measured: as before). When it did not, the step fit's rise of the
+    prefill cost per token is the prompts' own (longer prompts cost more per token): it goes
+    where more prefill per step goes (:func:`_prefill_work_owner`).
     """
     try:
         cost = engine_cost(comparison, metrics, "prefill")
@@ -130,18 +133,30 @@ def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str | No
     shift = cost.shift or cost.size_shift
     if shift is None or (shift.z >= 2 and shift.rise >= DRIVER_MIN_CHANGE):
         return "prefill_slowdown"
+    return _prefill_work_owner(comparison, metrics)
+
+
+def _prefill_work_owner(comparison: Comparison, metrics: MetricView) -> str | None:
+    """Who brought more prefill into the decode steps: more prompt tokens per request
+    (``traffic_mix``: a new tenant's long prompts), else more of them uncached
+    (``prefix_cache``), else more requests per replica (``load``/``capacity``, whichever
+    drove the queue); ``None`` when none of them rose.
+    """
     frame = comparison.requests.group_by("side").agg(
         pl.col("input_tokens").mean().alias("prompt"),
         (pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0).mean().alias("uncached"),
     )
     means = {r["side"]: r for r in frame.to_dicts()}
-    if "baseline" not in means or "candidate" not in means:
-        return None
-    for column, owner in (("prompt", "traffic_mix"), ("uncached", "prefix_cache")):
-        before, after = means["baseline"][column], means["candidate"][column]
-        if before and after and after / before >= 1 + DRIVER_MIN_CHANGE:
-            return owner
-    return None
+    if "baseline" in means and "candidate" in means:
+        for column, owner in (("prompt", "traffic_mix"), ("uncached", "prefix_cache")):
+            before, after = means["baseline"][column], means["candidate"][column]
+            if before and after and after / before >= 1 + DRIVER_MIN_CHANGE:
+                return owner
+    growth = per_replica(
+        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+    )
+    grew = [d for d in ("capacity", "load") if growth.get(d, 0.0) > 0]
+    return max(grew, key=lambda d: growth[d], default=None)
 
 
 def _slower_at_equal_batch(comparison: Comparison, metrics: MetricView | None, stage: str) -> bool:
