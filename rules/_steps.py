@@ -13,6 +13,7 @@ a change in how the engine batches apart from the engine getting slower:
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,18 +69,21 @@ class BatchShape:
 
     @property
     def changed(self) -> bool:
-        """Whether the step budget moved: the largest steps changed bucket *and* the p99 moved with them.
+        """Whether the step budget moved: the largest steps changed bucket *and* the p99 moved too.
 
         The work-adjusted p99 must move by :data:`BATCH_SHAPE_FACTOR` and the
-        cap by a factor of 2 (one power-of-two bucket) in the same direction.
+        cap by a factor of 2 (one power-of-two bucket), each in either direction.
         Longer steps under load or slower decodes collect more arrivals, which
         moves the p99 while the budget-pinned cap stays; the mean is not used
         at all (it grows with the running batch).
         """
         r, cap = self.p99_ratio, self.cap.ratio
-        if r is None or cap is None:
+        if r is None or cap is None or r <= 0 or cap <= 0:
             return False
-        return (r >= BATCH_SHAPE_FACTOR and cap >= 2.0) or (r <= 1 / BATCH_SHAPE_FACTOR and cap <= 0.5)
+        # Either direction each: a budget cut below long prompts splits their one big step into
+        # many budget-sized chunks, so the cap falls while the p99 rises (1050244: 16384 -> 256,
+        # p99 15 -> 246 tokens); a raise does the reverse.
+        return abs(math.log(r)) >= math.log(BATCH_SHAPE_FACTOR) and abs(math.log(cap)) >= math.log(2.0)
 
     def evidence(self) -> list[Evidence]:
         """Evidence rows for the tokens-per-step distribution."""

@@ -12,7 +12,9 @@ Signals:
 * ``vllm:iteration_tokens`` histogram: mean, p99 and cap (the bucket of the
   99.9th percentile) of tokens per step per window. The budget shows in the
   largest steps: the shape counts as changed when the cap moved by a bucket
-  (x2) and the p99 by x1.5 the same way (the mean grows with the running batch
+  (x2) and the p99 by x1.5, each either way (a cut below long prompts splits
+  their one big step into many budget-sized chunks: the cap falls, the p99
+  rises) (the mean grows with the running batch
   under any load and is not judged). Mean and p99 are divided by the change
   in uncached prompt tokens per request (prompt-token counter per request x
   (1 - prefix-cache hit rate)), because a cache-hit drop or longer prompts

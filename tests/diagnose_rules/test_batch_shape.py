@@ -1,0 +1,31 @@
+"""When the tokens-per-step distribution says the step budget moved (``_steps.BatchShape.changed``)."""
+
+from __future__ import annotations
+
+from sre_agent.rules._steps import BatchShape
+from sre_agent.rules_api import SidePair
+
+
+def _shape(p99: tuple[float, float], cap: tuple[float, float], work_ratio: float = 1.0) -> BatchShape:
+    flat = SidePair(30.0, 30.0)
+    return BatchShape(mean=flat, p90=flat, p99=SidePair(*p99), steps=SidePair(9e4, 9e4), cap=SidePair(*cap),
+                      work_ratio=work_ratio)  # fmt: skip
+
+
+def test_a_cut_below_long_prompts_lowers_the_cap_and_raises_the_p99() -> None:
+    # max_num_batched_tokens 16384 -> 256 with ~4,000-token prompts: each prompt's one big step
+    # becomes 16 chunks of 256, so budget-sized steps become common (p99 15 -> 246 tokens)
+    # while the largest step falls to the budget. Before, the two had to move the same way.
+    assert _shape((15.3, 246.0), (16384.0, 256.0)).changed
+
+
+def test_a_cut_or_raise_that_moves_both_the_same_way() -> None:
+    assert _shape((2000.0, 240.0), (4096.0, 256.0)).changed
+    assert _shape((240.0, 2000.0), (256.0, 4096.0)).changed
+
+
+def test_busier_steps_under_a_pinned_budget_are_not_a_budget_change() -> None:
+    # More arrivals (or slower steps gathering more of them) raise the p99, not the cap.
+    assert not _shape((200.0, 600.0), (8192.0, 8192.0)).changed
+    # Longer prompts raise both, and the p99 rise is the work's (work-adjusted it is flat).
+    assert not _shape((200.0, 600.0), (2048.0, 8192.0), work_ratio=3.0).changed
