@@ -9,12 +9,18 @@ output-length buckets (powers of two) and the categorical request attributes
 whose shares moved, and read the reweighted baseline's quantile. The part of
 the change it reproduces is the *composition* effect (the mix); the rest is
 the *structure* effect (the stack got slower for the same requests).
+
+Confidence grows with how far the mix moved beyond chance: two samples of one
+mix differ over many cells too (the expected total variation of two samples of
+the pooled requests, estimated by shuffling the side labels), and only the distance beyond that
+counts; no finding when the mix moved no more than that.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import polars as pl
 
 from sre_agent.rules._mechanism import SERVING_DIMENSIONS
@@ -24,6 +30,8 @@ from sre_agent.rules_api import Evidence, Finding, Regression
 MIN_SHIFT = 0.03
 #: Most categorical covariates combined with the length buckets (more cells = noisier weights).
 MAX_CATEGORICAL = 2
+#: Side-label shuffles averaged for the distance two samples of one mix have by chance.
+NULL_DRAWS = 20
 #: Cap on one baseline request's weight, so a rare cell cannot dominate.
 MAX_WEIGHT = 25.0
 _COLUMN_OF = {"e2e": "e2e_s", "ttft": "ttft_s", "tpot": "tpot_s", "itl": "tpot_s"}
@@ -35,6 +43,26 @@ def _weighted_quantile(values: pl.Series, weights: pl.Series, q: float) -> float
     total = float(cum[-1])
     idx = int(cum.search_sorted(q * total, side="left"))
     return float(frame["v"][min(idx, frame.height - 1)])
+
+
+def _chance_distance(frame: pl.DataFrame, n_c: int) -> float:
+    """Mean total variation over ``_cell`` between the sides with the side labels shuffled.
+
+    What two samples of one mix differ by at these sample sizes and cells (a permutation
+    null: exact in expectation however sparse the cells, unlike a normal approximation).
+    Seeded, so a diagnosis is reproducible.
+    """
+    codes = frame["_cell"].cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
+    k, n = int(codes.max()) + 1, len(codes)
+    rng = np.random.default_rng(0)
+    total = 0.0
+    for _ in range(NULL_DRAWS):
+        picked = np.zeros(n, dtype=bool)
+        picked[rng.choice(n, size=n_c, replace=False)] = True
+        cand = np.bincount(codes[picked], minlength=k) / n_c
+        base = np.bincount(codes[~picked], minlength=k) / (n - n_c)
+        total += 0.5 * float(np.abs(cand - base).sum())
+    return total / NULL_DRAWS
 
 
 def _tv_distance(frame: pl.DataFrame, key: str) -> float:
@@ -85,6 +113,9 @@ def traffic_mix(regression: Regression, requests: pl.LazyFrame, dimensions: list
     weighted = _new_values_by_length(frame, cells, weighted, n_b, n_c) if categorical else weighted
     unmatched = _unmatched(frame, cells, n_c, bool(categorical))
     tv_cells = 0.5 * float(((cells["nc"] / n_c) - (cells["nb"] / n_b)).abs().sum())
+    # Two samples of one mix differ too: over many cells the expected distance is far from 0
+    # (~0.26 for 400 requests a side in ~40 cells). Only the distance beyond it is a shift.
+    tv_null = _chance_distance(frame, n_c)
 
     base_q = float(base[col].quantile(q, interpolation="linear") or 0.0)
     cand_q = float(cand[col].quantile(q, interpolation="linear") or 0.0)
@@ -106,7 +137,9 @@ def traffic_mix(regression: Regression, requests: pl.LazyFrame, dimensions: list
     ess = float(w.sum()) ** 2 / max(float((w * w).sum()), 1e-12)  # Kish effective sample size
     # Sure of a mix effect when the mix really moved, the weights are not degenerate, and
     # the candidate's requests mostly fall in cells the baseline had.
-    confidence = min(1.0, tv_cells / 0.15) * (ess / (ess + 300.0)) * (1.0 - unmatched)
+    if tv_cells <= tv_null:
+        return None  # the mix moved no more than two samples of one mix do: what it "reproduces" is noise
+    confidence = min(1.0, max(0.0, tv_cells - tv_null) / 0.15) * (ess / (ess + 300.0)) * (1.0 - unmatched)
     label = f"{regression.metric} p{round(q * 100)}"
     evidence = [
         Evidence(
@@ -115,7 +148,12 @@ def traffic_mix(regression: Regression, requests: pl.LazyFrame, dimensions: list
             round(counterfactual, 6),
             f"baseline reweighted to the candidate's mix (candidate: {cand_q:.4g} s)",
         ),
-        Evidence("mix_shift_tv", 0.0, round(tv_cells, 4), f"total variation over cells of {', '.join(covariates)}"),
+        Evidence(
+            "mix_shift_tv",
+            round(tv_null, 4),
+            round(tv_cells, 4),
+            f"total variation over cells of {', '.join(covariates)} (baseline column: expected by chance)",
+        ),
     ]
     for name, expr in (("input_tokens_mean", "input_tokens"), ("output_tokens_mean", "output_tokens")):
         evidence.append(Evidence(name, _mean(base, expr), _mean(cand, expr), ""))
