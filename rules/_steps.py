@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 #: The p99 tokens per step (work-adjusted) must move by this factor to call the batch shape changed.
 BATCH_SHAPE_FACTOR: Final[float] = 1.5
+#: Factor by which the cap alone must fall (two power-of-two buckets) to call the budget cut.
+CAP_CUT: Final[float] = 4.0
+#: Change of uncached prompt tokens per request within which the work counts as the same.
+SAME_WORK: Final[float] = 0.2
 #: Quantile of tokens per step whose bucket stands for the step budget.
 CAP_QUANTILE: Final[float] = 0.999
 
@@ -72,7 +76,8 @@ class BatchShape:
         """Whether the step budget moved: the largest steps changed bucket *and* the p99 moved too.
 
         The work-adjusted p99 must move by :data:`BATCH_SHAPE_FACTOR` and the
-        cap by a factor of 2 (one power-of-two bucket), each in either direction.
+        cap by a factor of 2 (one power-of-two bucket), each in either direction;
+        or the cap alone fall by :data:`CAP_CUT` at the same prefill work per request.
         Longer steps under load or slower decodes collect more arrivals, which
         moves the p99 while the budget-pinned cap stays; the mean is not used
         at all (it grows with the running batch).
@@ -83,7 +88,12 @@ class BatchShape:
         # Either direction each: a budget cut below long prompts splits their one big step into
         # many budget-sized chunks, so the cap falls while the p99 rises (1050244: 16384 -> 256,
         # p99 15 -> 246 tokens); a raise does the reverse.
-        return abs(math.log(r)) >= math.log(BATCH_SHAPE_FACTOR) and abs(math.log(cap)) >= math.log(2.0)
+        if abs(math.log(r)) >= math.log(BATCH_SHAPE_FACTOR) and abs(math.log(cap)) >= math.log(2.0):
+            return True
+        # The largest steps two buckets smaller at the same prefill work per request: nothing but
+        # a lower budget shrinks them (more load, longer or uncached prompts only grow them), and
+        # the p99 may sit below both budgets (1050037: cap 4096 -> 256, p99 311 -> 227).
+        return cap <= 1 / CAP_CUT and abs(math.log(self.work_ratio)) < math.log(1 + SAME_WORK)
 
     def evidence(self) -> list[Evidence]:
         """Evidence rows for the tokens-per-step distribution."""

@@ -14,7 +14,8 @@ Signals:
   largest steps: the shape counts as changed when the cap moved by a bucket
   (x2) and the p99 by x1.5, each either way (a cut below long prompts splits
   their one big step into many budget-sized chunks: the cap falls, the p99
-  rises) (the mean grows with the running batch
+  rises), or the cap alone fell two buckets (x4) at the same prefill work per
+  request, which only a lower budget does (the mean grows with the running batch
   under any load and is not judged). Mean and p99 are divided by the change
   in uncached prompt tokens per request (prompt-token counter per request x
   (1 - prefix-cache hit rate)), because a cache-hit drop or longer prompts
@@ -76,7 +77,7 @@ from sre_agent.rules._mechanism import (
     stage_share,
     tail_shares,
 )
-from sre_agent.rules._steps import batch_shape
+from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, batch_shape
 from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.
@@ -170,6 +171,10 @@ def batch_composition(
             # leaves the bulk of the steps alone, but still shows in those prompts' prefill cost.
             return _budget_signature(comparison, regression, metrics, stages, [*shape.evidence(), *evidence])
         strength = abs(math.log(cap))
+        largest_only = strength < math.log(BATCH_SHAPE_FACTOR) and bool(shape.cap.ratio)
+        if largest_only and shape.cap.ratio:
+            # Only the largest steps moved (a cut below both budgets' p99 step): their fall is the size.
+            strength, cap = abs(math.log(shape.cap.ratio)), shape.cap.ratio
         evidence = [*shape.evidence(), *evidence]
         confidence = 0.9 * clip01(strength / math.log(2.0))
         slower = _step_cost_rise(comparison, metrics)
@@ -181,10 +186,15 @@ def batch_composition(
                                      "per-token cost rose more than the step shape changed"))  # fmt: skip
         direction = "rose" if cap > 1 else "fell"
         stage = "decode" if cap > 1 else "prefill"  # bigger steps stall decodes; smaller ones stretch prefills
+        what = (
+            f"largest steps {shape.cap.baseline:.0f} -> {shape.cap.candidate:.0f}"
+            if largest_only
+            else f"p99 {shape.p99.baseline:.0f} -> {shape.p99.candidate:.0f}"
+        )
         return Finding(
             cause="batch_composition",
-            title=f"Tokens per engine step {direction} at the same load (p99 {shape.p99.baseline:.0f} -> "
-            f"{shape.p99.candidate:.0f}): the step budget or chunked prefill changed",
+            title=f"Tokens per engine step {direction} at the same load ({what}): the step budget or chunked "
+            "prefill changed",
             explained=latency_share(regression, at_stake * clip01(strength / math.log(4.0))),
             confidence=confidence,
             stage=stage,

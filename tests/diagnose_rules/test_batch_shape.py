@@ -24,6 +24,16 @@ def test_a_cut_or_raise_that_moves_both_the_same_way() -> None:
     assert _shape((240.0, 2000.0), (256.0, 4096.0)).changed
 
 
+def test_the_largest_steps_two_buckets_smaller_at_the_same_work_are_a_cut() -> None:
+    # 4096 -> 256 where the p99 step was below both budgets (311 -> 227 tokens): only the
+    # largest steps show it. Before, the p99 had to move x1.5 too.
+    assert _shape((311.0, 227.0), (4096.0, 256.0), work_ratio=1.03).changed
+    # The same fall with half the prompt work per request is the prompts', not the budget's.
+    assert not _shape((311.0, 227.0), (4096.0, 256.0), work_ratio=0.5).changed
+    # One bucket alone is not enough.
+    assert not _shape((311.0, 227.0), (4096.0, 2048.0)).changed
+
+
 def test_busier_steps_under_a_pinned_budget_are_not_a_budget_change() -> None:
     # More arrivals (or slower steps gathering more of them) raise the p99, not the cap.
     assert not _shape((200.0, 600.0), (8192.0, 8192.0)).changed

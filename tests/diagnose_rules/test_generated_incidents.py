@@ -418,3 +418,15 @@ def test_decode_steps_slowed_by_a_new_tenants_prefill_chunks_are_the_mix(tmp_pat
     assert findings, "no finding at all"
     assert findings[0][0] == "traffic_mix", findings
     assert all(cause != "prefill_slowdown" for cause, _, _ in findings), findings
+
+
+def test_a_budget_cut_seen_only_in_the_largest_steps_is_batch_composition(tmp_path: Path) -> None:
+    # max_num_batched_tokens 8192 -> 1024 on a canary split: the p99 step (662 -> 782 tokens) sat
+    # below both budgets, only the largest steps fell (4096 -> 1024). The shape test wanted the
+    # p99 to move x1.5 as well, and prefill_slowdown led on the chunked prompts' longer prefill.
+    incident, findings = _diagnosed(1040005, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "batch_composition"  # type: ignore[attr-defined]
+    assert "max_num_batched_tokens" in incident.truth.detail  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "batch_composition", findings
+    assert "largest steps" in findings[0][2], findings[0]
