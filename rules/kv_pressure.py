@@ -34,8 +34,11 @@ points or more), times ``min(1, candidate KV p90 / 0.9)``. Without a preemption 
 cache that went from below 80 % to above 95 % at p90 gives at most 0.4.
 
 x 0.2 when the KV share one running request holds (mean usage / mean running
-requests) rose by less than 15 %: the cache then filled because more requests
-ran on the same pool (load, capacity, slower steps), whose rules name it.
+requests) rose by less than 15 % beyond the tokens a running request holds
+(prompt + half the output, weighted by the time each request held its blocks):
+the cache then filled because more requests ran on the same pool (load,
+capacity, slower steps) or each held more of it (a new tenant's long answers:
+traffic_mix), whose rules name it, not because the pool shrank.
 
 Scope: the replica (``host.name``, else ``service.instance.id`` on the metric
 points) holding >= 80 % of the candidate's preemptions when several report.
@@ -49,6 +52,8 @@ from __future__ import annotations
 
 import math
 from typing import Final
+
+import polars as pl
 
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
@@ -137,7 +142,14 @@ def kv_pressure(
     pool = kv_per_running(metrics)
     if pool is not None:
         evidence.append(pool[1])
-        if pool[0] < POOL_SHRANK:
+        tokens = _tokens_per_request(comparison, metrics)
+        if tokens is not None:
+            evidence.append(Evidence("tokens_per_running_request", rnd(tokens.baseline, 1), rnd(tokens.candidate, 1),
+                                     "tokens a running request holds in the cache"))  # fmt: skip
+        # Longer requests hold more of the same pool each (a new tenant's long answers): only the
+        # rise of KV per running request beyond the rise of tokens per request is a smaller pool.
+        longer = tokens.ratio if tokens is not None and tokens.ratio else 1.0
+        if pool[0] / max(longer, 1.0) < POOL_SHRANK:
             # The cache filled because more requests were running (more arrivals, fewer replicas,
             # slower steps keep requests longer), each using the same share of it: the pressure is
             # that mechanism's consequence, and its own rule names it.
@@ -186,3 +198,37 @@ def _scope(by_replica: dict[tuple[str, str], float]) -> tuple[dict[str, str], Ev
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
+
+
+def _tokens_per_request(comparison: Comparison, metrics: MetricView) -> SidePair | None:
+    """Tokens a running request holds in the cache, on each side; ``None`` when neither side can say.
+
+    From engine spans: prompt + half the output (the context grows over the decode), averaged
+    over the running requests, i.e. weighted by the time each held its blocks (scheduled to
+    finished): a long answer is running for longer, so it is more of the running population
+    than of the requests. Without spans: prompt + generation counters per finished request.
+    """
+    frame = comparison.requests
+    if frame.height:
+        held = (pl.col("e2e_s") - pl.col("queue_s").fill_null(0.0)).clip(0.0)
+        context = pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0) / 2
+        means = {
+            str(r["side"]): r["t"]
+            for r in frame.filter(held.is_not_null())
+            .group_by("side")
+            .agg(((context * held).sum() / held.sum()).alias("t"))
+            .to_dicts()
+        }
+        pair = SidePair(means.get("baseline"), means.get("candidate"))
+    else:
+        prompt, generated = metrics.counter_delta("prompt_tokens"), metrics.counter_delta("generation_tokens")
+        done = metrics.finished_requests()
+        values = [
+            (p + g) / n if p is not None and g is not None and n else None
+            for p, g, n in (
+                (prompt.baseline, generated.baseline, done.baseline),
+                (prompt.candidate, generated.candidate, done.candidate),
+            )
+        ]
+        pair = SidePair(values[0], values[1])
+    return pair if pair.ratio is not None else None

@@ -430,3 +430,15 @@ def test_a_budget_cut_seen_only_in_the_largest_steps_is_batch_composition(tmp_pa
     assert findings, "no finding at all"
     assert findings[0][0] == "batch_composition", findings
     assert "largest steps" in findings[0][2], findings[0]
+
+
+def test_a_new_tenants_longer_answers_filling_the_cache_are_the_mix(tmp_path: Path) -> None:
+    # A new tenant sends 40 % of the traffic with longer answers: each running request holds more
+    # of the same KV pool, the cache fills and preempts. KV per running request rose, which read
+    # as a smaller pool (kv_pressure led); it rose no more than the tokens a running request
+    # holds (time-weighted: long answers run longer), so the pool did not shrink.
+    incident, findings = _diagnosed(1050285, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "traffic_mix"  # type: ignore[attr-defined]
+    assert "longer answers" in incident.truth.detail  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "traffic_mix", findings
