@@ -122,9 +122,10 @@ def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str | No
     """Who owns the part of a slower decode that costlier prefill sharing its steps accounts for.
 
     ``prefill_slowdown`` when prefill per uncached token rose at equal batch and prompt size
-    (or that cannot be measured: as before). When it did not, the step fit's rise of the
-    prefill cost per token is the prompts' own (longer prompts cost more per token): it goes
-    where more prefill per step goes (:func:`_prefill_work_owner`).
+    (or that cannot be measured: as before). When it did not and more prompt work per request
+    arrived, the step fit's rise of the prefill cost per token is the prompts' own (longer
+    prompts cost more per token): it goes to ``traffic_mix`` or ``prefix_cache``
+    (:func:`_prefill_work_owner`).
     """
     try:
         cost = engine_cost(comparison, metrics, "prefill")
@@ -133,7 +134,11 @@ def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str | No
     shift = cost.shift or cost.size_shift
     if shift is None or (shift.z >= 2 and shift.rise >= DRIVER_MIN_CHANGE):
         return "prefill_slowdown"
-    return _prefill_work_owner(comparison, metrics)
+    # Handed on only when more prefill work arrived to own it: the step fit's own evidence of a
+    # costlier prefill stands when nothing else changed (dev 1040246: prefill x1.58, the per-token
+    # comparison flat at z 0.4 while g rose 85 ms per token).
+    owner = _prefill_work_owner(comparison, metrics)
+    return owner if owner in ("traffic_mix", "prefix_cache") else "prefill_slowdown"
 
 
 def _prefill_work_owner(comparison: Comparison, metrics: MetricView) -> str | None:

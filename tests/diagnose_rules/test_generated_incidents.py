@@ -444,3 +444,14 @@ def test_a_new_tenants_longer_answers_filling_the_cache_are_the_mix(tmp_path: Pa
     assert "longer answers" in incident.truth.detail  # type: ignore[attr-defined]
     assert findings, "no finding at all"
     assert findings[0][0] == "traffic_mix", findings
+
+
+def test_a_prefill_slowdown_the_step_fit_shows_stays_prefill_when_no_work_arrived(tmp_path: Path) -> None:
+    # Prefill x1.58 on long prompts (spans only): prefill per token at equal batch and size read
+    # flat (z 0.4) while the step fit's prefill cost per token rose 85 ms. With no more prompt
+    # work per request to own it, the decode time lost to the costlier prefill stays prefill's
+    # (a first version of the mix hand-off dropped it and the fallback named capacity).
+    incident, findings = _diagnosed(1040246, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "prefill_slowdown"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "prefill_slowdown", findings
