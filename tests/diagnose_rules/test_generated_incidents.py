@@ -301,6 +301,29 @@ _MECHANISM_CASES = [
     # and the dependency rule's SE no longer has a floor of one slice's worth (0.05 s at 20 slices
     # had scored this shift z = 1.8).
     pytest.param(85, "dependency", "gateway-spans+metrics", "guardrail", id="dependency-no-engine-spans"),
+    # 2 of 4 replicas removed; they keep exporting num_requests_running = 0. The plain gauge mean
+    # read the running batch per replica as flat (2.8 -> 3.1) where the two left ran 5.5 each, and
+    # the TPOT headline's tail was split on decode seconds, which fell: no rule explained it.
+    pytest.param(1030005, "capacity", "vllm-v1", "replicas 4 -> 2", id="removed-replicas-idle-gauge"),
+    # A new tenant sends 25 % of the traffic with longer prompts (chunked prefill): the decode steps
+    # carry 2.4x the prompt tokens, so TPOT rose at equal batch. The stage fallback handed that
+    # part to prefill_slowdown, though prefill per uncached token did not rise at equal batch and
+    # size (7 %, z 2.5): the steps carry more prefill, not costlier, and the prompts grew.
+    pytest.param(81, "traffic_mix", "vllm-v1", "More work per request", id="new-tenant-prefill-in-decode-steps"),
+    # max_num_batched_tokens 8192 -> 1024 on a canary split: the p99 step (662 -> 782 tokens) sat
+    # below both budgets, only the largest steps fell; prefill_slowdown led.
+    pytest.param(1040005, "batch_composition", "vllm-v1", "largest steps 4096 -> 1024", id="budget-largest-steps"),
+    # A new tenant's longer answers fill the cache and preempt: KV per running request rose no
+    # more than the tokens a running request holds (time-weighted), so the pool did not shrink;
+    # kv_pressure led.
+    pytest.param(1050285, "traffic_mix", "vllm-v1", "work per request", id="longer-answers-fill-the-cache"),
+    # Prefill x1.58 on long prompts (spans only): prefill per token at equal batch and size read
+    # flat (z 0.4) while the step fit's prefill cost per token rose 85 ms. With no more prompt
+    # work to own it, the decode time lost to the costlier prefill stays prefill's (a first
+    # version of the mix hand-off dropped it and the fallback named capacity).
+    pytest.param(
+        1040246, "prefill_slowdown", "spans-only", "Prefill seconds per uncached token", id="prefill-by-step-fit"
+    ),
 ]
 
 
@@ -393,65 +416,3 @@ def test_a_prefill_slowdown_everywhere_is_not_one_replicas(tmp_path: Path) -> No
     report = diagnose(tmp_path / "store.duckdb", selection)
     assert report.findings[0].cause == "prefill_slowdown", report.findings
     assert "host.name" not in report.findings[0].scope, report.findings[0].scope
-
-
-def test_replicas_removed_at_the_deploy_that_keep_exporting_an_idle_gauge_are_capacity(tmp_path: Path) -> None:
-    # 2 of 4 replicas removed; they keep exporting num_requests_running = 0. The plain gauge
-    # mean read the running batch per replica as flat (2.8 -> 3.1) where the two left ran 5.5
-    # each, and the TPOT headline's tail was split on decode seconds, which fell: no rule
-    # explained the regression. Per serving replica the batch doubled; the TPOT tail is split
-    # in its own unit.
-    incident, findings = _diagnosed(1030005, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "capacity"  # type: ignore[attr-defined]
-    assert "replicas removed" in incident.truth.detail  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "capacity", findings
-
-
-def test_decode_steps_slowed_by_a_new_tenants_prefill_chunks_are_the_mix(tmp_path: Path) -> None:
-    # A new tenant sends 25 % of the traffic with longer prompts (vLLM V1, chunked prefill): the
-    # decode steps now carry 2.4x the prompt tokens, so TPOT rose at equal running batch. The
-    # stage fallback handed that part of the decode rise to prefill_slowdown, although prefill
-    # per uncached token did not rise at equal batch and size (7 %, z 2.5): the steps carry
-    # more prefill, not costlier prefill, and more prompt tokens per request is the mix.
-    incident, findings = _diagnosed(81, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "traffic_mix"  # type: ignore[attr-defined]
-    assert "new tenant" in incident.truth.detail  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "traffic_mix", findings
-    assert all(cause != "prefill_slowdown" for cause, _, _ in findings), findings
-
-
-def test_a_budget_cut_seen_only_in_the_largest_steps_is_batch_composition(tmp_path: Path) -> None:
-    # max_num_batched_tokens 8192 -> 1024 on a canary split: the p99 step (662 -> 782 tokens) sat
-    # below both budgets, only the largest steps fell (4096 -> 1024). The shape test wanted the
-    # p99 to move x1.5 as well, and prefill_slowdown led on the chunked prompts' longer prefill.
-    incident, findings = _diagnosed(1040005, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "batch_composition"  # type: ignore[attr-defined]
-    assert "max_num_batched_tokens" in incident.truth.detail  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "batch_composition", findings
-    assert "largest steps" in findings[0][2], findings[0]
-
-
-def test_a_new_tenants_longer_answers_filling_the_cache_are_the_mix(tmp_path: Path) -> None:
-    # A new tenant sends 40 % of the traffic with longer answers: each running request holds more
-    # of the same KV pool, the cache fills and preempts. KV per running request rose, which read
-    # as a smaller pool (kv_pressure led); it rose no more than the tokens a running request
-    # holds (time-weighted: long answers run longer), so the pool did not shrink.
-    incident, findings = _diagnosed(1050285, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "traffic_mix"  # type: ignore[attr-defined]
-    assert "longer answers" in incident.truth.detail  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "traffic_mix", findings
-
-
-def test_a_prefill_slowdown_the_step_fit_shows_stays_prefill_when_no_work_arrived(tmp_path: Path) -> None:
-    # Prefill x1.58 on long prompts (spans only): prefill per token at equal batch and size read
-    # flat (z 0.4) while the step fit's prefill cost per token rose 85 ms. With no more prompt
-    # work per request to own it, the decode time lost to the costlier prefill stays prefill's
-    # (a first version of the mix hand-off dropped it and the fallback named capacity).
-    incident, findings = _diagnosed(1040246, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "prefill_slowdown"  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "prefill_slowdown", findings
