@@ -35,7 +35,12 @@ prefill rise) when prefill per uncached token rose more at equal batch size, and
 x 0.5 when the offered load per replica changed by more than 10 % (busier
 steps carry more prefill tokens, which the running count does not see).
 
-Quiet (``None``) below a 10 % rise at equal buckets or z < 2.
+Quiet (``None``) below a 10 % rise at equal buckets or z < 2, unless the engine's
+inter-token histogram shows the median decode step rising beyond noise and >= 15 %
+more than the running batch per replica (a step grows at most in proportion to its
+batch at the same cost) at the same load and work per request: prefill steps between
+decodes (vLLM V0) dilute TPOT at equal batch while the median step, a plain decode
+step, doubles. Confidence 0.5 x ``min(1, (step ratio / batch ratio - 1) / 0.3)``.
 
 Scope: the replica whose cost rose compared with itself (at equal batch and prompt
 size, else at equal size when its batch grew no more than its peers') while the
@@ -44,16 +49,26 @@ other replicas' rose at most a third as much (``_engine_cost.slowed_replica``).
 
 from __future__ import annotations
 
+import math
 from typing import Final
+
+import polars as pl
 
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import assess_slowdown, engine_cost, replica_scope
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
-from sre_agent.rules._mechanism import Z_MIN, latency_share, rnd, stage_share
+from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, stage_share
 from sre_agent.rules._steps import batch_shape, decode_step_mix
-from sre_agent.rules_api import Evidence, Finding, Regression, run_late
+from sre_agent.rules_api import Evidence, Finding, Regression, SidePair, run_late
+
+#: How far the median inter-token step must outgrow the running batch to be a slower step.
+STEP_BEYOND_BATCH: Final[float] = 1.15
+#: Work per request (prompt + output, and uncached prompt) that counts as the same.
+SAME_WORK: Final[float] = 0.2
+#: Confidence of a slower step read from the inter-token median alone, at x1.3 beyond the batch.
+STEP_ONLY_CONFIDENCE: Final[float] = 0.5
 
 NEXT_CHECK: Final[str] = (
     "compare decode step time at equal running batch size before and after (engine logs or a fixed-batch "
@@ -77,7 +92,7 @@ def decode_slowdown(
         load_changed=load_moved(comparison, metrics),
     )
     if verdict is None:
-        return None
+        return _step_beyond_batch(comparison, regression, stages, metrics)
     confidence, evidence = verdict.confidence, verdict.evidence
     explained = verdict.explained
     mix = decode_step_mix(comparison, metrics)
@@ -116,5 +131,70 @@ def decode_slowdown(
         stage="decode",
         scope=scope,
         evidence=evidence + scope_evidence,
+        next_check=NEXT_CHECK,
+    )
+
+
+def _step_beyond_batch(
+    comparison: Comparison, regression: Regression, stages: StageDecomposition, metrics: MetricView
+) -> Finding | None:
+    """Decode steps slower than the running batch allows, from the inter-token histogram's median.
+
+    A decode step costs a fixed part and a part per running sequence (``a + b * running``),
+    so at the same cost per step its time grows at most in proportion to the running batch.
+    The median inter-token interval is a plain decode step (prefill steps, and steps carrying
+    large chunks, are the tail). Where prefill steps between decodes dilute TPOT at equal
+    batch (vLLM V0: ITL p50 x2.0 while TPOT +30 % at equal batch, z 0.7; 1050140), a median
+    step that rose beyond noise (the two sides' intervals apart) and >= 15 % more than the
+    running batch is a slower step. Only at the same load per replica, the same work and
+    uncached prompt tokens per request (20 %; else the steps carry other work), and where the
+    step fit can be made, with the rise in the decode work, not in the prefill sharing the steps.
+    """
+    if regression.metric == "error_rate" or load_moved(comparison, metrics) is not False:
+        return None
+    itl = metrics.histogram("itl_seconds")
+    before, after = itl["baseline"], itl["candidate"]
+    running = metrics.running_per_replica()
+    if before is None or after is None or running.ratio is None:
+        return None
+    p50 = SidePair(before.quantile(0.5), after.quantile(0.5))
+    intervals = before.quantile_interval(0.5), after.quantile_interval(0.5)
+    if p50.ratio is None or intervals[0] is None or intervals[1] is None or intervals[1][0] < intervals[0][1]:
+        return None
+    batch = max(running.ratio, 1.0)
+    if p50.ratio < STEP_BEYOND_BATCH * batch:
+        return None
+    frame = comparison.requests
+    work = frame.group_by("side").agg(
+        (pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0)).mean().alias("work"),
+        (pl.col("input_tokens").fill_null(0) - pl.col("cached_tokens").fill_null(0)).clip(0).mean().alias("new"),
+    )
+    rows = {r["side"]: r for r in work.to_dicts()}
+    for column in ("work", "new"):
+        pair = SidePair(*(rows.get(s, {}).get(column) for s in ("baseline", "candidate")))
+        if pair.ratio is None or abs(pair.ratio - 1.0) > SAME_WORK:
+            return None
+    mix = decode_step_mix(comparison, metrics)
+    if mix is not None and mix.decode_share is not None and mix.decode_share < 0.5:
+        return None
+    beyond = p50.ratio / batch
+    share = stage_share(stages, "decode", regression, comparison) + service_time_queue_share(
+        comparison, stages, regression, metrics
+    )
+    evidence = (
+        Evidence("itl_p50_s", rnd(p50.baseline, 6), rnd(p50.candidate, 6),
+                 f"median inter-token interval (histogram); 95 % intervals {intervals[0]} -> {intervals[1]}"),
+        Evidence("running_per_replica", rnd(running.baseline), rnd(running.candidate),
+                 "a step grows at most in proportion to its batch at the same cost"),
+    )  # fmt: skip
+    return Finding(
+        cause="decode_slowdown",
+        title=f"The median decode step rose {p50.ratio - 1:.0%} while the running batch rose {batch - 1:.0%}: "
+        "slower steps, not more of them (inter-token histogram)",
+        # The part of the step's rise the batch cannot account for, of the decode (and queue) share.
+        explained=latency_share(regression, clip01(share) * math.log(beyond) / math.log(p50.ratio)),
+        confidence=STEP_ONLY_CONFIDENCE * min(1.0, (beyond - 1.0) / 0.3),
+        stage="decode",
+        evidence=evidence,
         next_check=NEXT_CHECK,
     )
