@@ -39,7 +39,10 @@ accounts for failed requests).
 ``confidence``: 0.9 x ``min(1, |ln ratio| / ln 2)`` with the histogram, x
 ``|ln ratio| / ln(1 + rise)`` when decode or prefill cost at equal batch size
 rose by more than the step shape moved (slower steps gather more arrivals
-per step, so the shape then follows a slowdown).
+per step, so the shape then follows a slowdown), and x 0.2 when steps grew while
+the median inter-token step (a plain decode step) rose >= 1.5x and the mean
+tokens per step no more than 1.5x as much: they carry more because they last
+longer (a budget raise or chunking turned off leaves the plain decode step).
 Without it (spans only), or when it shows no change in the step p99 (a budget that
 binds only the rare prompts longer than it), a smaller budget still shows in prefill cost per uncached
 token at equal batch: it rose for the longest quarter of prompts (z >= 3, and by
@@ -77,7 +80,7 @@ from sre_agent.rules._mechanism import (
     stage_share,
     tail_shares,
 )
-from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, batch_shape
+from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape
 from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.
@@ -92,6 +95,11 @@ SPANS_ONLY_CONFIDENCE: Final[float] = 0.3
 BUDGET_CONFIDENCE: Final[float] = 0.7
 #: Rise of the long prompts' prefill cost counted as unmistakable.
 FULL_BUDGET_RISE: Final[float] = 0.3
+
+#: Median inter-token step rise from which bigger steps count as slower steps' echo.
+SLOWER_STEP: Final[float] = 1.5
+#: Confidence kept by a step shape that slower steps explain.
+ECHO_DAMPING: Final[float] = 0.2
 
 _ENGINE_COSTS: Final[tuple[Literal["decode", "prefill"], ...]] = ("decode", "prefill")
 
@@ -112,6 +120,27 @@ def _step_cost_rise(comparison: Comparison, metrics: MetricView) -> tuple[str, f
         if cost.shift is not None and cost.shift.z >= Z_MIN and cost.shift.rise > 0:
             rises.append((cost.column, cost.shift.rise))
     return max(rises, key=lambda r: r[1]) if rises else None
+
+
+def _slower_steps(shape: BatchShape, metrics: MetricView) -> Evidence | None:
+    """Evidence that the steps grew because they take longer, or ``None``.
+
+    At the same load, tokens per step are the tokens arriving per second times the step's
+    time: when the median inter-token interval (a plain decode step) rose >= 1.5x and the
+    mean tokens per step rose no more than 1.5x as much, the steps carry more because they
+    last longer, not because the budget let them.
+    """
+    itl = metrics.histogram("itl_seconds")
+    before, after = itl["baseline"], itl["candidate"]
+    if before is None or after is None:
+        return None
+    step = SidePair(before.quantile(0.5), after.quantile(0.5))
+    tokens = shape.mean.ratio
+    if step.ratio is None or tokens is None or step.ratio < SLOWER_STEP or tokens > SLOWER_STEP * step.ratio:
+        return None
+    return Evidence("itl_p50_s", rnd(step.baseline, 6), rnd(step.candidate, 6),
+                    f"the median decode step rose x{step.ratio:.2f} with the mean tokens per step (x{tokens:.2f}): "
+                    "slower steps gather more arrivals")  # fmt: skip
 
 
 def _changed(ratio: float | None, limit: float) -> bool:
@@ -184,6 +213,14 @@ def batch_composition(
             confidence *= strength / math.log1p(slower[1])
             evidence.append(Evidence(f"{slower[0]}_change_at_equal_batch", 0.0, rnd(slower[1]),
                                      "per-token cost rose more than the step shape changed"))  # fmt: skip
+        echo = _slower_steps(shape, metrics) if cap > 1 else None
+        if echo is not None:
+            # Steps that take longer gather more of the same arrivals: tokens per step grow with the
+            # step time (dev 263: decode x3.75, mean tokens per step x3.1, median step x3.9, and the
+            # p99 crossed into the prefill-carrying steps, x58). A budget raise or chunking turned
+            # off leaves the plain decode step, the median, as it was.
+            confidence *= ECHO_DAMPING
+            evidence.append(echo)
         direction = "rose" if cap > 1 else "fell"
         stage = "decode" if cap > 1 else "prefill"  # bigger steps stall decodes; smaller ones stretch prefills
         what = (

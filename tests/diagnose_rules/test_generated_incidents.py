@@ -329,6 +329,14 @@ _MECHANISM_CASES = [
     # inter-token step doubled while the running batch grew 1.31x: a step grows at most in
     # proportion to its batch at the same cost.
     pytest.param(1050140, "decode_slowdown", "vllm-v0", "median decode step", id="v0-decode-by-the-median-step"),
+    # Decode x3.75 at light load: slower steps gather more arrivals, so the mean tokens per step grew
+    # x3.1 and the p99 crossed into the prefill-carrying steps (8 -> 464 tokens, cap 1024 -> 4096);
+    # batch_composition led at 0.9. The median decode step rose x3.9 with the tokens per step: the
+    # steps grew because they last longer.
+    pytest.param(263, "decode_slowdown", "vllm-v1", "Seconds per output token", id="slower-steps-gather-more"),
+    # Its control: chunked prefill turned off makes steps bigger (p99 3871 -> 13615 tokens) at the
+    # same plain decode step, which stays batch_composition.
+    pytest.param(106, "batch_composition", "vllm-v1", "Tokens per engine step rose", id="chunking-off-bigger-steps"),
 ]
 
 
