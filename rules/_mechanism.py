@@ -190,6 +190,13 @@ def side(frame: pl.DataFrame, name: str) -> pl.DataFrame:
     return frame.filter(pl.col("side") == name)
 
 
+def side_means(frame: pl.DataFrame, **columns: pl.Expr) -> dict[str, SidePair]:
+    """Per named expression, its mean over each side's rows (a side without rows is ``None``)."""
+    means = frame.group_by("side").agg(e.mean().alias(k) for k, e in columns.items())
+    rows = {str(r["side"]): r for r in means.to_dicts()}
+    return {k: SidePair(*(rows.get(s, {}).get(k) for s in SIDES)) for k in columns}
+
+
 def require_both_sides(frame: pl.DataFrame, what: str) -> None:
     """Raise :class:`RuleSkipped` naming ``what`` when either side has no rows."""
     if any(side(frame, s).height == 0 for s in SIDES):
@@ -400,6 +407,7 @@ __all__ = [
     "require_both_sides",
     "rnd",
     "side",
+    "side_means",
     "significance",
     "stage_share",
     "tail_shares",

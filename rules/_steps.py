@@ -346,6 +346,8 @@ def decode_step_mix(comparison: Comparison, metrics: MetricView) -> StepMix | No
 __all__ = [
     "BATCH_SHAPE_FACTOR",
     "BatchShape",
+    "CAP_CUT",
+    "SAME_WORK",
     "StepMix",
     "batch_shape",
     "decode_step_mix",

@@ -59,14 +59,12 @@ from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import assess_slowdown, engine_cost, replica_scope
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
-from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, stage_share
-from sre_agent.rules._steps import batch_shape, decode_step_mix
+from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, side_means, stage_share
+from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair, run_late
 
 #: How far the median inter-token step must outgrow the running batch to be a slower step.
 STEP_BEYOND_BATCH: Final[float] = 1.15
-#: Work per request (prompt + output, and uncached prompt) that counts as the same.
-SAME_WORK: Final[float] = 0.2
 #: Confidence of a slower step read from the inter-token median alone, at x1.3 beyond the batch.
 STEP_ONLY_CONFIDENCE: Final[float] = 0.5
 
@@ -164,16 +162,13 @@ def _step_beyond_batch(
     batch = max(running.ratio, 1.0)
     if p50.ratio < STEP_BEYOND_BATCH * batch:
         return None
-    frame = comparison.requests
-    work = frame.group_by("side").agg(
-        (pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0)).mean().alias("work"),
-        (pl.col("input_tokens").fill_null(0) - pl.col("cached_tokens").fill_null(0)).clip(0).mean().alias("new"),
+    work = side_means(
+        comparison.requests,
+        work=pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0),
+        new=(pl.col("input_tokens").fill_null(0) - pl.col("cached_tokens").fill_null(0)).clip(0),
     )
-    rows = {r["side"]: r for r in work.to_dicts()}
-    for column in ("work", "new"):
-        pair = SidePair(*(rows.get(s, {}).get(column) for s in ("baseline", "candidate")))
-        if pair.ratio is None or abs(pair.ratio - 1.0) > SAME_WORK:
-            return None
+    if any(pair.ratio is None or abs(pair.ratio - 1.0) > SAME_WORK for pair in work.values()):
+        return None
     mix = decode_step_mix(comparison, metrics)
     if mix is not None and mix.decode_share is not None and mix.decode_share < 0.5:
         return None

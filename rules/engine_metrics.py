@@ -80,8 +80,9 @@ BACKLOG: Final[float] = 2.0
 MIN_REPLICA_TOKENS: Final[int] = 1000
 
 
-#: What the rate counts when the gateway's root spans are missing (see _requests).
-FINISHED: Final[str] = "latency-histogram count (finished requests)"
+def _arrivals_counted(comparison: Comparison) -> bool:
+    """Whether both windows have the gateway's root spans, so arrivals (not finished requests) are counted."""
+    return all(comparison.root_histograms[s].n > 0 for s in SIDES)
 
 
 def _requests(
@@ -95,13 +96,13 @@ def _requests(
     draining a queue finishes fewer requests than arrive, and the next window's catch-up
     then reads as more arrivals.
     """
-    roots = comparison.root_histograms
-    if all(roots[s].n > 0 for s in SIDES):
+    if _arrivals_counted(comparison):
+        roots = comparison.root_histograms
         counts = SidePair(float(roots["baseline"].n), float(roots["candidate"].n))
         how = "gateway root spans (logical requests) starting per second of window"
     else:
         counts = metrics.finished_requests()
-        how = f"{FINISHED} per second of window"
+        how = "latency-histogram count (finished requests) per second of window"
     if counts.baseline is None or counts.candidate is None:
         return counts, SidePair(None, None), how
     rate = SidePair(counts.baseline / windows["baseline"][2], counts.candidate / windows["candidate"][2])
@@ -173,7 +174,7 @@ def engine_metrics(
     # than they were served: arrivals did not fall with it (1 of 3 replicas removed, metrics
     # only: throughput -23 %, waiting 0.3 -> 65).
     backlog = (waiting.candidate or 0.0) >= max(BACKLOG, 2 * (waiting.baseline or 0.0))
-    throughput_fell_under_backlog = counted.startswith(FINISHED) and rate.ratio < 1 and backlog
+    throughput_fell_under_backlog = not _arrivals_counted(comparison) and rate.ratio < 1 and backlog
     load_per_replica = rate.ratio / replicas.ratio
     # Flat per replica: within 15 %, or the same replicas and an arrival change within noise
     # (bursty traffic moves a short window's rate by 20 % at z < 3).

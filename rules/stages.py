@@ -28,7 +28,7 @@ from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost, replica_scope
-from sre_agent.rules._mechanism import per_replica, wide_enough
+from sre_agent.rules._mechanism import per_replica, side_means, wide_enough
 from sre_agent.rules._steps import decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
@@ -111,21 +111,25 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
         out[driver] = kept
         if batch_driver is not None:
             out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept - moved)
-    for part, owner in ((echo, _prefill_echo_owner), (more, _prefill_work_owner)):
-        name = owner(comparison, metrics) if part > 0 else None
-        if name is not None:
-            out[name] = out.get(name, 0.0) + part
+    if echo > 0:
+        owner = _prefill_echo_owner(comparison, metrics)
+        out[owner] = out.get(owner, 0.0) + echo
+    # More prefill per step came with more prompt work per request, else with more requests
+    # per replica (the batch driver found above); neither, and nothing owns it.
+    owner_of_more = _more_prompt_work(comparison) or batch_driver
+    if more > 0 and owner_of_more is not None:
+        out[owner_of_more] = out.get(owner_of_more, 0.0) + more
     return {k: v for k, v in out.items() if v > 0}
 
 
-def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str | None:
+def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str:
     """Who owns the part of a slower decode that costlier prefill sharing its steps accounts for.
 
     ``prefill_slowdown`` when prefill per uncached token rose at equal batch and prompt size
     (or that cannot be measured: as before). When it did not and more prompt work per request
     arrived, the step fit's rise of the prefill cost per token is the prompts' own (longer
     prompts cost more per token): it goes to ``traffic_mix`` or ``prefix_cache``
-    (:func:`_prefill_work_owner`).
+    (:func:`_more_prompt_work`).
     """
     try:
         cost = engine_cost(comparison, metrics, "prefill")
@@ -137,31 +141,22 @@ def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str | No
     # Handed on only when more prefill work arrived to own it: the step fit's own evidence of a
     # costlier prefill stands when nothing else changed (dev 1040246: prefill x1.58, the per-token
     # comparison flat at z 0.4 while g rose 85 ms per token).
-    owner = _prefill_work_owner(comparison, metrics)
-    return owner if owner in ("traffic_mix", "prefix_cache") else "prefill_slowdown"
+    return _more_prompt_work(comparison) or "prefill_slowdown"
 
 
-def _prefill_work_owner(comparison: Comparison, metrics: MetricView) -> str | None:
-    """Who brought more prefill into the decode steps: more prompt tokens per request
-    (``traffic_mix``: a new tenant's long prompts), else more of them uncached
-    (``prefix_cache``), else more requests per replica (``load``/``capacity``, whichever
-    drove the queue); ``None`` when none of them rose.
-    """
-    frame = comparison.requests.group_by("side").agg(
-        pl.col("input_tokens").mean().alias("prompt"),
-        (pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0).mean().alias("uncached"),
+def _more_prompt_work(comparison: Comparison) -> str | None:
+    """Whether each request brought more prefill: more prompt tokens (``traffic_mix``: a new
+    tenant's long prompts), else more of them uncached (``prefix_cache``); ``None`` otherwise."""
+    means = side_means(
+        comparison.requests,
+        prompt=pl.col("input_tokens"),
+        uncached=(pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0),
     )
-    means = {r["side"]: r for r in frame.to_dicts()}
-    if "baseline" in means and "candidate" in means:
-        for column, owner in (("prompt", "traffic_mix"), ("uncached", "prefix_cache")):
-            before, after = means["baseline"][column], means["candidate"][column]
-            if before and after and after / before >= 1 + DRIVER_MIN_CHANGE:
-                return owner
-    growth = per_replica(
-        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
-    )
-    grew = [d for d in ("capacity", "load") if growth.get(d, 0.0) > 0]
-    return max(grew, key=lambda d: growth[d], default=None)
+    for column, owner in (("prompt", "traffic_mix"), ("uncached", "prefix_cache")):
+        ratio = means[column].ratio
+        if ratio is not None and ratio >= 1 + DRIVER_MIN_CHANGE:
+            return owner
+    return None
 
 
 def _slower_at_equal_batch(comparison: Comparison, metrics: MetricView | None, stage: str) -> bool:
