@@ -7,9 +7,12 @@ commit) and resolves each submission's future only after the batch holding
 it is committed, so an acknowledgement always means "durable in the store".
 
 Span requests are queued half decoded (:class:`~sre_agent.otlp.CollectedSpans`:
-parsed, checked and counted) and the writer builds the columns of a whole
-batch at once: per-request fixed costs are then paid once a commit, and the
-event loop, which also parses HTTP, does less. A request whose attributes
+parsed, checked and counted) and the columns of a whole batch are built at
+once: per-request fixed costs are then paid once a commit, and the event
+loop, which also parses HTTP, does less. Building and committing are two
+threads (issue 18): batch k+1 is built (Python and Arrow) while batch k is
+in DuckDB, which releases the GIL, so under load the writer costs the larger
+of the two stages, not their sum. Only the commit thread touches the store. A request whose attributes
 turn out not to be UTF-8 fails alone (its batch is rebuilt one by one) with
 :class:`~sre_agent.errors.BadPayloadError`, answered 400 like any bad body.
 
@@ -25,6 +28,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import queue
 import threading
 import time
 import zlib
@@ -209,6 +213,23 @@ def _merged_rows(members: list[_Item]) -> pa.Table:
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
 
 
+def _members(batch: list[_Item], kind: TableKind) -> list[_Item]:
+    return [item for item in batch if item.kind == kind and item.table is not None]
+
+
+def _built_rows(batch: list[_Item]) -> dict[str, pa.Table | BaseException]:
+    """Per table, the batch's merged rows, or what building them raised (the commit thread decides)."""
+    built: dict[str, pa.Table | BaseException] = {}
+    for kind in ("spans", "metric_points"):
+        members = _members(batch, kind)
+        if members:
+            try:
+                built[kind] = _merged_rows(members)
+            except Exception as exc:  # boundary: reported per request by the commit thread
+                built[kind] = exc
+    return built
+
+
 def _failure(exc: BaseException) -> StoreError:
     """A StoreError (retryable for the client) wrapping ``exc``."""
     failure = StoreError(f"commit failed: {exc}")
@@ -269,6 +290,10 @@ class Writer:
         self._cond = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._committer: threading.Thread | None = None
+        # Built batches on their way to the commit thread. One slot: the builder may be one
+        # batch ahead, no more, so rows wait in the queue (bounded, counted) rather than here.
+        self._built: queue.Queue[tuple[list[_Item], dict[str, pa.Table | BaseException]] | None] = queue.Queue(1)
         # Rows per second the writer sustained recently; feeds Retry-After.
         self._rate_rows_s = 0.0
         # Requests that passed the capacity check and are being read or decoded.
@@ -353,21 +378,26 @@ class Writer:
     # -- lifecycle ------------------------------------------------------
 
     def start(self) -> None:
-        """Start the writer thread (idempotent)."""
+        """Start the build and commit threads (idempotent)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="sre-agent-writer", daemon=True)
+            self._committer = threading.Thread(target=self._run_commits, name="sre-agent-writer", daemon=True)
+            self._committer.start()
+            self._thread = threading.Thread(target=self._run, name="sre-agent-build", daemon=True)
             self._thread.start()
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Refuse new work, commit everything queued, stop the thread. Safe to call twice."""
+        """Refuse new work, commit everything queued, stop the threads. Safe to call twice."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                log.error("writer did not finish flushing within %.1f s", timeout_s or 0.0)
-        self._thread = None if self._thread is None or not self._thread.is_alive() else self._thread
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in (self._thread, self._committer):
+            if thread is not None:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                if thread.is_alive():
+                    log.error("writer did not finish flushing within %.1f s", timeout_s or 0.0)
+                    return
+        self._thread = self._committer = None
 
     # -- writer thread ----------------------------------------------------
 
@@ -396,22 +426,34 @@ class Writer:
             return batch
 
     def _run(self) -> None:
-        while True:
-            batch = self._take_batch()
-            if batch is None:
-                return
-            self._commit(batch)
+        """The build thread: take a batch, build its rows, hand both to the commit thread."""
+        try:
+            while True:
+                batch = self._take_batch()
+                if batch is None:
+                    return
+                self._built.put((batch, _built_rows(batch)))
+        finally:
+            self._built.put(None)
 
-    def _commit(self, batch: list[_Item]) -> None:
+    def _run_commits(self) -> None:
+        """The commit thread: the only one that touches the store."""
+        while True:
+            built = self._built.get()
+            if built is None:
+                return
+            self._commit(*built)
+
+    def _commit(self, batch: list[_Item], built: dict[str, pa.Table | BaseException]) -> None:
         started = self._clock()
         results: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
         rows_by_table: dict[str, int] = {}
         appenders = (("spans", self.store.append_spans), ("metric_points", self.store.append_metric_points))
         for kind, append in appenders:
-            members = [item for item in batch if item.kind == kind and item.table is not None]
+            members = _members(batch, kind)
             if members:
-                rows_by_table[kind] = self._append(append, members, results, errors)
+                rows_by_table[kind] = self._append(append, members, results, errors, built.get(kind))
         for item in batch:
             if item.call is not None:
                 try:
@@ -435,14 +477,19 @@ class Writer:
         members: list[_Item],
         results: dict[int, Any],
         errors: dict[int, BaseException],
+        built: pa.Table | BaseException | None = None,
     ) -> int:
         """Append the members' rows as one batch; returns rows newly inserted.
 
-        When the merged append fails, each request is retried alone so that
-        one bad request fails only itself, not the requests it was batched with.
+        ``built`` is the members' merged rows, or the error building them
+        raised (None: build them here). When the merged append fails, each
+        request is retried alone so that one bad request fails only itself,
+        not the requests it was batched with.
         """
         try:
-            inserted = append(_merged_rows(members))
+            if isinstance(built, BaseException):
+                raise built
+            inserted = append(_merged_rows(members) if built is None else built)
         except Exception as exc:  # boundary: a failed commit fails its requests, never the writer thread
             if len(members) > 1:
                 log.warning("append of %d batched requests failed (%s); retrying one by one", len(members), exc)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +208,38 @@ def test_an_int32_column_out_of_range_on_the_resource_is_null_not_a_failed_reque
         assert table["resource_attributes"].to_pylist()[0] == [("http.request.resend_count", str(int(value)))]
     body = trace_request([{}], resource={"http.request.resend_count": 3}).SerializeToString()
     assert decode_traces(body, PROTOBUF, normaliser=NORM).table["attempt"].to_pylist() == [3]
+
+
+def test_the_next_batch_is_built_while_the_previous_one_commits(tmp_path: Path) -> None:
+    """Building (Python, GIL) and committing (DuckDB) are two threads: while one batch sits in DuckDB the
+    next is built, and neither is acknowledged before its own commit."""
+    with Store.open(tmp_path / "store.duckdb") as store:
+        append = store.append_spans
+        in_commit, release = threading.Event(), threading.Event()
+
+        def held_append(table: pa.Table) -> int:
+            in_commit.set()
+            assert release.wait(30)
+            return append(table)
+
+        store.append_spans = held_append  # type: ignore[method-assign]
+        writer = Writer(store, queue_max_rows=1000, batch_max_rows=3, flush_interval_s=0)
+        writer.start()
+        try:
+            first = writer.submit("spans", collect_traces(_good(1), PROTOBUF, normaliser=NORM))
+            assert in_commit.wait(30)
+            second = writer.submit("spans", collect_traces(_good(2000), PROTOBUF, normaliser=NORM))
+            deadline = time.monotonic() + 30
+            # The second batch leaves the queue for the build thread and is built (it then waits for
+            # the commit thread) while the first is still held inside its commit.
+            while writer._built.empty() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert writer._built.full()
+            assert not first.done()
+            assert not second.done()
+        finally:
+            release.set()
+        assert first.result(30) == 3
+        assert second.result(30) == 3
+        writer.close(timeout_s=30)
+        assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (6,)
