@@ -220,7 +220,8 @@ def _members(batch: list[_Item], kind: TableKind) -> list[_Item]:
 def _built_rows(batch: list[_Item]) -> dict[str, pa.Table | BaseException]:
     """Per table, the batch's merged rows, or what building them raised (the commit thread decides)."""
     built: dict[str, pa.Table | BaseException] = {}
-    for kind in ("spans", "metric_points"):
+    kinds: tuple[TableKind, ...] = ("spans", "metric_points")
+    for kind in kinds:
         members = _members(batch, kind)
         if members:
             try:
@@ -449,7 +450,10 @@ class Writer:
         results: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
         rows_by_table: dict[str, int] = {}
-        appenders = (("spans", self.store.append_spans), ("metric_points", self.store.append_metric_points))
+        appenders: tuple[tuple[TableKind, Callable[[pa.Table], int]], ...] = (
+            ("spans", self.store.append_spans),
+            ("metric_points", self.store.append_metric_points),
+        )
         for kind, append in appenders:
             members = _members(batch, kind)
             if members:
