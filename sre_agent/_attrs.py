@@ -19,6 +19,7 @@ Both paths produce the same strings, so a row does not depend on the path.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,8 @@ class Attributes:
             doubles, else 0 (see ``integer_ok``).
         integer_ok: where ``integers`` holds a value.
         slow_values: typed value of each slow-path attribute, by index.
+        unspelled: indexes of doubles whose ``values`` entry is NULL until
+            :meth:`spell` (see ``deferred_keys`` of :func:`decode_attributes`).
     """
 
     keys: pa.Array
@@ -62,6 +65,17 @@ class Attributes:
     integers: np.ndarray
     integer_ok: np.ndarray
     slow_values: dict[int, Any]
+    unspelled: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def spell(self, needed: np.ndarray) -> None:
+        """Spell the unspelled doubles that ``needed`` (bool per attribute) marks into ``values``."""
+        chosen = self.unspelled[needed[self.unspelled]]
+        if chosen.size == 0:
+            return
+        mask = np.zeros(len(self.values), bool)
+        mask[chosen] = True
+        self.values = pc.replace_with_mask(self.values, pa.array(mask), format_doubles(self.numbers[chosen]))
+        self.unspelled = self.unspelled[~needed[self.unspelled]]
 
 
 def _empty() -> Attributes:
@@ -137,8 +151,14 @@ class _Buffer:
             raise BadPayloadError(f"span attribute is not valid UTF-8: {exc}") from exc
 
 
-def decode_attributes(flat: pa.Array, norm: Normaliser) -> Attributes:
-    """Decode serialized ``KeyValue`` messages (all attributes of a batch, a binary array without nulls)."""
+def decode_attributes(flat: pa.Array, norm: Normaliser, deferred_keys: frozenset[str] = frozenset()) -> Attributes:
+    """Decode serialized ``KeyValue`` messages (all attributes of a batch, a binary array without nulls).
+
+    Doubles under ``deferred_keys`` are left unspelled (NULL in ``values``,
+    listed in ``unspelled``): a caller that drops most of them (the stored
+    form keeps a latency once, in its column) spells only the rest, with
+    :meth:`Attributes.spell`. Formatting doubles is the costliest step here.
+    """
     m = len(flat)
     if m == 0:
         return _empty()
@@ -166,8 +186,9 @@ def decode_attributes(flat: pa.Array, norm: Normaliser) -> Attributes:
     integer_ok = np.zeros(m, bool)
     double_at = np.flatnonzero(ok & (tag == 0x21) & (payload == 8))
     if double_at.size:
-        raw = buf.byte(value_at[double_at, None] + np.arange(8)).astype(np.uint8)
-        doubles = np.ascontiguousarray(raw).view("<f8").ravel()
+        # Arrow copies the 8-byte slices into one contiguous buffer (cheaper than a numpy 2-D gather).
+        sliced = buf.raw_slices(value_at[double_at], np.full(double_at.size, 8, np.int64))
+        doubles = np.frombuffer(sliced.buffers()[2], "<f8", count=double_at.size).copy()
         finite = np.isfinite(doubles)  # NaN/inf: the slow path spells them as in OTLP JSON
         double_at, doubles = double_at[finite], doubles[finite]
         kinds[double_at] = KIND_DOUBLE
@@ -199,20 +220,25 @@ def decode_attributes(flat: pa.Array, norm: Normaliser) -> Attributes:
 
     strings_at = np.flatnonzero(kinds == KIND_STRING)
     doubles_at = np.flatnonzero(kinds == KIND_DOUBLE)
+    deferred = [key_id for name, key_id in index.items() if name in deferred_keys]
+    unspelled = doubles_at[np.isin(key_ids[doubles_at], deferred)] if deferred else np.zeros(0, np.int64)
+    spelled = doubles_at if unspelled.size == 0 else np.setdiff1d(doubles_at, unspelled, assume_unique=True)
     ints_at = np.flatnonzero(kinds == KIND_INT)
     bools_at = np.flatnonzero(kinds == KIND_BOOL)
     value_pieces = [
         buf.views(value_at[strings_at] + 1, first[strings_at]),
-        format_doubles(numbers[doubles_at]),
+        format_doubles(numbers[spelled]),
         pc.cast(pa.array(integers[ints_at]), pa.string()),
         pc.if_else(pa.array(first[bools_at] == 1), _TRUE, _FALSE),
         pa.array([s[1] for s in slow], pa.string()),
+        pa.nulls(unspelled.size, pa.string()),
     ]
-    values = pa.concat_arrays(value_pieces).take(_positions(m, [strings_at, doubles_at, ints_at, bools_at, slow_at]))
+    groups = [strings_at, spelled, ints_at, bools_at, slow_at, unspelled]
+    values = pa.concat_arrays(value_pieces).take(_positions(m, groups))
 
     values = _redact_content(values, key_ids, key_names, fast, norm)
     slow_values = {int(i): s[2] for i, s in zip(slow_at.tolist(), slow, strict=True)}
-    return Attributes(keys, values, key_ids, key_names, kinds, numbers, integers, integer_ok, slow_values)
+    return Attributes(keys, values, key_ids, key_names, kinds, numbers, integers, integer_ok, slow_values, unspelled)
 
 
 def _distinct_keys(buf: _Buffer, offsets: np.ndarray, lengths: np.ndarray) -> tuple[list[str], np.ndarray]:

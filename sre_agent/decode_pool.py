@@ -60,7 +60,7 @@ def _decode_in_worker(signal: str, body: bytes, media_type: str) -> tuple[bytes,
 
     from sre_agent.receiver import decode_payload
 
-    decoded = decode_payload(signal, body, media_type, _NORMALISER)
+    decoded = decode_payload(signal, body, media_type, _NORMALISER, stored=True)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, decoded.table.schema) as stream:
         stream.write_table(decoded.table)

@@ -202,15 +202,20 @@ def _merged_rows(members: list[_Item]) -> pa.Table:
     """The members' rows as one table; collected spans are built together (one pass for all)."""
     import pyarrow as pa
 
+    from sre_agent._span_rows import to_span_rows
     from sre_agent.otlp import CollectedSpans, build_spans
 
     tables = [item.table for item in members if isinstance(item.table, pa.Table)]
     collected = [item.table for item in members if isinstance(item.table, CollectedSpans)]
     if collected:
-        # In the store's form (Store.append_spans then converts nothing), unless decoded
-        # tables share the batch (a decode pool), whose rows are canonical.
-        tables.append(build_spans(collected, stored=not tables))
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
+        # In the store's form (Store.append_spans then converts nothing).
+        tables.append(build_spans(collected, stored=True))
+    if len(tables) == 1:
+        return tables[0]
+    stored = ["promoted" in table.column_names for table in tables]
+    if any(stored) and not all(stored):  # canonical rows (files, the API) beside stored ones
+        tables = [table if is_stored else to_span_rows(table) for table, is_stored in zip(tables, stored, strict=True)]
+    return pa.concat_tables(tables, promote_options="default")
 
 
 def _members(batch: list[_Item], kind: TableKind) -> list[_Item]:
@@ -616,7 +621,13 @@ class CollectedRequest:
 
 
 def decode_payload(
-    signal: str, body: bytes, media_type: str, normaliser: Normaliser, *, defer_columns: bool = False
+    signal: str,
+    body: bytes,
+    media_type: str,
+    normaliser: Normaliser,
+    *,
+    defer_columns: bool = False,
+    stored: bool = False,
 ) -> Any:
     """Decode one OTLP body with the ingest layer (``DecodedSpans``/``DecodedMetrics``).
 
@@ -634,6 +645,11 @@ def decode_payload(
 
     if signal == "traces" and defer_columns:
         return CollectedRequest(collect_traces(body, media_type, normaliser=normaliser))
+    if signal == "traces" and stored:
+        from sre_agent.otlp import DecodedSpans, build_spans
+
+        collected = collect_traces(body, media_type, normaliser=normaliser)
+        return DecodedSpans(build_spans([collected], stored=True), collected.rejected, collected.errors)
     if signal == "traces":
         return decode_traces(body, media_type, normaliser=normaliser)
     return decode_metrics(body, media_type, normaliser=normaliser)

@@ -325,7 +325,10 @@ def main() -> int:
     total = requests * args.batch
     tmp = tempfile.TemporaryDirectory(prefix="sre-agent-bench-")
     db = args.db or Path(tmp.name) / "ingest.duckdb"
-    server = start_serve(db, "--decode-workers", str(args.decode_workers), grpc=False)
+    # The harness starts serve without SRE_AGENT_* settings; this benchmark passes them on, so that
+    # e.g. SRE_AGENT_FLUSH_INTERVAL_S=0 can be compared against the default.
+    settings = {k: v for k, v in os.environ.items() if k.startswith("SRE_AGENT_")}
+    server = start_serve(db, "--decode-workers", str(args.decode_workers), grpc=False, env=settings)
     print(f"serve pid {server.proc.pid} on {server.http_url}, store {db}", file=sys.stderr)
     overhead, http_cpu_ms = empty_requests(server.http_url, server.proc.pid)
     print(

@@ -243,3 +243,30 @@ def test_the_next_batch_is_built_while_the_previous_one_commits(tmp_path: Path) 
         assert second.result(30) == 3
         writer.close(timeout_s=30)
         assert store.connection.execute("SELECT count(*) FROM spans").fetchone() == (6,)
+
+
+def test_one_batch_of_stored_and_canonical_parts_reads_back_as_each_decoded_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit may hold requests collected here, tables a decode worker built in the stored form and
+    canonical tables (files, the API); they are appended together (no one-by-one retry) and read back
+    as decoding each body alone."""
+    bodies = [_good(1), _good(1000), _good(2000), _good(3000)]
+    parts: list[Any] = [
+        collect_traces(bodies[0], PROTOBUF, normaliser=NORM),
+        build_spans([collect_traces(bodies[1], PROTOBUF, normaliser=NORM)], stored=True),
+        decode_traces(bodies[2], PROTOBUF, normaliser=NORM).table,
+        collect_traces(bodies[3], PROTOBUF, normaliser=NORM),
+    ]
+    expected = pa.concat_tables([decode_traces(body, PROTOBUF, normaliser=NORM).table for body in bodies])
+    with Store.open(tmp_path / "batched.duckdb") as batched, Store.open(tmp_path / "alone.duckdb") as alone:
+        writer = Writer(batched, queue_max_rows=1000, batch_max_rows=1000, flush_interval_s=0)
+        futures = [writer.submit("spans", part) for part in parts]  # queued before start: one batch
+        writer.start()
+        assert [future.result(60) for future in futures] == [3, 3, 3, 3]
+        writer.close(timeout_s=30)
+        assert writer.stats.commits == 1
+        assert not [r for r in caplog.records if "retrying one by one" in r.getMessage()]
+        alone.append_spans(expected)
+        read = "SELECT * EXCLUDE (extra_attributes, extra_resource_attributes, promoted) FROM spans ORDER BY 1, 2"
+        assert batched.connection.execute(read).fetchall() == alone.connection.execute(read).fetchall()
