@@ -1,4 +1,5 @@
-"""Large appends go through a Parquet staging file: same rows as the Arrow scan, no leftovers."""
+"""Large appends of attribute-heavy rows go through a Parquet staging file: same rows as the Arrow scan,
+no leftovers. Most tests here stage whatever the rows hold (``_always_stage``); the last checks the choice."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def _spans(n: int) -> pa.Table:
         spans.append({"attributes": attributes, "start": T0 + i * SECOND})
     request = trace_request(spans, resource={"service.name": "vllm", "service.version": "v1"})
     return decode_traces(request.SerializeToString(), "application/x-protobuf", normaliser=NORM).table
+
+
+@pytest.fixture(autouse=True)
+def _always_stage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if "staging_choice" not in request.node.name:
+        monkeypatch.setattr(store_module, "_STAGE_MIN_MAP_ENTRIES_PER_ROW", 0)
 
 
 def _rows(store: Store) -> list[tuple[object, ...]]:
@@ -124,3 +131,20 @@ def test_staged_metric_points_match_the_arrow_scan(tmp_path: Path, monkeypatch: 
     with Store.open(tmp_path / "arrow.duckdb") as direct:
         assert direct.append_metric_points(table) == 160
         assert direct.connection.execute(query).fetchall() == staged_rows
+
+
+def test_staging_choice_follows_how_many_map_entries_a_row_holds(tmp_path: Path) -> None:
+    """Rows with a few MAP entries (an engine span in ``span_rows`` keeps ~1) are cheaper through the
+    Arrow scan; attribute-heavy rows (a gateway span with dozens of attributes) through Parquet."""
+    narrow = _spans(300)
+    extra = {f"http.extra.{j}": f"v{j}" for j in range(store_module._STAGE_MIN_MAP_ENTRIES_PER_ROW + 2)}
+    heavy = [{"attributes": {**extra, "n": i}, "start": T0 + i * SECOND} for i in range(300)]
+    request = trace_request(heavy, resource={"service.name": "gateway"})
+    wide = decode_traces(request.SerializeToString(), "application/x-protobuf", normaliser=NORM).table
+    with Store.open(tmp_path / "narrow.duckdb") as store:
+        assert store.append_spans(narrow) == 300
+        assert store._stage_dir is None  # no staging folder was ever needed
+    with Store.open(tmp_path / "wide.duckdb") as store:
+        assert store.append_spans(wide) == 300
+        assert store._stage_dir is not None
+        assert store.connection.execute("SELECT attributes['http.extra.0'] FROM spans LIMIT 1").fetchone() == ("v0",)
