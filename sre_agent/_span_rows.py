@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sre_agent.schema import PROMOTED_KEYS, RESOURCE_BIT_OFFSET
+from sre_agent.schema import PROMOTED_KEYS
 
 __all__ = ["safe_doubles", "split_promoted", "to_span_rows"]
 
@@ -69,9 +69,7 @@ def _reproduced(items: pa.Array, entries: np.ndarray, column: pa.Array, spans: n
     return hit
 
 
-def split_promoted(
-    attributes: pa.Array, columns: dict[str, pa.Array], offset: int, promoted: np.ndarray
-) -> pa.MapArray:
+def split_promoted(attributes: pa.Array, columns: dict[str, pa.Array], promoted: np.ndarray) -> pa.MapArray:
     """``attributes`` without the entries their columns reproduce; sets their bits in ``promoted``."""
     if isinstance(attributes, pa.ChunkedArray):
         attributes = attributes.combine_chunks()
@@ -94,7 +92,7 @@ def split_promoted(
         drop[entries[hit]] = True
         # Keys are unique within one map (the decoder keeps a repeated key's first value), so
         # each (span, bit) is set once and plain fancy-index assignment is exact.
-        promoted[spans[hit]] |= np.int64(1) << np.int64(offset + key)
+        promoted[spans[hit]] |= np.int64(1) << np.int64(key)
     if not drop.any():
         return attributes
     keep = ~drop
@@ -108,17 +106,18 @@ def to_span_rows(table: pa.Table) -> pa.Table:
     """The ``span_rows`` form of canonical spans (same rows, same order).
 
     Columns: every canonical column, then ``extra_resource_attributes``,
-    ``extra_attributes`` and ``promoted`` (BIGINT bit set, see
-    :data:`~sre_agent.schema.PROMOTED_KEYS`).
+    ``extra_attributes``, ``promoted`` and ``promoted_resource`` (BIGINT bit
+    sets, see :data:`~sre_agent.schema.PROMOTED_KEYS`).
     """
     n = table.num_rows
     columns = {name: table.column(name).combine_chunks() for name in set(_COLUMN_OF)}
-    promoted = np.zeros(n, np.int64)
-    extra_resource = split_promoted(table.column("resource_attributes"), columns, RESOURCE_BIT_OFFSET, promoted)
-    extra = split_promoted(table.column("attributes"), columns, 0, promoted)
+    promoted, promoted_resource = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    extra_resource = split_promoted(table.column("resource_attributes"), columns, promoted_resource)
+    extra = split_promoted(table.column("attributes"), columns, promoted)
     rows = table.drop_columns(["resource_attributes", "attributes"])
     return (
         rows.append_column("extra_resource_attributes", extra_resource)
         .append_column("extra_attributes", extra)
         .append_column("promoted", pa.array(promoted, pa.int64()))
+        .append_column("promoted_resource", pa.array(promoted_resource, pa.int64()))
     )

@@ -32,7 +32,6 @@ from sre_agent.schema import (
     INT32_BOUND,
     PROMOTED_KEYS,
     QUEUE_TOLERANCE_S,
-    RESOURCE_BIT_OFFSET,
     RESOURCE_FIRST_COLUMNS,
     SPAN_ATTRIBUTE_SOURCES,
     spans_arrow_schema,
@@ -318,15 +317,16 @@ def _table(batch: _Batch, norm: Normaliser, valid: np.ndarray, *, stored: bool =
         columns["resource_attributes"] = _resource_map(resource_maps, n)
         return pa.Table.from_arrays([_as_type(columns[f.name], f.type) for f in schema], schema=schema)
     typed = {f.name: _as_type(columns[f.name], f.type) for f in schema if f.name in columns}
-    promoted = np.zeros(n, np.int64)
+    promoted, promoted_resource = np.zeros(n, np.int64), np.zeros(n, np.int64)
     dropped = _reproduced_entries(attrs, span_of_attr, ~repeated, typed, promoted)
-    extra_resource = split_promoted(_resource_map(resource_maps, n), typed, RESOURCE_BIT_OFFSET, promoted)
+    extra_resource = split_promoted(_resource_map(resource_maps, n), typed, promoted_resource)
     rows = {name: typed[name] for name in schema.names if name not in ("attributes", "resource_attributes")}
     rows["extra_resource_attributes"] = extra_resource
     keep = ~(repeated | dropped)
     attrs.spell(keep)
     rows["extra_attributes"] = _attribute_map(offsets, attrs, keep)
     rows["promoted"] = pa.array(promoted, pa.int64())
+    rows["promoted_resource"] = pa.array(promoted_resource, pa.int64())
     return pa.Table.from_pydict(rows)
 
 

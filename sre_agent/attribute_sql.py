@@ -23,12 +23,12 @@ _INDEX: Final[dict[str, int]] = {key: i for i, (key, _) in enumerate(PROMOTED_KE
 
 def lookup_sql(key: str, whole_map: str) -> str:
     """``whole_map[key]`` (``attributes`` or ``resource_attributes``) read from the stored parts."""
-    stored, offset = MAP_PARTS[whole_map]
+    stored, bits_column = MAP_PARTS[whole_map]
     direct = f"{stored}[{literal(key)}]"
     index = _INDEX.get(key)
     if index is None:
         return direct
-    bit, value = promoted_sql(index, offset)
+    bit, value = promoted_sql(index, bits_column)
     # A promoted entry is never also in the stored map, so at most one of the two is non-NULL.
     return f"coalesce({direct}, CASE WHEN {bit} THEN {value} END)"
 
@@ -38,9 +38,9 @@ def entries_sql(relation: str, whole_map: str, extra: str = "") -> str:
 
     ``extra`` is appended to each select list (e.g. ``", true AS span_side"``).
     """
-    stored, offset = MAP_PARTS[whole_map]
+    stored, bits_column = MAP_PARTS[whole_map]
     parts = [f"SELECT unnest(map_entries({stored}), recursive := true){extra} FROM {relation}"]
     for index, (key, _) in enumerate(PROMOTED_KEYS):
-        bit, value = promoted_sql(index, offset)
+        bit, value = promoted_sql(index, bits_column)
         parts.append(f"SELECT {literal(key)} AS key, {value} AS value{extra} FROM {relation} WHERE {bit}")
     return " UNION ALL ".join(parts)

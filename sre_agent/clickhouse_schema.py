@@ -53,6 +53,7 @@ from sre_agent.schema import (
     QUEUE_TOLERANCE_S,
     RESOURCE_FIRST_COLUMNS,
     SPAN_ATTRIBUTE_SOURCES,
+    SPAN_COLUMNS,
 )
 from sre_agent.sql_text import literal
 
@@ -119,6 +120,9 @@ def spans_select(table: str = DEFAULT_TRACES_TABLE) -> str:
     # The two columns with fallbacks outside the maps are finished in the outer query.
     alias = {"queue_s": "queue_s_attribute", "error_type": "error_type_attribute"}
     inner = ",\n      ".join(f"{expr} AS {alias.get(name, name)}" for name, expr in attributes.items())
+    # Columns declared after error_type (schema 3's request parameters) pass through as the inner query spells them.
+    names = [c.name for c in SPAN_COLUMNS if c.name not in ("attributes", "resource_attributes")]
+    after_error_type = "".join(f"{name}, " for name in names[names.index("error_type") + 1 :])
     return f"""
 SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, duration_s, status_code, status_message,
   service_name, service_version, service_instance, host_name, tenant_id, scope_name,
@@ -131,7 +135,7 @@ SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, duration
   if(output_tokens > 1, decode_s / toFloat64(output_tokens - 1), NULL) AS tpot_s,
   finish_reason, attempt,
   coalesce(error_type_attribute, nullIf({exception}, ''), if(status_code = 'error', 'error', NULL)) AS error_type,
-  resource_attributes, attributes
+  {after_error_type}resource_attributes, attributes
 FROM (
   SELECT
       lower(TraceId) AS trace_id,

@@ -52,8 +52,12 @@ __all__ = [
 # Canonical columns filled from attributes, in a fixed order: the slot
 # index of a column in the per-span value list built by the decoder.
 CANONICAL_COLUMNS: Final[tuple[str, ...]] = tuple(SPAN_ATTRIBUTE_SOURCES)
-INT_COLUMNS: Final[frozenset[str]] = frozenset({"input_tokens", "output_tokens", "cached_tokens", "attempt"})
-FLOAT_COLUMNS: Final[frozenset[str]] = frozenset({"queue_s", "ttft_s", "prefill_s", "decode_s", "inference_s", "e2e_s"})
+INT_COLUMNS: Final[frozenset[str]] = frozenset(
+    {"input_tokens", "output_tokens", "cached_tokens", "attempt", "max_tokens", "choice_count"}
+)
+FLOAT_COLUMNS: Final[frozenset[str]] = frozenset(
+    {"queue_s", "ttft_s", "prefill_s", "decode_s", "inference_s", "e2e_s", "temperature", "top_p"}
+)
 
 # Priority offsets: a lower number wins. Span attributes beat resource
 # attributes except for RESOURCE_FIRST_COLUMNS, where the resource wins.

@@ -41,9 +41,14 @@ well, they made DuckDB's MAP append the largest cost of ingest (issue 18:
 once: an attribute in :data:`PROMOTED_KEYS` whose value is spelled exactly
 as DuckDB spells its column (``CAST(column AS VARCHAR)``) is left out of
 ``extra_attributes`` / ``extra_resource_attributes`` and its bit is set in
-``promoted``; the ``spans`` view puts it back. Every other entry, and every
-entry of rows stored before this layout (``promoted = 0``), stays in the
-maps as received, so ``attributes['k']`` reads exactly what it always did.
+``promoted`` / ``promoted_resource``; the ``spans`` view puts it back. Every
+other entry, and every entry of rows stored before this layout (bits 0),
+stays in the maps as received, so ``attributes['k']`` reads exactly what it
+always did. Schema 3 gave the resource map its own bit column (schema 2 kept
+its bits at 32 and up in ``promoted``) so that more keys fit, and promoted
+the request parameters (``max_tokens``, ``temperature``, ``top_p``,
+``choice_count``), which were most of what an engine span still kept in its
+map: each MAP entry costs DuckDB ~0.8 us to append.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ __all__ = [
     "MAP_PARTS",
     "PROMOTED_KEYS",
     "QUEUE_TOLERANCE_S",
-    "RESOURCE_BIT_OFFSET",
+    "MAX_PROMOTED_KEYS",
     "RESOURCE_FIRST_COLUMNS",
     "SPANS_DDL",
     "SPANS_VIEW_DDL",
@@ -133,6 +138,10 @@ SPAN_COLUMNS: Final[tuple[Column, ...]] = (
     Column("finish_reason", pa.string(), "VARCHAR", "first finish reason (stop, length, abort, ...)"),
     Column("attempt", pa.int32(), "INTEGER", "http.request.resend_count (0 = first attempt)"),
     Column("error_type", pa.string(), "VARCHAR", "error.type, else exception type, when the span failed"),
+    Column("max_tokens", pa.int64(), "BIGINT", "the request's cap on generated tokens (gen_ai.request.max_tokens)"),
+    Column("temperature", pa.float64(), "DOUBLE", "sampling temperature requested (gen_ai.request.temperature)"),
+    Column("top_p", pa.float64(), "DOUBLE", "nucleus sampling p requested (gen_ai.request.top_p)"),
+    Column("choice_count", pa.int64(), "BIGINT", "completions requested (gen_ai.request.choice.count; vLLM: .n)"),
     Column("resource_attributes", _MAP, _MAP_SQL, "every resource attribute, values as strings"),
     Column("attributes", _MAP, _MAP_SQL, "every span attribute, values as strings"),
 )
@@ -171,6 +180,13 @@ SPAN_ATTRIBUTE_SOURCES: Final[dict[str, tuple[str, ...]]] = {
     "finish_reason": ("gen_ai.response.finish_reasons", "finish_reason"),
     "attempt": ("http.request.resend_count",),
     "error_type": ("error.type", "exception.type"),
+    # Schema 3: the request parameters vLLM (V1 always; V0 and SGLang when truthy) puts on every
+    # request span. In the maps they were most of what an engine span kept there, and DuckDB
+    # appends a MAP entry at ~0.8 us (issue 18); as columns they cost a few ns and can be sliced on.
+    "max_tokens": ("gen_ai.request.max_tokens",),
+    "temperature": ("gen_ai.request.temperature",),
+    "top_p": ("gen_ai.request.top_p",),
+    "choice_count": ("gen_ai.request.choice.count", "gen_ai.request.n"),
 }
 
 RESOURCE_FIRST_COLUMNS: Final[frozenset[str]] = frozenset(
@@ -224,13 +240,14 @@ def spans_arrow_schema() -> pa.Schema:
 
 #: Attribute keys a canonical column is read from, as ``(key, column)`` in the order of
 #: :data:`SPAN_ATTRIBUTE_SOURCES`: bit ``i`` of ``span_rows.promoted`` stands for
-#: ``PROMOTED_KEYS[i]`` in the span's attributes, bit ``RESOURCE_BIT_OFFSET + i`` for it in the
-#: resource's. Stored rows depend on this order, so a new source is appended at the end of
+#: ``PROMOTED_KEYS[i]`` in the span's attributes, bit ``i`` of ``promoted_resource`` for it in
+#: the resource's. Stored rows depend on this order, so a new source is appended at the end of
 #: SPAN_ATTRIBUTE_SOURCES (tests/core/test_schema.py pins the order).
 PROMOTED_KEYS: Final[tuple[tuple[str, str], ...]] = tuple(
     (key, column) for column, keys in SPAN_ATTRIBUTE_SOURCES.items() for key in keys
 )
-RESOURCE_BIT_OFFSET: Final[int] = 32
+#: Bits a promoted mask can hold (BIGINT, sign bit unused).
+MAX_PROMOTED_KEYS: Final[int] = 63
 
 _CANONICAL_SPAN_COLUMNS = [c for c in SPAN_COLUMNS if c.name not in ("attributes", "resource_attributes")]
 
@@ -240,33 +257,33 @@ SPAN_ROWS_DDL: Final[str] = (
     "CREATE TABLE IF NOT EXISTS span_rows (\n    "
     + ",\n    ".join(f"{c.name} {c.duckdb}" for c in _CANONICAL_SPAN_COLUMNS)
     + f",\n    extra_resource_attributes {_MAP_SQL},\n    extra_attributes {_MAP_SQL},"
-    + "\n    promoted BIGINT DEFAULT 0\n)"
+    + "\n    promoted BIGINT DEFAULT 0,\n    promoted_resource BIGINT DEFAULT 0\n)"
 )
 
 
-#: Each whole map of the ``spans`` view -> (its stored part, the offset of its bits in ``promoted``).
-MAP_PARTS: Final[dict[str, tuple[str, int]]] = {
-    "resource_attributes": ("extra_resource_attributes", RESOURCE_BIT_OFFSET),
-    "attributes": ("extra_attributes", 0),
+#: Each whole map of the ``spans`` view -> (its stored part, the column holding its promoted bits).
+MAP_PARTS: Final[dict[str, tuple[str, str]]] = {
+    "resource_attributes": ("extra_resource_attributes", "promoted_resource"),
+    "attributes": ("extra_attributes", "promoted"),
 }
 
 
-def promoted_sql(index: int, offset: int) -> tuple[str, str]:
-    """``(is it promoted, its value)`` in SQL for ``PROMOTED_KEYS[index]`` in the map whose bits start at ``offset``."""
+def promoted_sql(index: int, bits: str) -> tuple[str, str]:
+    """``(is it promoted, its value)`` in SQL for ``PROMOTED_KEYS[index]`` in the map whose bits are column ``bits``."""
     column = PROMOTED_KEYS[index][1]
-    return f"(promoted >> {offset + index}) & 1 = 1", f"CAST({column} AS VARCHAR)"
+    return f"({bits} >> {index}) & 1 = 1", f"CAST({column} AS VARCHAR)"
 
 
 def _map_view_sql(whole_map: str) -> str:
     """The whole map: the stored part, plus the promoted entries rebuilt from their columns."""
-    stored, offset = MAP_PARTS[whole_map]
-    bits, values = zip(*(promoted_sql(i, offset) for i in range(len(PROMOTED_KEYS))), strict=True)
+    stored, bit_column = MAP_PARTS[whole_map]
+    bits, values = zip(*(promoted_sql(i, bit_column) for i in range(len(PROMOTED_KEYS))), strict=True)
     keys = ", ".join(f"'{key}'" for key, _ in PROMOTED_KEYS)
     mask = ", ".join(bits)
     lazy = ", ".join(f"CASE WHEN {bit} THEN {value} END" for bit, value in zip(bits, values, strict=True))
     every = (1 << len(PROMOTED_KEYS)) - 1
     return (
-        f"CASE WHEN (promoted >> {offset}) & {every} = 0 THEN {stored} "
+        f"CASE WHEN {bit_column} & {every} = 0 THEN {stored} "
         f"ELSE map_concat({stored}, MAP(list_where([{keys}], [{mask}]), list_where([{lazy}], [{mask}]))) END"
     )
 
@@ -278,7 +295,7 @@ SPANS_VIEW_DDL: Final[str] = (
     "CREATE OR REPLACE VIEW spans AS SELECT\n    "
     + ",\n    ".join(c.name for c in _CANONICAL_SPAN_COLUMNS)
     + "".join(f",\n    {_map_view_sql(name)} AS {name}" for name in MAP_PARTS)
-    + ",\n    extra_resource_attributes, extra_attributes, promoted\nFROM span_rows"
+    + ",\n    extra_resource_attributes, extra_attributes, promoted, promoted_resource\nFROM span_rows"
 )
 
 #: Everything that creates the spans relation: the table, then the view over it (two statements).

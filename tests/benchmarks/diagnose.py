@@ -38,17 +38,16 @@ T0_NS = 1_790_000_000 * 1_000_000_000
 HOUR_NS = 3600 * 1_000_000_000
 
 
-def _bits(resource: tuple[str, ...], span: tuple[str, ...]) -> int:
-    """``span_rows.promoted`` for attributes stored once, in their canonical columns (schema.py)."""
+def _bits(*keys: str) -> int:
+    """``span_rows.promoted`` / ``promoted_resource`` for attributes stored once, in their columns (schema.py)."""
     index = {key: i for i, (key, _) in enumerate(schema.PROMOTED_KEYS)}
-    return sum(1 << (schema.RESOURCE_BIT_OFFSET + index[k]) for k in resource) + sum(1 << index[k] for k in span)
+    return sum(1 << index[k] for k in keys)
 
 
 # The stored form ingest gives these spans: the resource's service.*, host.name and the span's
-# model and tenant live in their columns; the view spells them back into the maps.
-PROMOTED = _bits(
-    ("host.name", "service.instance.id", "service.version", "service.name"), ("gen_ai.request.model", "tenant.id")
-)
+# model, tenant and max_tokens live in their columns; the view spells them back into the maps.
+PROMOTED_RESOURCE = _bits("host.name", "service.instance.id", "service.version", "service.name")
+PROMOTED = _bits("gen_ai.request.model", "tenant.id", "gen_ai.request.max_tokens")
 
 
 def build(path: Path, n: int) -> None:
@@ -85,7 +84,7 @@ def build(path: Path, n: int) -> None:
           'unset', NULL, 'vllm', CASE WHEN cand THEN 'v2' ELSE 'v1' END, pod, host, tenant, 'vllm.llm_engine', true,
           model, 'req-' || i, inp, outp, cached, queue, queue + prefill, prefill, decode, prefill + decode,
           queue + prefill + decode, decode / (outp - 1), CASE WHEN r1 < 0.05 THEN 'length' ELSE 'stop' END, 0, NULL,
-          MAP {{}}, map(['http.route', 'gen_ai.request.max_tokens'], [route, '1024']), {PROMOTED}
+          1024, NULL, NULL, NULL, MAP {{}}, map(['http.route'], [route]), {PROMOTED}, {PROMOTED_RESOURCE}
         FROM l
         """
     )
@@ -178,7 +177,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2, help="timed runs of each; the best is reported")
     parser.add_argument("--phases", action="store_true", help="also print the CPU of each step (see above)")
     args = parser.parse_args()
-    path = args.db or Path(tempfile.gettempdir()) / f"sre-agent-diagnose-bench-{args.spans}-v2.duckdb"
+    path = args.db or Path(tempfile.gettempdir()) / f"sre-agent-diagnose-bench-{args.spans}-v3.duckdb"
     if not path.exists():
         started = time.perf_counter()
         build(path, args.spans)

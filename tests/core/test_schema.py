@@ -14,7 +14,8 @@ def test_ddl_creates_the_declared_columns(tmp_path: Path) -> None:
     con = duckdb.connect(str(tmp_path / "s.duckdb"))
     for ddl in (schema.SPANS_DDL, schema.METRIC_POINTS_DDL, schema.DEPLOYS_DDL):
         con.execute(ddl)
-    stored = ["extra_resource_attributes", "extra_attributes", "promoted"]  # span_rows' own, seen through the view
+    # span_rows' own, seen through the view
+    stored = ["extra_resource_attributes", "extra_attributes", "promoted", "promoted_resource"]
     for table, columns, extra in (
         ("spans", schema.SPAN_COLUMNS, stored),
         ("metric_points", schema.METRIC_POINT_COLUMNS, []),
@@ -28,8 +29,9 @@ def test_ddl_creates_the_declared_columns(tmp_path: Path) -> None:
     con.execute("INSERT INTO span_rows SELECT * FROM batch")
 
 
-# span_rows.promoted stores bit i for PROMOTED_KEYS[i] (schema 2): stores already written depend on
-# this order, so it is pinned here; a new attribute source may only be appended.
+# span_rows.promoted stores bit i for PROMOTED_KEYS[i] (schema 2; promoted_resource too since schema 3):
+# stores already written depend on this order, so it is pinned here; a new attribute source may only
+# be appended.
 _STORED_BIT_ORDER = (
     "service.name", "service.version", "service.instance.id", "k8s.pod.name", "host.name", "k8s.node.name",
     "tenant.id", "gen_ai.request.model", "gen_ai.response.model", "gen_ai.request.id", "rid",
@@ -39,13 +41,16 @@ _STORED_BIT_ORDER = (
     "gen_ai.latency.time_in_model_prefill", "gen_ai.latency.time_in_model_decode",
     "gen_ai.latency.time_in_model_inference", "gen_ai.latency.time_in_model_execute", "gen_ai.latency.e2e",
     "gen_ai.response.finish_reasons", "finish_reason", "http.request.resend_count", "error.type", "exception.type",
+    # schema 3
+    "gen_ai.request.max_tokens", "gen_ai.request.temperature", "gen_ai.request.top_p", "gen_ai.request.choice.count",
+    "gen_ai.request.n",
 )  # fmt: skip
 
 
 def test_the_stored_bit_order_only_grows() -> None:
     keys = [key for key, _ in schema.PROMOTED_KEYS]
     assert tuple(keys[: len(_STORED_BIT_ORDER)]) == _STORED_BIT_ORDER
-    assert len(keys) == len(set(keys)) <= schema.RESOURCE_BIT_OFFSET
+    assert len(keys) == len(set(keys)) <= schema.MAX_PROMOTED_KEYS
 
 
 @pytest.mark.parametrize(

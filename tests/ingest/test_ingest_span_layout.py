@@ -27,7 +27,7 @@ from sre_agent._span_rows import to_span_rows
 from sre_agent.attribute_keys import _DIMENSION_COLUMNS, key_sql
 from sre_agent.normalise import Normaliser
 from sre_agent.otlp import decode_traces
-from sre_agent.store import Store
+from sre_agent.store import SCHEMA_VERSION, Store
 
 NORM = Normaliser(hash_key=b"layout")
 PROMOTED = [key for key, _ in schema.PROMOTED_KEYS]
@@ -67,9 +67,9 @@ def test_vllm_spans_store_their_promoted_attributes_once(tmp_path: Path) -> None
         assert _maps(store.connection) == _expected(decoded)
     assert stored is not None
     kept, kept_resource, bits = stored
-    # Only what no column reproduces stays in the stored maps (max_tokens is not a canonical column).
-    assert "gen_ai.request.max_tokens" in kept
-    assert not set(kept) & {"gen_ai.request.id", "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"}
+    # Only what no column reproduces stays in the stored maps (max_tokens has its column since schema 3).
+    promoted_away = {"gen_ai.request.id", "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"}
+    assert not set(kept) & (promoted_away | {"gen_ai.request.max_tokens"})
     assert kept_resource == []
     assert bits != 0
 
@@ -130,13 +130,65 @@ def test_a_schema_1_store_migrates_on_open_without_losing_a_row(tmp_path: Path) 
         promoted = store.connection.execute("SELECT DISTINCT promoted FROM span_rows").fetchall()
         version = store.connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     assert promoted == [(0,)]  # old rows keep their whole maps
-    assert version == ("2",)
+    assert version == (SCHEMA_VERSION,)
     more = _decode(trace_request([{"attributes": VLLM_V1, "start": T0 + 100}], resource={"service.name": "vllm"}))
     with Store.open(path) as store:
         assert store.append_spans(decoded) == 0  # the duplicate check sees the migrated rows
         assert store.append_spans(more) == 1
         assert len(_maps(store.connection)) == 21
         assert _maps(store.connection) == sorted(_expected(decoded) + _expected(more))
+
+
+_SCHEMA_3_KEYS = {
+    "gen_ai.request.max_tokens",
+    "gen_ai.request.temperature",
+    "gen_ai.request.top_p",
+    "gen_ai.request.choice.count",
+    "gen_ai.request.n",
+}
+
+
+def _schema_2_file(path: Path, decoded: pa.Table) -> None:
+    """A store as schema 2 wrote it: no request-parameter columns, resource bits at 32 + index in ``promoted``."""
+    rows = to_span_rows(decoded)
+    old_bits = pc.bit_wise_or(rows["promoted"], pc.shift_left(rows["promoted_resource"], pa.scalar(32, pa.int64())))
+    new_columns = ["max_tokens", "temperature", "top_p", "choice_count", "promoted_resource"]
+    rows = rows.drop_columns(new_columns)
+    rows = rows.set_column(rows.schema.get_field_index("promoted"), "promoted", old_bits)
+    con = duckdb.connect(str(path))
+    con.execute(schema.SPAN_ROWS_DDL)
+    for column in new_columns:
+        con.execute(f"ALTER TABLE span_rows DROP COLUMN {column}")
+    con.execute(schema.METRIC_POINTS_DDL)
+    con.execute(schema.DEPLOYS_DDL)
+    con.execute("CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+    con.execute("INSERT INTO meta VALUES ('schema_version', '2'), ('hash_key', '00')")
+    con.register("rows", rows)
+    con.execute("INSERT INTO span_rows BY NAME SELECT * FROM rows")
+    con.close()
+
+
+def test_a_schema_2_store_moves_its_resource_bits_on_open_and_reads_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "schema2.duckdb"
+    attributes = {k: v for k, v in VLLM_V1.items() if k not in _SCHEMA_3_KEYS}  # what schema 2 could promote
+    spans = [{"attributes": {**attributes, "gen_ai.request.id": f"r-{i}"}, "start": T0 + i} for i in range(20)]
+    resource = {"service.name": "vllm", "service.version": "v1", "host.name": "gpu-1"}
+    decoded = _decode(trace_request(spans, resource=resource))
+    _schema_2_file(path, decoded)
+    with Store.open(path, read_only=True) as store:  # upgrades in place first, as diagnose's open does
+        assert _maps(store.connection) == _expected(decoded)
+        bits = store.connection.execute("SELECT DISTINCT promoted, promoted_resource FROM span_rows").fetchall()
+        version = store.connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert version == (SCHEMA_VERSION,)
+    assert bits
+    assert all(0 < span < 2**32 and resource_bits > 0 for span, resource_bits in bits)
+    more = _decode(trace_request([{"attributes": VLLM_V1, "start": T0 + 100}], resource=resource))
+    with Store.open(path) as store:
+        assert store.append_spans(decoded) == 0
+        assert store.append_spans(more) == 1
+        assert _maps(store.connection) == sorted(_expected(decoded) + _expected(more))
+        caps = store.connection.execute("SELECT max_tokens FROM spans ORDER BY start_ns").fetchall()
+    assert caps == [(None,)] * 20 + [(VLLM_V1["gen_ai.request.max_tokens"],)]  # old rows: still in their maps
 
 
 def test_a_schema_1_file_without_a_meta_table_migrates_too(tmp_path: Path) -> None:
@@ -175,8 +227,7 @@ def test_doubles_outside_that_range_stay_in_the_map(value: float) -> None:
     decoded = _decode(trace_request([{"attributes": {"gen_ai.latency.e2e": value}}]))
     rows = to_span_rows(decoded)
     assert rows.column("extra_attributes").to_pylist()[0] == decoded.column("attributes").to_pylist()[0]
-    span_bits = (1 << schema.RESOURCE_BIT_OFFSET) - 1  # the resource's service.name is dropped, rightly
-    assert rows.column("promoted").to_pylist()[0] & span_bits == 0
+    assert rows.column("promoted").to_pylist()[0] == 0  # (the resource's service.name is dropped, rightly)
 
 
 def test_a_token_count_beyond_2_to_the_53_decodes() -> None:
