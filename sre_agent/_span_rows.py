@@ -11,10 +11,14 @@ the entry's bit in ``promoted``.
 
 What "exactly" rests on: strings compare as they are; integers are spelled
 the same by Arrow and DuckDB; doubles only where Arrow's shortest round-trip
-spelling is DuckDB's too, which holds for non-integral values with
-``1e-4 <= |x| < 1e9`` (a test checks it on millions of values, so a DuckDB
-or Arrow that spells them differently fails there). Other doubles (``0``,
-``2``, ``3e-05``) stay in the map: cheaper to keep than to risk a respelling.
+spelling is the view's too, which holds for non-integral values with
+``1e-4 <= |x| < 1e9`` (DuckDB's own spelling) and for integral values with
+``|x| < 1e9`` except ``-0`` (which the view spells as the integer, as Arrow
+does: ``1.0`` is ``1``; :func:`sre_agent.schema.promoted_sql`). A test checks
+both on millions of values, so a DuckDB or Arrow that spells them
+differently fails there. Other doubles (``3e-05``, ``-0``, ``2e9``) stay in
+the map: cheaper to keep than to risk a respelling. Integral doubles matter:
+vLLM's default ``temperature`` and ``top_p`` are ``1.0``, greedy sampling's ``0.0``.
 Whatever this module does, a reader of ``spans`` sees the received strings.
 """
 
@@ -37,11 +41,13 @@ _SAFE_DOUBLE_MIN, _SAFE_DOUBLE_MAX = 1e-4, 1e9
 
 
 def safe_doubles(numbers: np.ndarray) -> np.ndarray:
-    """Which ``numbers`` Arrow and DuckDB spell alike: non-integral, ``1e-4 <= |x| < 1e9`` (NaN: no)."""
+    """Which ``numbers`` Arrow and the view spell alike (see the module docstring; NaN: no)."""
     with np.errstate(invalid="ignore"):
         magnitude = np.abs(numbers)
-        safe: np.ndarray = (magnitude >= _SAFE_DOUBLE_MIN) & (magnitude < _SAFE_DOUBLE_MAX)
-        safe &= numbers != np.trunc(numbers)
+        integral = numbers == np.trunc(numbers)
+        fraction_ok = ~integral & (magnitude >= _SAFE_DOUBLE_MIN)
+        integral_ok = integral & ~((numbers == 0) & np.signbit(numbers))
+        safe: np.ndarray = (magnitude < _SAFE_DOUBLE_MAX) & (fraction_ok | integral_ok)
     return safe
 
 

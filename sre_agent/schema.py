@@ -268,10 +268,22 @@ MAP_PARTS: Final[dict[str, tuple[str, str]]] = {
 }
 
 
+_DOUBLE_COLUMNS = frozenset(c.name for c in SPAN_COLUMNS if c.duckdb == "DOUBLE")
+
+
 def promoted_sql(index: int, bits: str) -> tuple[str, str]:
-    """``(is it promoted, its value)`` in SQL for ``PROMOTED_KEYS[index]`` in the map whose bits are column ``bits``."""
+    """``(is it promoted, its value)`` in SQL for ``PROMOTED_KEYS[index]`` in the map whose bits are column ``bits``.
+
+    The value is spelled as ingest (Arrow) spelled the attribute: DuckDB's ``CAST(x AS VARCHAR)``,
+    except that an integral double below 1e9 is spelled as the integer (``1``, not ``1.0``).
+    Only values both spell alike are ever promoted (``sre_agent._span_rows.safe_doubles``).
+    """
     column = PROMOTED_KEYS[index][1]
-    return f"({bits} >> {index}) & 1 = 1", f"CAST({column} AS VARCHAR)"
+    value = f"CAST({column} AS VARCHAR)"
+    if column in _DOUBLE_COLUMNS:
+        integral = f"{column} = trunc({column}) AND abs({column}) < 1e9"
+        value = f"CASE WHEN {integral} THEN CAST(CAST({column} AS BIGINT) AS VARCHAR) ELSE {value} END"
+    return f"({bits} >> {index}) & 1 = 1", value
 
 
 def _map_view_sql(whole_map: str) -> str:

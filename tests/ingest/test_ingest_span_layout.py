@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from otlp_builders import T0, VLLM_V1, trace_request
 
 from sre_agent import schema
-from sre_agent._span_rows import to_span_rows
+from sre_agent._span_rows import safe_doubles, to_span_rows
 from sre_agent.attribute_keys import _DIMENSION_COLUMNS, key_sql
 from sre_agent.normalise import Normaliser
 from sre_agent.otlp import decode_traces
@@ -206,23 +206,33 @@ def test_a_schema_1_file_without_a_meta_table_migrates_too(tmp_path: Path) -> No
         assert _maps(store.connection) == _expected(decoded)
 
 
-def test_arrow_and_duckdb_spell_the_doubles_the_layout_drops_alike() -> None:
-    # The layout drops a double attribute only where Arrow's spelling (ingest's) is DuckDB's
-    # (the view's): non-integral, 1e-4 <= |x| < 1e9. Checked here on 2 million values, so an
-    # Arrow or DuckDB release that spells them differently fails this test, not a user's query.
+def test_arrow_and_the_view_spell_the_doubles_the_layout_drops_alike() -> None:
+    # The layout drops a double attribute only where Arrow's spelling (ingest's) is the view's
+    # (promoted_sql): non-integral with 1e-4 <= |x| < 1e9, and integral with |x| < 1e9 but -0.
+    # Checked here on 3 million values, so an Arrow or DuckDB release that spells them
+    # differently fails this test, not a user's query.
     rng = np.random.default_rng(7)
     exponents = rng.uniform(-4, 9, 1_000_000)
-    values = np.concatenate([10.0**exponents, -(10.0**exponents) * rng.random(1_000_000)])
-    values = values[(np.abs(values) >= 1e-4) & (np.abs(values) < 1e9) & (values != np.trunc(values))]
+    fractions = np.concatenate([10.0**exponents, -(10.0**exponents) * rng.random(1_000_000)])
+    integers = np.trunc(fractions[:1_000_000] * rng.choice([-1.0, 1.0], 1_000_000))
+    values = np.concatenate([fractions, integers, [0.0, 1.0, -1.0, 999_999_999.0, -0.0, 1e9, 3e-05]])
+    safe = safe_doubles(values)
+    assert not safe[-3:].any()  # -0, 1e9 and 3e-05 stay in the map
+    values = values[safe]
+    assert values.size > 2_500_000
+    assert (values == np.trunc(values)).sum() > 500_000
     arrow = pc.cast(pa.array(values), pa.string())
     con = duckdb.connect()
-    doubles = pa.table({"x": values})  # noqa: F841 - read by name below
-    spelled = con.execute("SELECT CAST(x AS VARCHAR) AS s FROM doubles").fetchnumpy()["s"]
-    assert values.size > 1_500_000
+    con.execute("CREATE TABLE doubles (e2e_s DOUBLE)")
+    con.register("values_in", pa.table({"e2e_s": values}))
+    con.execute("INSERT INTO doubles SELECT * FROM values_in")
+    index = [column for _, column in schema.PROMOTED_KEYS].index("e2e_s")
+    _, spelling = schema.promoted_sql(index, "promoted")
+    spelled = con.execute(f"SELECT {spelling} AS s FROM doubles").fetchnumpy()["s"]
     assert (arrow.to_numpy(zero_copy_only=False) == np.asarray(spelled)).all()
 
 
-@pytest.mark.parametrize("value", [0.0, 2.0, 3e-05, 1e9 + 0.5, -7.0])
+@pytest.mark.parametrize("value", [-0.0, 3e-05, 1e9 + 0.5, 1e9, -2e9])
 def test_doubles_outside_that_range_stay_in_the_map(value: float) -> None:
     decoded = _decode(trace_request([{"attributes": {"gen_ai.latency.e2e": value}}]))
     rows = to_span_rows(decoded)
@@ -235,3 +245,24 @@ def test_a_token_count_beyond_2_to_the_53_decodes() -> None:
     # failed the whole batch with ArrowInvalid instead of storing the span.
     decoded = _decode(trace_request([{"attributes": {"gen_ai.usage.output_tokens": 9007199254740994.0}}]))
     assert decoded.column("output_tokens").to_pylist() == [9007199254740994]
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.0, 1.0), (0.7, 0.95)])
+def test_vllm_sampling_parameters_leave_nothing_in_the_map(tmp_path: Path, temperature: float, top_p: float) -> None:
+    """vLLM V1 sets max_tokens, temperature, top_p and n on every span; its defaults (1.0, greedy 0.0)
+    are integral doubles, which the view spells as Arrow does, so they are stored once too."""
+    attributes = {
+        **VLLM_V1,
+        "gen_ai.request.temperature": temperature,
+        "gen_ai.request.top_p": top_p,
+        "gen_ai.request.n": 1,
+    }
+    decoded = _decode(trace_request([{"attributes": attributes}], resource={"service.name": "vllm"}))
+    with Store.open(tmp_path / "s.duckdb") as store:
+        store.append_spans(decoded)
+        kept = store.connection.execute("SELECT map_keys(extra_attributes) FROM span_rows").fetchone()
+        row = store.connection.execute("SELECT temperature, top_p, choice_count FROM spans").fetchone()
+        assert _maps(store.connection) == _expected(decoded)
+    assert kept is not None
+    assert not set(kept[0]) & _SCHEMA_3_KEYS
+    assert row == (temperature, top_p, 1)
