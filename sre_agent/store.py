@@ -253,6 +253,7 @@ def _split_promoted_bits(con: duckdb.DuckDBPyConnection) -> None:
             "WHERE promoted >= 4294967296"
         )
         con.execute(SPANS_VIEW_DDL)
+        con.execute(_META_DDL)  # files written by DuckDB alone (not through Store) have none
         con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
         con.execute("COMMIT")
     except duckdb.Error:

@@ -148,7 +148,7 @@ _SCHEMA_3_KEYS = {
 }
 
 
-def _schema_2_file(path: Path, decoded: pa.Table) -> None:
+def _schema_2_file(path: Path, decoded: pa.Table, *, meta: bool = True) -> None:
     """A store as schema 2 wrote it: no request-parameter columns, resource bits at 32 + index in ``promoted``."""
     rows = to_span_rows(decoded)
     old_bits = pc.bit_wise_or(rows["promoted"], pc.shift_left(rows["promoted_resource"], pa.scalar(32, pa.int64())))
@@ -161,8 +161,9 @@ def _schema_2_file(path: Path, decoded: pa.Table) -> None:
         con.execute(f"ALTER TABLE span_rows DROP COLUMN {column}")
     con.execute(schema.METRIC_POINTS_DDL)
     con.execute(schema.DEPLOYS_DDL)
-    con.execute("CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
-    con.execute("INSERT INTO meta VALUES ('schema_version', '2'), ('hash_key', '00')")
+    if meta:
+        con.execute("CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+        con.execute("INSERT INTO meta VALUES ('schema_version', '2'), ('hash_key', '00')")
     con.register("rows", rows)
     con.execute("INSERT INTO span_rows BY NAME SELECT * FROM rows")
     con.close()
@@ -189,6 +190,17 @@ def test_a_schema_2_store_moves_its_resource_bits_on_open_and_reads_the_same(tmp
         assert _maps(store.connection) == sorted(_expected(decoded) + _expected(more))
         caps = store.connection.execute("SELECT max_tokens FROM spans ORDER BY start_ns").fetchall()
     assert caps == [(None,)] * 20 + [(VLLM_V1["gen_ai.request.max_tokens"],)]  # old rows: still in their maps
+
+
+def test_a_schema_2_file_without_a_meta_table_migrates_too(tmp_path: Path) -> None:
+    # The console benchmark's store is built by DuckDB alone: no meta table. The first version of
+    # the schema-3 migration failed on it, and the console showed no figures.
+    path = tmp_path / "bare2.duckdb"
+    attributes = {k: v for k, v in VLLM_V1.items() if k not in _SCHEMA_3_KEYS}  # what schema 2 could promote
+    decoded = _decode(trace_request([{"attributes": attributes}], resource={"service.name": "vllm"}))
+    _schema_2_file(path, decoded, meta=False)
+    with Store.open(path, read_only=True) as store:
+        assert _maps(store.connection) == _expected(decoded)
 
 
 def test_a_schema_1_file_without_a_meta_table_migrates_too(tmp_path: Path) -> None:
