@@ -24,6 +24,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from sre_agent.errors import BadPayloadError
 
@@ -178,11 +179,16 @@ def _fill_span(span: Any, obj: Any) -> None:
                 raise BadPayloadError(f"invalid OTLP JSON: {camel} {number} out of range")
             setattr(span, attribute, number)
     span.attributes.extend(_key_value(a) for a in items(obj, "attributes"))
+    # The lite class keeps status and events as raw bytes (sre_agent.otlp): fill real messages, serialize.
     status = obj.get("status")
     if status is not None:
-        _parse_into(status, span.status, "span status")
+        parsed = trace_pb2.Status()
+        _parse_into(status, parsed, "span status")
+        span.status = parsed.SerializeToString()
     for event in items(obj, "events"):
-        _parse_into(event, span.events.add(), "span event")
+        parsed_event = trace_pb2.Span.Event()
+        _parse_into(event, parsed_event, "span event")
+        span.events.append(parsed_event.SerializeToString())
 
 
 def fill_traces_request(document: dict[str, Any], request: Any) -> None:

@@ -16,9 +16,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from sre_agent._attrs import KIND_DOUBLE, KIND_INT, Attributes, decode_attributes
 from sre_agent._span_rows import safe_doubles, split_promoted
+from sre_agent.errors import BadPayloadError
 from sre_agent.normalise import (
     CANONICAL_COLUMNS,
     FLOAT_COLUMNS,
@@ -191,13 +194,14 @@ def _collect(request: Any, norm: Normaliser) -> _Batch:
                 kinds(span.kind)
                 starts(span.start_time_unix_nano)
                 ends(span.end_time_unix_nano)
-                status = span.status
-                code = status.code
+                status = span.status  # raw Status bytes, b"" when unset (the lite class)
+                code, message = _status(status) if status else (0, "")
                 codes(code)
-                messages(status.message)
+                messages(message)
                 attributes(span.attributes)
-                if code == 2 or len(span.events):
-                    error = _event_error_type(span.events) or ("error" if code == 2 else None)
+                events = span.events  # raw Event messages
+                if code == 2 or events:
+                    error = _event_error_type(events) or ("error" if code == 2 else None)
                     if error is not None:
                         event_errors[count] = error
                 count += 1
@@ -230,8 +234,25 @@ def _rejection(span: Any) -> str:
     )
 
 
+def _status(raw: bytes) -> tuple[int, str]:
+    """``(code, message)`` of a serialized ``Status``."""
+    try:
+        status = trace_pb2.Status.FromString(raw)
+    except DecodeError as exc:
+        raise BadPayloadError(f"cannot parse OTLP protobuf: span status: {exc}") from exc
+    return status.code, status.message
+
+
 def _event_error_type(events: Any) -> str | None:
-    for event in events:
+    """The ``exception.type`` of the first exception event among serialized ``Span.Event`` messages.
+
+    Every event is parsed, so a malformed one fails the request as the full parser did.
+    """
+    try:
+        parsed = [trace_pb2.Span.Event.FromString(raw) for raw in events]
+    except DecodeError as exc:
+        raise BadPayloadError(f"cannot parse OTLP protobuf: span event: {exc}") from exc
+    for event in parsed:
         if event.name == "exception":
             for kv in event.attributes:
                 if kv.key == "exception.type":

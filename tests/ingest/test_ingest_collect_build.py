@@ -19,9 +19,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1 import trace_pb2
 from otlp_builders import T0, VLLM_V1, key_values
 
 from sre_agent.errors import BadPayloadError
@@ -270,3 +272,50 @@ def test_one_batch_of_stored_and_canonical_parts_reads_back_as_each_decoded_alon
         alone.append_spans(expected)
         read = "SELECT * EXCLUDE (extra_attributes, extra_resource_attributes, promoted) FROM spans ORDER BY 1, 2"
         assert batched.connection.execute(read).fetchall() == alone.connection.execute(read).fetchall()
+
+
+def _with_raw_span_field(field: str, raw: bytes) -> bytes:
+    """A one-span request whose ``status`` or one ``events`` entry is the serialized bytes ``raw``."""
+    request = ExportTraceServiceRequest()
+    span = (
+        request.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="llm_request", start_time_unix_nano=T0)
+    )
+    # Span is field 2 of ScopeSpans, ScopeSpans field 2 of ResourceSpans, ResourceSpans field 1 of the request:
+    # rebuild the three length prefixes around the span with the raw field appended (status 15, events 11).
+    tag = {"status": 15, "events": 11}[field] << 3 | 2
+    span_bytes = span.SerializeToString() + bytes([tag, len(raw)]) + raw
+    scope = bytes([0x12, len(span_bytes)]) + span_bytes
+    resource = bytes([0x12, len(scope)]) + scope
+    return bytes([0x0A, len(resource)]) + resource
+
+
+@pytest.mark.parametrize("field", ["status", "events"])
+def test_a_malformed_status_or_event_fails_the_request_as_the_full_parser_does(field: str) -> None:
+    """Status and events are kept as raw bytes by the lite class and parsed only when read; a malformed
+    one still fails the request with a clear error (the full parser rejected it at parse time)."""
+    good = _with_raw_span_field(field, trace_pb2.Status(code=2).SerializeToString() if field == "status" else b"")
+    assert collect_traces(good, PROTOBUF, normaliser=NORM).num_rows == 1
+    truncated = b"\x12\x05ab"  # a length-delimited field (status message / event name) cut short
+    bad = _with_raw_span_field(field, truncated)
+    with pytest.raises(BadPayloadError, match="cannot parse OTLP protobuf"):
+        collect_traces(bad, PROTOBUF, normaliser=NORM)
+    with pytest.raises(DecodeError):
+        ExportTraceServiceRequest.FromString(bad)  # what the full parser said of the same bytes
+
+
+def test_an_error_status_and_an_exception_event_read_from_raw_bytes() -> None:
+    request = ExportTraceServiceRequest()
+    span = (
+        request.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="llm_request", start_time_unix_nano=T0)
+    )
+    span.status.code = 2
+    span.status.message = "engine died"
+    event = span.events.add(name="exception")
+    event.attributes.extend(key_values({"exception.type": "OOMError"}))
+    table = decode_traces(request.SerializeToString(), PROTOBUF, normaliser=NORM).table
+    row = table.to_pylist()[0]
+    assert (row["status_code"], row["status_message"], row["error_type"]) == ("error", "engine died", "OOMError")
