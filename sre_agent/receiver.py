@@ -11,10 +11,11 @@ parsed, checked and counted) and the columns of a whole batch are built at
 once: per-request fixed costs are then paid once a commit, and the event
 loop, which also parses HTTP, does less. Building and committing are two
 threads (issue 18): batch k+1 is built (Python and Arrow) while batch k is
-in DuckDB, which releases the GIL, so under load the writer costs the larger
-of the two stages, not their sum. Only the commit thread touches the store. A request whose attributes
-turn out not to be UTF-8 fails alone (its batch is rebuilt one by one) with
-:class:`~sre_agent.errors.BadPayloadError`, answered 400 like any bad body.
+in DuckDB, which releases the GIL, so under load a batch waits for the
+larger of the two stages, not their sum. Only the commit thread touches the
+store. A request whose attributes turn out not to be UTF-8 fails alone (its
+batch is rebuilt one by one) with :class:`~sre_agent.errors.BadPayloadError`,
+answered 400 like any bad body.
 
 Back-pressure instead of memory growth: the queue is bounded in rows
 (``Config.queue_max_spans``); a submission that does not fit raises
