@@ -6,8 +6,11 @@ canonical columns. DuckDB validates every MAP entry it appends, so those
 duplicates were most of the store's append cost. :func:`to_span_rows`
 leaves an entry of :data:`~sre_agent.schema.PROMOTED_KEYS` out of the stored
 map when the ``spans`` view will spell it back exactly, i.e. when its value
-equals DuckDB's ``CAST(column AS VARCHAR)`` of its span's column, and sets
-the entry's bit in ``promoted``.
+equals the view's spelling of its span's column
+(:func:`sre_agent.schema.promoted_sql`), and sets the entry's bit in
+``promoted`` (``promoted_resource`` for the resource map). :func:`reproduced_entries` makes the same
+decision from decoded attribute values, for the receivers' build
+(:func:`sre_agent.otlp.build_spans` with ``stored``), without spelling numbers.
 
 What "exactly" rests on: strings compare as they are; integers are spelled
 the same by Arrow and DuckDB; doubles only where Arrow's shortest round-trip
@@ -30,9 +33,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sre_agent._attrs import KIND_DOUBLE, KIND_INT, Attributes
 from sre_agent.schema import PROMOTED_KEYS
 
-__all__ = ["safe_doubles", "split_promoted", "to_span_rows"]
+__all__ = ["reproduced_entries", "safe_doubles", "split_promoted", "to_span_rows"]
 
 _KEYS: Final = pa.array([key for key, _ in PROMOTED_KEYS], pa.string())
 _COLUMN_OF: Final = [column for _, column in PROMOTED_KEYS]
@@ -106,6 +110,45 @@ def split_promoted(attributes: pa.Array, columns: dict[str, pa.Array], promoted:
     new_offsets = pa.array(kept_before[offsets], pa.int32())
     mask = pa.array(keep)
     return pa.MapArray.from_arrays(new_offsets, keys.filter(mask), items.filter(mask))
+
+
+def reproduced_entries(
+    attrs: Attributes, span_of_attr: np.ndarray, kept: np.ndarray, columns: dict[str, pa.Array], promoted: np.ndarray
+) -> np.ndarray:
+    """Which span attributes their span's column spells back exactly (bool per attribute); sets their bits.
+
+    The same rule as :func:`to_span_rows`, decided from the decoded
+    values instead of spelling the column: a string equals the column; an integer sent as
+    an integer equals it; a double sent as a double equals it and lies where Arrow and
+    DuckDB spell doubles alike. Anything else (numbers sent as strings, integral doubles)
+    stays in the map, which is always correct, only less compact.
+    """
+    dropped = np.zeros(len(attrs.key_ids), bool)
+    index = {name: i for i, name in enumerate(attrs.key_names)}
+    for bit, (key, column_name) in enumerate(PROMOTED_KEYS):
+        key_id = index.get(key)
+        if key_id is None:
+            continue
+        entries = np.flatnonzero((attrs.key_ids == key_id) & kept)
+        if entries.size == 0:
+            continue
+        spans = span_of_attr[entries]
+        # Repeats are not kept, so a key on every span has spans == arange(n): no gather needed.
+        whole = spans.size == len(promoted)
+        column = columns[column_name] if whole else columns[column_name].take(pa.array(spans))
+        if pa.types.is_string(column.type):
+            candidate, decoded = np.ones(entries.size, bool), attrs.values.take(pa.array(entries))
+        elif pa.types.is_integer(column.type):
+            column = pc.cast(column, pa.int64())
+            candidate, decoded = attrs.kinds[entries] == KIND_INT, pa.array(attrs.integers[entries])
+        else:
+            numbers = attrs.numbers[entries]
+            candidate, decoded = (attrs.kinds[entries] == KIND_DOUBLE) & safe_doubles(numbers), pa.array(numbers)
+        same = pc.fill_null(pc.equal(column, decoded), False).to_numpy(zero_copy_only=False)
+        hit = candidate & np.asarray(same, bool)
+        dropped[entries[hit]] = True
+        promoted[spans[hit]] |= np.int64(1) << np.int64(bit)
+    return dropped
 
 
 def to_span_rows(table: pa.Table) -> pa.Table:

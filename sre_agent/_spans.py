@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from sre_agent._attrs import KIND_DOUBLE, KIND_INT, Attributes, decode_attributes
-from sre_agent._span_rows import safe_doubles, split_promoted
+from sre_agent._span_rows import reproduced_entries, split_promoted
 from sre_agent.errors import BadPayloadError
 from sre_agent.normalise import (
     CANONICAL_COLUMNS,
@@ -339,7 +339,7 @@ def _table(batch: _Batch, norm: Normaliser, valid: np.ndarray, *, stored: bool =
         return pa.Table.from_arrays([_as_type(columns[f.name], f.type) for f in schema], schema=schema)
     typed = {f.name: _as_type(columns[f.name], f.type) for f in schema if f.name in columns}
     promoted, promoted_resource = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    dropped = _reproduced_entries(attrs, span_of_attr, ~repeated, typed, promoted)
+    dropped = reproduced_entries(attrs, span_of_attr, ~repeated, typed, promoted)
     extra_resource = split_promoted(_resource_map(resource_maps, n), typed, promoted_resource)
     rows = {name: typed[name] for name in schema.names if name not in ("attributes", "resource_attributes")}
     rows["extra_resource_attributes"] = extra_resource
@@ -418,45 +418,6 @@ def _attribute_map(offsets: np.ndarray, attrs: Attributes, keep: np.ndarray) -> 
         mask = pa.array(keep)
         keys, values = keys.filter(mask), values.filter(mask)
     return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, values)
-
-
-def _reproduced_entries(
-    attrs: Attributes, span_of_attr: np.ndarray, kept: np.ndarray, columns: dict[str, pa.Array], promoted: np.ndarray
-) -> np.ndarray:
-    """Which span attributes their span's column spells back exactly (bool per attribute); sets their bits.
-
-    The same rule as :func:`sre_agent._span_rows.to_span_rows`, decided from the decoded
-    values instead of spelling the column: a string equals the column; an integer sent as
-    an integer equals it; a double sent as a double equals it and lies where Arrow and
-    DuckDB spell doubles alike. Anything else (numbers sent as strings, integral doubles)
-    stays in the map, which is always correct, only less compact.
-    """
-    dropped = np.zeros(len(attrs.key_ids), bool)
-    index = {name: i for i, name in enumerate(attrs.key_names)}
-    for bit, (key, column_name) in enumerate(PROMOTED_KEYS):
-        key_id = index.get(key)
-        if key_id is None:
-            continue
-        entries = np.flatnonzero((attrs.key_ids == key_id) & kept)
-        if entries.size == 0:
-            continue
-        spans = span_of_attr[entries]
-        # Repeats are not kept, so a key on every span has spans == arange(n): no gather needed.
-        whole = spans.size == len(promoted)
-        column = columns[column_name] if whole else columns[column_name].take(pa.array(spans))
-        if pa.types.is_string(column.type):
-            candidate, decoded = np.ones(entries.size, bool), attrs.values.take(pa.array(entries))
-        elif pa.types.is_integer(column.type):
-            column = pc.cast(column, pa.int64())
-            candidate, decoded = attrs.kinds[entries] == KIND_INT, pa.array(attrs.integers[entries])
-        else:
-            numbers = attrs.numbers[entries]
-            candidate, decoded = (attrs.kinds[entries] == KIND_DOUBLE) & safe_doubles(numbers), pa.array(numbers)
-        same = pc.fill_null(pc.equal(column, decoded), False).to_numpy(zero_copy_only=False)
-        hit = candidate & np.asarray(same, bool)
-        dropped[entries[hit]] = True
-        promoted[spans[hit]] |= np.int64(1) << np.int64(bit)
-    return dropped
 
 
 def _has_repeats(values: np.ndarray, bound: int) -> bool:

@@ -58,7 +58,7 @@ def _init_worker(parent_pid: int, keep_content: bool, max_attribute_bytes: int, 
 def _decode_in_worker(signal: str, body: bytes, media_type: str) -> tuple[bytes, int, tuple[str, ...]]:
     import pyarrow as pa
 
-    from sre_agent.receiver import decode_payload
+    from sre_agent.otlp_transport import decode_payload
 
     decoded = decode_payload(signal, body, media_type, _NORMALISER, stored=True)
     sink = pa.BufferOutputStream()

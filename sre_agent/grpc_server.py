@@ -27,7 +27,7 @@ import grpc
 
 from sre_agent.auth import authenticate, bearer_token
 from sre_agent.errors import BadPayloadError, OverloadedError, StoreError
-from sre_agent.receiver import PROTOBUF, decode_payload, export_response_bytes, table_for_signal
+from sre_agent.otlp_transport import PROTOBUF, decode_payload, export_response_bytes, table_for_signal
 
 if TYPE_CHECKING:
     from sre_agent.server import ApiContext

@@ -37,17 +37,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sre_agent.auth import CURRENT_PRINCIPAL, authenticate, bearer_token
 from sre_agent.config import Config
 from sre_agent.errors import BadPayloadError, OverloadedError, PayloadTooLargeError, StoreError
-from sre_agent.receiver import (
+from sre_agent.otlp_transport import (
     JSON,
     GzipInflater,
-    ReceiverStats,
-    Writer,
     decode_payload,
     export_response_bytes,
     media_type_of,
     status_bytes,
     table_for_signal,
 )
+from sre_agent.receiver import ReceiverStats, Writer
 from sre_agent.sql_text import ident, literal
 
 if TYPE_CHECKING:

@@ -39,17 +39,13 @@ import pyarrow.compute as pc
 
 from sre_agent._span_rows import to_span_rows
 from sre_agent.errors import StoreError, StoreLockedError
-from sre_agent.schema import DEPLOYS_DDL, METRIC_POINTS_DDL, SPAN_COLUMNS, SPANS_DDL, SPANS_VIEW_DDL
+from sre_agent.schema import DEPLOYS_DDL, METRIC_POINTS_DDL, SPANS_DDL
+from sre_agent.store_migrate import META_DDL, SCHEMA_VERSION, migrate, needs_upgrade, upgrade_in_place
 
 __all__ = ["SCHEMA_VERSION", "Deploy", "Store"]
 
-# 2: spans became a view over span_rows, which stores promoted attributes once (schema.py, "Stored layout").
-# 3: request parameters (max_tokens, temperature, top_p, choice_count) promoted; resource bits apart.
-SCHEMA_VERSION = "3"
-
 log = logging.getLogger(__name__)
 
-_META_DDL = "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)"
 # First and last start time of every (service, version) seen in spans; the
 # source of automatically detected deploys. Small: one row per version.
 _VERSIONS_DDL = """CREATE TABLE IF NOT EXISTS service_versions (
@@ -188,101 +184,6 @@ def _is_ascending(values: pa.Array) -> bool:
     return bool(pc.all(pc.greater_equal(values[1:], values[:-1])).as_py())
 
 
-def _has_old_layout(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether ``spans`` is still a table (schema 1, before ``span_rows``)."""
-    row = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'main' AND table_name = 'spans' "
-        "AND table_type = 'BASE TABLE'"
-    ).fetchone()
-    return bool(row and row[0])
-
-
-def _migrate_spans(con: duckdb.DuckDBPyConnection) -> None:
-    """Schema 1 -> 2 without rewriting a row: the old table becomes ``span_rows`` with whole maps.
-
-    Old rows keep every attribute in their maps and ``promoted = 0``, which
-    the ``spans`` view reads back as it is, so nothing stored changes.
-    """
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute("ALTER TABLE spans RENAME TO span_rows")
-        con.execute("ALTER TABLE span_rows RENAME COLUMN resource_attributes TO extra_resource_attributes")
-        con.execute("ALTER TABLE span_rows RENAME COLUMN attributes TO extra_attributes")
-        con.execute("ALTER TABLE span_rows ADD COLUMN promoted BIGINT DEFAULT 0")
-        con.execute(_META_DDL)  # files written by DuckDB alone (not through Store) have none
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', '2')")
-        con.execute("COMMIT")
-    except duckdb.Error:
-        con.execute("ROLLBACK")
-        raise
-    log.info("store migrated to schema 2 (spans is now a view over span_rows)")
-
-
-def _span_row_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
-    rows = con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_schema = 'main' AND table_name = 'span_rows'"
-    ).fetchall()
-    return [row[0] for row in rows]
-
-
-def _needs_upgrade(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the spans are in a layout older than this schema (1: a table; 2: one bit column)."""
-    if _has_old_layout(con):
-        return True
-    columns = _span_row_columns(con)
-    return bool(columns) and "promoted_resource" not in columns
-
-
-def _split_promoted_bits(con: duckdb.DuckDBPyConnection) -> None:
-    """Schema 2 -> 3: the request-parameter columns, and the resource map's bits in their own column.
-
-    Schema 2 kept a resource entry's bit at 32 + its index in ``promoted``; there was no room
-    for more keys. Rows stored before keep their request parameters in the maps (the new
-    columns are NULL there, which the ``spans`` view reads as it always did). The bit move
-    rewrites one column of the rows that had a resource bit (a few seconds per 10M rows).
-    """
-    con.execute("BEGIN TRANSACTION")
-    try:
-        present = set(_span_row_columns(con))
-        for column in SPAN_COLUMNS:
-            if column.name not in present and column.name not in ("attributes", "resource_attributes"):
-                con.execute(f"ALTER TABLE span_rows ADD COLUMN {column.name} {column.duckdb}")
-        con.execute("ALTER TABLE span_rows ADD COLUMN promoted_resource BIGINT DEFAULT 0")
-        con.execute(
-            "UPDATE span_rows SET promoted_resource = promoted >> 32, promoted = promoted & 4294967295 "
-            "WHERE promoted >= 4294967296"
-        )
-        con.execute(SPANS_VIEW_DDL)
-        con.execute(_META_DDL)  # files written by DuckDB alone (not through Store) have none
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
-        con.execute("COMMIT")
-    except duckdb.Error:
-        con.execute("ROLLBACK")
-        raise
-    log.info("store migrated to schema %s (request parameters as columns, resource bits apart)", SCHEMA_VERSION)
-
-
-def _migrate(con: duckdb.DuckDBPyConnection) -> None:
-    """Bring an older store's span layout to this schema; nothing stored is lost or read differently."""
-    if _has_old_layout(con):
-        _migrate_spans(con)
-    if _needs_upgrade(con):
-        _split_promoted_bits(con)
-
-
-def _upgrade_in_place(path: str) -> None:
-    """Migrate an older store before a read-only open (one writable open; see :func:`_migrate`)."""
-    try:
-        with contextlib.closing(duckdb.connect(path)) as con:
-            _migrate(con)
-    except duckdb.Error as exc:
-        raise StoreError(
-            f"the store {path} has an older span layout, and upgrading it needs one writable open ({exc}). "
-            "Open it once with a writing command (e.g. `sre-agent ingest --db PATH` on an empty file, or "
-            "`sre-agent serve --db PATH`), or copy it somewhere writable first."
-        ) from exc
-
-
 class Store:
     """A DuckDB store file. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
@@ -332,9 +233,9 @@ class Store:
             raise StoreError(f"cannot open the store {text}: {exc}") from exc
         except duckdb.Error as exc:
             raise StoreError(f"cannot open the store {text}: {exc}") from exc
-        if read_only and _needs_upgrade(connection):
+        if read_only and needs_upgrade(connection):
             connection.close()
-            _upgrade_in_place(text)
+            upgrade_in_place(text)
             connection = duckdb.connect(text, read_only=True)
         try:
             return cls(connection, text, read_only=read_only)
@@ -405,8 +306,8 @@ class Store:
 
     def _create(self) -> None:
         con = self._con
-        _migrate(con)
-        for ddl in (SPANS_DDL, METRIC_POINTS_DDL, DEPLOYS_DDL, _META_DDL, _VERSIONS_DDL):
+        migrate(con)
+        for ddl in (SPANS_DDL, METRIC_POINTS_DDL, DEPLOYS_DDL, META_DDL, _VERSIONS_DDL):
             con.execute(ddl)
         con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
         con.execute("INSERT OR IGNORE INTO meta VALUES ('hash_key', ?)", [secrets.token_hex(32)])
