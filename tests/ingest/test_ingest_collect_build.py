@@ -319,3 +319,26 @@ def test_an_error_status_and_an_exception_event_read_from_raw_bytes() -> None:
     table = decode_traces(request.SerializeToString(), PROTOBUF, normaliser=NORM).table
     row = table.to_pylist()[0]
     assert (row["status_code"], row["status_message"], row["error_type"]) == ("error", "engine died", "OOMError")
+
+
+def test_a_lone_request_commits_at_once_and_requests_on_their_way_share_a_commit(tmp_path: Path) -> None:
+    """Adaptive batching: the writer holds a batch open (up to flush_interval_s) only while other requests
+    are being read or decoded, so low load is acknowledged at once and load gets larger commits."""
+    with Store.open(tmp_path / "store.duckdb") as store:
+        writer = Writer(store, queue_max_rows=1000, batch_max_rows=1000, flush_interval_s=5.0)
+        writer.start()
+        try:
+            started = time.monotonic()
+            assert writer.submit("spans", collect_traces(_good(1), PROTOBUF, normaliser=NORM)).result(30) == 3
+            assert time.monotonic() - started < 2.5  # nothing on its way: no 5 s linger
+            commits = writer.stats.commits
+            with writer.pending():  # another request is being read
+                first = writer.submit("spans", collect_traces(_good(1000), PROTOBUF, normaliser=NORM))
+                time.sleep(0.3)
+                assert not first.done()  # held open for the request on its way
+                second = writer.submit("spans", collect_traces(_good(2000), PROTOBUF, normaliser=NORM))
+            assert first.result(30) == 3
+            assert second.result(30) == 3
+            assert writer.stats.commits == commits + 1  # one commit for both
+        finally:
+            writer.close(timeout_s=30)
