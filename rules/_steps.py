@@ -332,6 +332,18 @@ def _prefill_rate(requests: pl.DataFrame, comparison: Comparison) -> float | Non
 _MIX_CACHE: weakref.WeakKeyDictionary[Comparison, tuple[StepMix | None]] = weakref.WeakKeyDictionary()
 
 
+def median_step(metrics: MetricView) -> tuple[SidePair, HistogramDelta, HistogramDelta] | None:
+    """Each side's median inter-token interval, with the two histograms; ``None`` without them.
+
+    The median is a plain decode step: prefill steps and steps carrying large chunks are the tail.
+    """
+    itl = metrics.histogram("itl_seconds")
+    before, after = itl["baseline"], itl["candidate"]
+    if before is None or after is None:
+        return None
+    return SidePair(before.quantile(0.5), after.quantile(0.5)), before, after
+
+
 def decode_step_mix(comparison: Comparison, metrics: MetricView) -> StepMix | None:
     """:func:`step_mix` of the comparison's decode cost, once per comparison; ``None`` when it cannot be fitted."""
     if comparison not in _MIX_CACHE:
@@ -351,5 +363,6 @@ __all__ = [
     "StepMix",
     "batch_shape",
     "decode_step_mix",
+    "median_step",
     "step_mix",
 ]

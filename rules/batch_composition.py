@@ -80,7 +80,7 @@ from sre_agent.rules._mechanism import (
     stage_share,
     tail_shares,
 )
-from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape
+from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape, median_step
 from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.
@@ -130,11 +130,10 @@ def _slower_steps(shape: BatchShape, metrics: MetricView) -> Evidence | None:
     mean tokens per step rose no more than 1.5x as much, the steps carry more because they
     last longer, not because the budget let them.
     """
-    itl = metrics.histogram("itl_seconds")
-    before, after = itl["baseline"], itl["candidate"]
-    if before is None or after is None:
+    median = median_step(metrics)
+    if median is None:
         return None
-    step = SidePair(before.quantile(0.5), after.quantile(0.5))
+    step = median[0]
     tokens = shape.mean.ratio
     if step.ratio is None or tokens is None or step.ratio < SLOWER_STEP or tokens > SLOWER_STEP * step.ratio:
         return None

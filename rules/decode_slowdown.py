@@ -60,8 +60,8 @@ from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import assess_slowdown, engine_cost, replica_scope
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, side_means, stage_share
-from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix
-from sre_agent.rules_api import Evidence, Finding, Regression, SidePair, run_late
+from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step
+from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 #: How far the median inter-token step must outgrow the running batch to be a slower step.
 STEP_BEYOND_BATCH: Final[float] = 1.15
@@ -150,12 +150,11 @@ def _step_beyond_batch(
     """
     if regression.metric == "error_rate" or load_moved(comparison, metrics) is not False:
         return None
-    itl = metrics.histogram("itl_seconds")
-    before, after = itl["baseline"], itl["candidate"]
+    median = median_step(metrics)
     running = metrics.running_per_replica()
-    if before is None or after is None or running.ratio is None:
+    if median is None or running.ratio is None:
         return None
-    p50 = SidePair(before.quantile(0.5), after.quantile(0.5))
+    p50, before, after = median
     intervals = before.quantile_interval(0.5), after.quantile_interval(0.5)
     if p50.ratio is None or intervals[0] is None or intervals[1] is None or intervals[1][0] < intervals[0][1]:
         return None

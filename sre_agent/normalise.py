@@ -37,6 +37,7 @@ from sre_agent.schema import (
     CONTENT_ATTRIBUTES,
     RESOURCE_FIRST_COLUMNS,
     SPAN_ATTRIBUTE_SOURCES,
+    SPAN_COLUMNS,
 )
 
 __all__ = [
@@ -52,12 +53,10 @@ __all__ = [
 # Canonical columns filled from attributes, in a fixed order: the slot
 # index of a column in the per-span value list built by the decoder.
 CANONICAL_COLUMNS: Final[tuple[str, ...]] = tuple(SPAN_ATTRIBUTE_SOURCES)
-INT_COLUMNS: Final[frozenset[str]] = frozenset(
-    {"input_tokens", "output_tokens", "cached_tokens", "attempt", "max_tokens", "choice_count"}
-)
-FLOAT_COLUMNS: Final[frozenset[str]] = frozenset(
-    {"queue_s", "ttft_s", "prefill_s", "decode_s", "inference_s", "e2e_s", "temperature", "top_p"}
-)
+# Which of them are numbers, read off their declared DuckDB type (one place to add a column).
+_SQL_TYPE = {c.name: c.duckdb.split()[0] for c in SPAN_COLUMNS}
+INT_COLUMNS: Final[frozenset[str]] = frozenset(c for c in CANONICAL_COLUMNS if _SQL_TYPE[c] in ("BIGINT", "INTEGER"))
+FLOAT_COLUMNS: Final[frozenset[str]] = frozenset(c for c in CANONICAL_COLUMNS if _SQL_TYPE[c] == "DOUBLE")
 
 # Priority offsets: a lower number wins. Span attributes beat resource
 # attributes except for RESOURCE_FIRST_COLUMNS, where the resource wins.

@@ -85,7 +85,8 @@ class Deploy:
 # (Store._insert_staged); smaller ones are not worth a file.
 _STAGE_MIN_ROWS = 64
 # ... and only when their MAP columns hold at least this many entries a row: DuckDB's Arrow scan
-# checks MAP entries one by one, Parquet costs a file. Measured on 4,096-span commits of the ingest
+# checks MAP entries one by one, Parquet costs a file. Measured (an ad-hoc script; ingest.py prints
+# the append floors by layout) on 4,096-span commits of the ingest
 # benchmark's spans with k extra entries a row (CPU us/span, Arrow scan against Parquet): k=1 (what
 # an engine span keeps in span_rows) 5.2 against 6.1, k=4 5.9/6.3, k=8 8.1/7.1, k=16 11.5/10.9.
 _STAGE_MIN_MAP_ENTRIES_PER_ROW = 6
