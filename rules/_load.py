@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-import polars as pl
-
 from sre_agent.compare import SIDES
+from sre_agent.decompose import replicas_expr
 from sre_agent.rules._mechanism import LOAD_Z, PER_TOKEN_METRICS, per_request, rnd, tail_shares
 from sre_agent.rules_api import Evidence, Regression, SidePair
 
@@ -66,7 +65,7 @@ def load_per_replica(comparison: Comparison, metrics: MetricView) -> tuple[SideP
     frame = comparison.requests
     if all(counts.get(s, 0) > 0 for s in SIDES) and frame.height:
         rate = comparison.arrival_rate
-        per_side = frame.group_by("side").agg(pl.coalesce("service_instance", "host_name").n_unique().alias("n"))
+        per_side = frame.group_by("side").agg(replicas_expr().alias("n"))
         found = dict(zip(per_side["side"].to_list(), per_side["n"].to_list(), strict=True))
         replicas = [found.get(s) or 1 for s in SIDES]
         if rate.baseline is not None and rate.candidate is not None:
@@ -131,6 +130,18 @@ def kv_per_running(metrics: MetricView) -> tuple[float, Evidence] | None:
     return per_c / per_b, evidence
 
 
+def pool_shrank(metrics: MetricView, longer: float | None = None) -> bool:
+    """Whether each running request came to hold more of the KV cache than its tokens explain.
+
+    ``longer``: candidate / baseline tokens a request holds (longer contexts hold more of the same
+    pool). True when the share rose by :data:`POOL_SHRANK` beyond that (a smaller pool: KV pressure
+    is a mechanism of its own), or cannot be measured; False when the cache filled only because
+    more requests ran at once (more arrivals, fewer replicas, slower steps), its consequence.
+    """
+    pool = kv_per_running(metrics)
+    return pool is None or pool[0] / max(longer or 1.0, 1.0) >= POOL_SHRANK
+
+
 def service_time_queue_share(
     comparison: Comparison, stages: StageDecomposition, regression: Regression, metrics: MetricView
 ) -> float:
@@ -155,13 +166,11 @@ def service_time_queue_share(
         per_request(preemptions.baseline, counts["baseline"]),
         per_request(preemptions.candidate, counts["candidate"]),
     )
-    if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE:
-        pool = kv_per_running(metrics)
-        if pool is None or pool[0] >= POOL_SHRANK:
-            return 0.0
-        # Each running request holds the same share of the cache as before: the pool filled
-        # because slower steps kept more requests running, so the preemptions are this
-        # slowdown's consequence and the queue is still its doing.
+    # When preemptions rose and each running request held the same share of the cache as before,
+    # the pool filled because slower steps kept more requests running: the preemptions are this
+    # slowdown's consequence and the queue is still its doing (pool_shrank).
+    if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE and pool_shrank(metrics):
+        return 0.0
     return queue
 
 
@@ -174,5 +183,6 @@ __all__ = [
     "kv_per_running",
     "load_moved",
     "load_per_replica",
+    "pool_shrank",
     "service_time_queue_share",
 ]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final
 import polars as pl
 
 from sre_agent.compare import LATENCIES, SIDES
-from sre_agent.decompose import DRIVER_MIN_CHANGE, MIN_TAIL, stage_decomposition
+from sre_agent.decompose import MIN_TAIL, offered_load_terms, replicas_expr, stage_decomposition
 from sre_agent.rules_api import Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
@@ -344,46 +344,35 @@ def wide_enough(stages: StageDecomposition, regression: Regression, comparison: 
     return stage_decomposition(comparison, replace(regression, quantile=q))
 
 
-def per_replica(drivers: Mapping[str, float], comparison: Comparison) -> dict[str, float]:
+def per_replica(
+    drivers: Mapping[str, float], comparison: Comparison, *, within_bursts: bool = False
+) -> dict[str, float]:
     """Queue drivers with ``load`` and ``capacity`` netted into the offered load *per replica*.
 
     Queueing follows arrivals per replica (Little's law per replica). ``queue_drivers`` credits
     more arrivals to ``load`` and fewer replicas to ``capacity`` separately and drops falls, so a
     version pair where the canary serves 1 of 3 replicas with a third of the traffic would get a
-    ``capacity`` term although each replica carries the same load. Here the two log terms are
-    summed with their signs; when the per-replica load rose by 10 % or more, the rise is split
-    between ``load`` and ``capacity`` in proportion to their own rises (each counted only from
-    10 %), else both are dropped. An arrival-rate change within the spread of per-slice
-    arrivals (:attr:`Comparison.arrival_change_z` below :data:`LOAD_Z`) counts as none.
+    ``capacity`` term although each replica carries the same load. Here the two are netted into
+    the offered load per replica (:func:`sre_agent.decompose.offered_load_terms`). An arrival-rate
+    change within the spread of per-slice arrivals (:attr:`Comparison.arrival_change_z` below
+    :data:`LOAD_Z`) counts as none, unless ``within_bursts`` (its point estimate counts then, for a
+    caller left with no other driver).
     """
     counts, seconds = comparison.request_counts, comparison.window_seconds()
-    z = comparison.arrival_change_z
+    z = None if within_bursts else comparison.arrival_change_z
     if z is not None and abs(z) < LOAD_Z:
         # The rate moved no more than the spread of per-slice arrivals: bursts, not load.
         drivers = {k: v for k, v in drivers.items() if k != "load"}
     bursty = z is not None and abs(z) < LOAD_Z
-    reps = (
-        comparison.requests.group_by("side")
-        .agg(pl.coalesce("service_instance", "host_name").drop_nulls().n_unique().alias("r"))
-        .to_dicts()
-    )
+    reps = comparison.requests.group_by("side").agg(replicas_expr().alias("r")).to_dicts()
     r = {row["side"]: int(row["r"]) for row in reps}
     if not (r.get("baseline") and r.get("candidate") and counts.get("baseline") and counts.get("candidate")):
         return dict(drivers)
     if not (seconds.get("baseline") and seconds.get("candidate")):
         return dict(drivers)
     log_rate = math.log((counts["candidate"] / seconds["candidate"]) / (counts["baseline"] / seconds["baseline"]))
-    if bursty:
-        log_rate = 0.0
-    log_reps = math.log(r["baseline"] / r["candidate"])
     out = {k: v for k, v in drivers.items() if k not in ("load", "capacity")}
-    net = log_rate + log_reps
-    # a driver that moved less than 10 % on its own is unchanged (as in queue_drivers); it only nets
-    floor = math.log(1 + DRIVER_MIN_CHANGE)
-    rises = {"load": log_rate if log_rate >= floor else 0.0, "capacity": log_reps if log_reps >= floor else 0.0}
-    total = sum(rises.values())
-    if net >= math.log(1 + DRIVER_MIN_CHANGE) and total > 0:
-        out.update({k: net * v / total for k, v in rises.items() if v > 0})
+    out.update(offered_load_terms(0.0 if bursty else log_rate, math.log(r["baseline"] / r["candidate"])))
     return out
 
 

@@ -56,7 +56,7 @@ from typing import Final
 from sre_agent.compare import SIDES, Comparison
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import MIN_PEERS, REST_SHARE
-from sre_agent.rules._load import kv_limited
+from sre_agent.rules._load import kv_limited, pool_shrank
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 
@@ -140,24 +140,11 @@ def engine_metrics(
         return []
     running, running_max = metrics.running_per_replica(), metrics.gauge("running_requests", "max")
     waiting = metrics.gauge("waiting_requests")
-    tokens = SidePair(
-        *(
-            None if p is None or g is None else p + g
-            for p, g in zip(
-                (metrics.counter_delta("prompt_tokens").baseline, metrics.counter_delta("prompt_tokens").candidate),
-                (
-                    metrics.counter_delta("generation_tokens").baseline,
-                    metrics.counter_delta("generation_tokens").candidate,
-                ),
-                strict=True,
-            )
-        )
-    )
     # Per-request work and preemptions divide the engine's own counters by the requests the
     # engine finished in the same window, whatever counted the arrivals.
     finished = metrics.finished_requests()
     done = finished if finished.baseline and finished.candidate else counts
-    work = _per(tokens, done)
+    work = metrics.tokens_per_request(done)
     preempt = _per(metrics.counter_delta("preemptions"), done)
     itl = metrics.histogram("itl_seconds")
     itl_mean = SidePair(*(h.mean if h is not None else None for h in (itl["baseline"], itl["candidate"])))
@@ -187,7 +174,14 @@ def engine_metrics(
     )
     other_mechanism = bool(
         (hit is not None and (hit[0].baseline or 0.0) - (hit[0].candidate or 0.0) >= HIT_RATE_FALL)
-        or (preempt.baseline is not None and (preempt.candidate or 0.0) - preempt.baseline >= PREEMPTION_RISE)
+        # Preemptions are KV pressure's own mechanism only when each running request holds more of
+        # the cache; when more requests merely ran at once at the same load and work (1090211:
+        # ITL x3.0, running x2.5, KV share per request flat), they are the slower steps' echo.
+        or (
+            preempt.baseline is not None
+            and (preempt.candidate or 0.0) - preempt.baseline >= PREEMPTION_RISE
+            and pool_shrank(metrics, work.ratio)
+        )
         or (work.ratio is not None and abs(work.ratio - 1) > SAME_WORK)
     )
 

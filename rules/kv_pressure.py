@@ -58,7 +58,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._load import POOL_SHRANK, kv_per_running
+from sre_agent.rules._load import kv_per_running, pool_shrank
 from sre_agent.rules._mechanism import clip01, engine_share, latency_share, rnd, significance, tail_shares
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 
@@ -148,8 +148,7 @@ def kv_pressure(
                                      "tokens a running request holds in the cache"))  # fmt: skip
         # Longer requests hold more of the same pool each (a new tenant's long answers): only the
         # rise of KV per running request beyond the rise of tokens per request is a smaller pool.
-        longer = tokens.ratio if tokens is not None and tokens.ratio else 1.0
-        if pool[0] / max(longer, 1.0) < POOL_SHRANK:
+        if not pool_shrank(metrics, tokens.ratio if tokens is not None else None):
             # The cache filled because more requests were running (more arrivals, fewer replicas,
             # slower steps keep requests longer), each using the same share of it: the pressure is
             # that mechanism's consequence, and its own rule names it.
@@ -221,14 +220,5 @@ def _tokens_per_request(comparison: Comparison, metrics: MetricView) -> SidePair
         }
         pair = SidePair(means.get("baseline"), means.get("candidate"))
     else:
-        prompt, generated = metrics.counter_delta("prompt_tokens"), metrics.counter_delta("generation_tokens")
-        done = metrics.finished_requests()
-        values = [
-            (p + g) / n if p is not None and g is not None and n else None
-            for p, g, n in (
-                (prompt.baseline, generated.baseline, done.baseline),
-                (prompt.candidate, generated.candidate, done.candidate),
-            )
-        ]
-        pair = SidePair(values[0], values[1])
+        pair = metrics.tokens_per_request()
     return pair if pair.ratio is not None else None

@@ -24,7 +24,7 @@ import math
 import polars as pl
 
 from sre_agent.compare import Comparison
-from sre_agent.decompose import StageDecomposition, queue_drivers
+from sre_agent.decompose import StageDecomposition, queue_drivers, replicas_expr
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._load import kv_limited
 from sre_agent.rules._mechanism import per_replica, wide_enough
@@ -43,11 +43,7 @@ def _log_up(ratio: float | None) -> float:
 
 def _replicas(requests: pl.LazyFrame, metrics: MetricView) -> SidePair:
     """Replicas serving on each side: distinct engine instances in the spans, else metric series."""
-    frame = (
-        requests.group_by("side")
-        .agg(pl.coalesce("service_instance", "host_name").drop_nulls().n_unique().alias("r"))
-        .collect()
-    )
+    frame = requests.group_by("side").agg(replicas_expr().alias("r")).collect()
     got = {row["side"]: float(row["r"]) for row in frame.to_dicts()}
     if got.get("baseline") and got.get("candidate"):
         return SidePair(got["baseline"], got["candidate"])

@@ -28,10 +28,12 @@ from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
 from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost, replica_scope
-from sre_agent.rules._mechanism import per_replica, side_means, wide_enough
+from sre_agent.rules._mechanism import per_replica, rnd, side_means, wide_enough
 from sre_agent.rules._steps import decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
+#: The drivers of the offered load per replica.
+_OFFERED: Final[frozenset[str]] = frozenset({"load", "capacity"})
 #: How much a stage-only explanation is trusted relative to a mechanism.
 STAGE_ONLY_CONFIDENCE = 0.25
 #: The engine stage whose per-token cost a slowdown cause is about.
@@ -179,16 +181,20 @@ def stages(
         return None
     dominant = stages.dominant
     assert dominant is not None
+    caveat: tuple[Evidence, ...] = ()
     share = stages.shares[dominant]
     if dominant == "queue":
         # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
-        drivers = _at_equal_batch(
-            per_replica(
-                queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
-            ),
-            comparison,
-            metrics,
-        )
+        queued = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
+        drivers = _at_equal_batch(per_replica(queued, comparison), comparison, metrics)
+        if not drivers:
+            # No driver passed its bar. Queueing follows the offered load per replica; when only its
+            # point estimate rose (arrivals within the spread of a bursty trace's slices), that is
+            # still the one driver measured, named at this finding's low confidence with the caveat.
+            drivers = {k: v for k, v in per_replica(queued, comparison, within_bursts=True).items() if k in _OFFERED}
+            if drivers:
+                caveat = (Evidence("arrival_change_z", None, rnd(comparison.arrival_change_z, 2),
+                                   "the arrival rate changed within the spread of per-slice arrivals"),)  # fmt: skip
         cause = max(drivers, key=lambda d: drivers[d]) if drivers else "capacity"
         check = "compare arrival rate, replica count, tokens per request and seconds per token before and after"
     elif dominant in ("prefill", "decode"):
@@ -235,6 +241,6 @@ def stages(
         confidence=STAGE_ONLY_CONFIDENCE,
         stage=dominant,
         scope=scope,
-        evidence=driver_evidence + evidence,
+        evidence=driver_evidence + caveat + evidence,
         next_check=check,
     )

@@ -28,7 +28,16 @@ if TYPE_CHECKING:
     from sre_agent.rules_api import Regression
 
 # MIN_TAIL (fewest tail requests per side) is the headline's own rule, so a reported quantile can be decomposed.
-__all__ = ["MIN_TAIL", "STAGES_OF", "StageDecomposition", "queue_drivers", "stage_decomposition", "stage_drivers"]
+__all__ = [
+    "MIN_TAIL",
+    "STAGES_OF",
+    "StageDecomposition",
+    "offered_load_terms",
+    "queue_drivers",
+    "replicas_expr",
+    "stage_decomposition",
+    "stage_drivers",
+]
 
 #: Headline metric -> engine stages that make it up.
 STAGES_OF: Final[dict[str, tuple[str, ...]]] = {
@@ -133,6 +142,32 @@ def _column(stage: str) -> str:
 DRIVER_MIN_CHANGE: Final[float] = 0.10
 
 
+def replicas_expr() -> pl.Expr:
+    """Distinct engine replicas among a frame's requests (``service.instance.id``, else ``host.name``)."""
+    import polars as pl
+
+    return pl.coalesce("service_instance", "host_name").drop_nulls().n_unique()
+
+
+def offered_load_terms(log_rate: float, log_replicas: float) -> dict[str, float]:
+    """The rise of arrivals *per replica* as ``load`` and ``capacity`` log terms (empty when it did not rise).
+
+    ``log_rate`` is ln(candidate / baseline arrivals per second), ``log_replicas`` ln(baseline /
+    candidate replicas). Each replica's load follows their sum (Little's law per replica), so a
+    canary that serves 2 of 3 replicas with two thirds of the traffic has no load term although
+    its arrival rate doubled. When the per-replica load rose by 10 % or more, the rise is split
+    between ``load`` and ``capacity`` in proportion to their own rises (each counted only from
+    10 %: a driver that moved less on its own is unchanged and only nets).
+    """
+    floor = math.log(1 + DRIVER_MIN_CHANGE)
+    net = log_rate + log_replicas
+    rises = {"load": log_rate if log_rate >= floor else 0.0, "capacity": log_replicas if log_replicas >= floor else 0.0}
+    total = sum(rises.values())
+    if net < floor or total <= 0:
+        return {}
+    return {k: net * v / total for k, v in rises.items() if v > 0}
+
+
 def queue_drivers(
     requests: pl.DataFrame, seconds: Mapping[str, float], totals: Mapping[str, int] | None = None
 ) -> dict[str, float]:
@@ -151,7 +186,7 @@ def queue_drivers(
         requests.group_by("side")
         .agg(
             pl.len().alias("n"),
-            pl.coalesce("service_instance", "host_name").drop_nulls().n_unique().alias("replicas"),
+            replicas_expr().alias("replicas"),
             (pl.col("input_tokens").fill_null(0) - pl.col("cached_tokens").fill_null(0)).clip(0).mean().alias("new_in"),
             pl.col("output_tokens").fill_null(0).mean().alias("out"),
             pl.col("prefill_s").mean().alias("prefill"),
@@ -203,9 +238,11 @@ def stage_drivers(
     seconds per token: ``traffic_mix`` and ``decode_slowdown``. Means over all requests.
 
     Decode steps share the engine with prefill chunks, so a decode slowdown that comes with
-    more uncached prompt tokens per second (given ``seconds`` and ``totals`` per side) is
-    credited, up to the size of that prefill pressure, to what raised the pressure: longer
-    prompts (``traffic_mix``), a smaller cached fraction (``prefix_cache``), more arrivals (``load``).
+    more uncached prompt tokens per second on each replica (given ``seconds`` and ``totals`` per
+    side) is credited, up to the size of that prefill pressure, to what raised the pressure: longer
+    prompts (``traffic_mix``), a smaller cached fraction (``prefix_cache``), more arrivals or fewer
+    replicas (``load``, ``capacity``: :func:`offered_load_terms`; a replica's steps carry only its
+    own arrivals' prefill, so a canary serving twice the traffic on twice the replicas adds none).
     """
     import polars as pl
 
@@ -225,6 +262,7 @@ def stage_drivers(
             pl.col("output_tokens").cast(pl.Float64).mean().alias("out"),
             pl.col("prefill_s").mean().alias("prefill"),
             pl.col("decode_s").mean().alias("decode"),
+            replicas_expr().alias("replicas"),
         )
         .to_dicts()
     }
@@ -252,10 +290,10 @@ def stage_drivers(
             add("decode_slowdown", c["decode"] / c["out"], b["decode"] / b["out"])
         slowdown = terms.get("decode_slowdown", 0.0)
         if slowdown > 0 and seconds and totals and b["inp"] and c["inp"]:
-            pressure = {}
             rate_b, rate_c = totals["baseline"] / seconds["baseline"], totals["candidate"] / seconds["candidate"]
+            log_reps = math.log(b["replicas"] / c["replicas"]) if b["replicas"] and c["replicas"] else 0.0
+            pressure = offered_load_terms(math.log(rate_c / rate_b), log_reps) if rate_b and rate_c else {}
             for name, num, den in (
-                ("load", rate_c, rate_b),
                 ("traffic_mix", c["inp"], b["inp"]),
                 ("prefix_cache", (c["new"] or 0.0) / c["inp"], (b["new"] or 0.0) / b["inp"]),
             ):

@@ -467,6 +467,27 @@ class MetricView:
                 return SidePair(float(b.count), float(c.count))
         return SidePair(None, None)
 
+    def tokens_per_request(self, done: SidePair | None = None, *, prompt_only: bool = False) -> SidePair:
+        """Prompt + generation tokens (counter deltas) per request on each side, or prompt tokens alone.
+
+        ``done`` is the requests to divide by, by default :meth:`finished_requests` (the counters
+        count the tokens of the requests the engine worked on in the window); ``None`` for a
+        side where a counter or the count is missing.
+        """
+        done = self.finished_requests() if done is None else done
+        prompt = self.counter_delta("prompt_tokens")
+        generated = SidePair(0.0, 0.0) if prompt_only else self.counter_delta("generation_tokens")
+        values = [
+            (p + g) / n if p is not None and g is not None and n else None
+            for p, g, n in zip(
+                (prompt.baseline, prompt.candidate),
+                (generated.baseline, generated.candidate),
+                (done.baseline, done.candidate),
+                strict=True,
+            )
+        ]
+        return SidePair(values[0], values[1])
+
     def histogram(self, signal: str) -> dict[str, HistogramDelta | None]:
         """side -> observations of a histogram metric that arrived within the window."""
         name = self.name_for(signal)

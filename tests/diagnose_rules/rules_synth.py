@@ -55,9 +55,11 @@ class Side:
     retry_share: float = 0.0
     retrieval_s: dict[str, float] = field(default_factory=lambda: {"acme": 0.05, "globex": 0.05})
     kv_usage: float = 0.4
+    kv_per_running: float | None = None  # set: the KV usage gauge is this share x running requests (capped at 1)
     preemptions: int = 0
     preempting_replicas: tuple[int, ...] | None = None  # None: spread over every replica
     step_tokens_cap: int = 8192
+    burst_s: float = 0.0  # > 0: arrivals at twice the rate for burst_s, then none for burst_s (same mean)
 
 
 def _lognormal(rng: random.Random, mean: float, sigma: float = 0.5) -> float:
@@ -69,7 +71,9 @@ def _simulate(side: Side, start: float, rng: random.Random) -> list[dict[str, An
     out: list[dict[str, Any]] = []
     t = start
     while True:
-        t += rng.expovariate(side.rate_rps)
+        t += rng.expovariate(side.rate_rps * (2 if side.burst_s > 0 else 1))
+        if side.burst_s > 0 and int((t - start) // side.burst_s) % 2:
+            t = start + (int((t - start) // side.burst_s) + 1) * side.burst_s  # the quiet half: skip it
         if t >= start + side.duration_s:
             return out
         replica = rng.randrange(side.replicas)
@@ -186,9 +190,10 @@ def _metrics(
                     "service_version": side.version, "service_instance": host, "host_name": host,
                     "resource_attributes": {"host.name": host}, "attributes": {}}  # fmt: skip
             running = sum(1 for r in mine if r["begin"] <= t < r["end"])
+            usage = side.kv_usage if side.kv_per_running is None else side.kv_per_running * running
             for name, kind, value in (
                 ("vllm:num_requests_running", "gauge", float(running)),
-                ("vllm:kv_cache_usage_perc", "gauge", min(1.0, side.kv_usage * rng.uniform(0.95, 1.05))),
+                ("vllm:kv_cache_usage_perc", "gauge", min(1.0, usage * rng.uniform(0.95, 1.05))),
                 ("vllm:prefix_cache_queries", "sum", totals["queries"]),
                 ("vllm:prefix_cache_hits", "sum", totals["hits"]),
                 ("vllm:prompt_tokens", "sum", totals["prompt"]),

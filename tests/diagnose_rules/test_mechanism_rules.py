@@ -247,3 +247,50 @@ def test_errors_fires_on_a_finish_reason_shift(report: Callable[[str], Report]) 
     assert finding.evidence[0].signal == "finish_reason=length_share"
     assert finding.evidence[0].candidate > 0.1 > finding.evidence[0].baseline
     assert finding.confidence > 0.8
+
+
+def test_more_arrivals_within_the_spread_of_bursts_name_load_not_capacity(tmp_path: Path) -> None:
+    # Arrivals come in 30 s bursts and rise 40 % at the deploy: within the spread of per-slice
+    # arrivals (z < 3), so load is no confirmed driver, and the queue-dominated tail had none
+    # left. Before, the stage finding then said "capacity", a mechanism nothing measured (the
+    # replicas did not change); the point estimate of the offered load is the one measured.
+    base = replace(BASE, rate_rps=3.0, duration_s=300.0, replicas=1, slots=6, burst_s=30.0)
+    path = build(tmp_path / "b.duckdb", base, replace(base, version="v2", rate_rps=4.2))
+    report = diagnose(path, Selection(mode="since_last_deploy"))
+    assert not report.errors, report.errors
+    assert report.findings, report.render("text")
+    top = report.findings[0]
+    assert (top.cause, top.stage) == ("load", "queue"), report.render("text")
+    z = next(e for e in top.evidence if e.signal == "arrival_change_z")
+    assert z.candidate is not None
+    assert z.candidate < 3.0
+    assert "capacity" not in {f.cause for f in report.findings}
+
+
+def test_preemptions_that_follow_slower_steps_do_not_hide_the_decode_slowdown(tmp_path: Path) -> None:
+    # Metrics only: decode steps 2x slower at the same load and work, so each replica runs more
+    # requests at once, fills its KV cache and preempts. Each running request holds the same share
+    # of the cache as before: the preemptions are the slower steps' echo. Before, any rise in
+    # preemptions counted as another mechanism and the engine-metrics rule named no slowdown
+    # (1090211: ITL x3.0, running x2.5, KV share per request flat, read as kv_pressure).
+    base = replace(BASE, kv_per_running=0.03)
+    path = build(
+        tmp_path / "m.duckdb", base, replace(base, version="v2", tpot_s=0.04, preemptions=40), engine_spans=False
+    )
+    report = diagnose(path, Selection(mode="since_last_deploy"))
+    assert not report.errors, report.errors
+    assert report.findings, report.render("text")
+    top = report.findings[0]
+    assert top.cause == "decode_slowdown", report.render("text")
+    assert {e.signal for e in top.evidence} >= {"itl_mean_s", "running_per_replica"}
+
+
+def test_preemptions_from_a_smaller_kv_pool_still_block_the_decode_reading(tmp_path: Path) -> None:
+    # Control: the same slower steps, but each running request now holds twice the cache share (a
+    # smaller pool): KV pressure is a mechanism of its own, and the ITL rise no clean decode signal.
+    base = replace(BASE, kv_per_running=0.03)
+    candidate = replace(base, version="v2", tpot_s=0.04, preemptions=40, kv_per_running=0.06)
+    path = build(tmp_path / "m.duckdb", base, candidate, engine_spans=False)
+    report = diagnose(path, Selection(mode="since_last_deploy"), rules=["engine_metrics"])
+    assert not report.errors, report.errors
+    assert "decode_slowdown" not in {f.cause for f in report.findings}, report.render("text")
