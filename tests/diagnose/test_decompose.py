@@ -88,40 +88,34 @@ def _split_frame(*, replicas: dict[str, int], per_replica: int, tpot: dict[str, 
     return pl.DataFrame(rows)
 
 
-def test_a_canary_serving_more_traffic_on_more_replicas_brings_no_prefill_pressure() -> None:
-    # Each replica of both versions gets the same arrivals; the candidate runs on twice the replicas,
-    # so its arrival rate doubled. A replica's steps carry its own arrivals' prefill only: the slower
-    # decode is the candidate's own, not load's (the raw arrival rate credited x2 to load before).
+@pytest.mark.parametrize(
+    ("replicas", "candidate_requests", "expected"),
+    [
+        # Each replica of both versions gets the same arrivals; the candidate runs on twice the
+        # replicas, so its arrival rate doubled. A replica's steps carry its own arrivals' prefill
+        # only: the slower decode is the candidate's own, not load's (the raw arrival rate
+        # credited it to load before).
+        ((1, 2), 2000, "decode_slowdown"),
+        # Controls: the same replicas get twice the arrivals, so every step carries more prefill...
+        ((2, 2), 2000, "load"),
+        # ...and half the replicas serve the same arrivals (before: all of it decode_slowdown).
+        ((4, 2), 1000, "capacity"),
+    ],
+)
+def test_decode_prefill_pressure_follows_the_offered_load_per_replica(
+    replicas: tuple[int, int], candidate_requests: int, expected: str
+) -> None:
     frame = _split_frame(
-        replicas={"baseline": 1, "candidate": 2}, per_replica=60, tpot={"baseline": 0.05, "candidate": 0.1}
+        replicas={"baseline": replicas[0], "candidate": replicas[1]},
+        per_replica=60,
+        tpot={"baseline": 0.05, "candidate": 0.1},
     )
-    terms = stage_drivers(
-        frame, "decode", {"baseline": 300.0, "candidate": 300.0}, {"baseline": 1000, "candidate": 2000}
-    )
-    assert set(terms) == {"decode_slowdown"}
-    assert abs(terms["decode_slowdown"] - math.log(2.0)) < 0.05
-
-
-def test_more_arrivals_per_replica_still_own_the_decode_steps_they_crowd() -> None:
-    # Control: the same replicas get twice the arrivals, so every step carries more prefill.
-    frame = _split_frame(
-        replicas={"baseline": 2, "candidate": 2}, per_replica=60, tpot={"baseline": 0.05, "candidate": 0.1}
-    )
-    terms = stage_drivers(
-        frame, "decode", {"baseline": 300.0, "candidate": 300.0}, {"baseline": 1000, "candidate": 2000}
-    )
-    assert terms.get("load", 0.0) > 0.5
-
-
-def test_fewer_replicas_for_the_same_arrivals_are_capacity_in_the_decode_steps() -> None:
-    frame = _split_frame(
-        replicas={"baseline": 4, "candidate": 2}, per_replica=60, tpot={"baseline": 0.05, "candidate": 0.1}
-    )
-    terms = stage_drivers(
-        frame, "decode", {"baseline": 300.0, "candidate": 300.0}, {"baseline": 1000, "candidate": 1000}
-    )
-    assert terms.get("capacity", 0.0) > 0.5
-    assert "load" not in terms
+    seconds = {"baseline": 300.0, "candidate": 300.0}
+    terms = stage_drivers(frame, "decode", seconds, {"baseline": 1000, "candidate": candidate_requests})
+    assert max(terms, key=lambda k: terms[k]) == expected
+    assert sum(terms.values()) == pytest.approx(math.log(2.0), abs=0.05)
+    if expected != "load":
+        assert "load" not in terms
 
 
 def test_offered_load_terms_net_arrivals_against_replicas() -> None:
