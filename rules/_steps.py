@@ -191,6 +191,24 @@ class StepMix:
     prefill_part: float
     prefill_per_step: SidePair
     work_part: float = 0.0
+    #: ``g`` per side (seconds per prompt token prefilled in a step) and the standard error of
+    #: its change (heteroskedasticity-robust, HC1), for :meth:`prefill_cost_rise_bound`.
+    prefill_cost: SidePair | None = None
+    prefill_cost_se: float | None = None
+
+    def prefill_cost_rise_bound(self) -> float | None:
+        """Upper 95 % bound of the relative rise of ``g``, the cost of a prompt token in a step.
+
+        A slower prefill path costs every prefilled token more in every step it shares; a
+        bound below :data:`~sre_agent.rules._engine_cost.MIN_SLOWDOWN` rules that out.
+        ``None`` when ``g`` or its error is unknown or the baseline's ``g`` is not positive.
+        """
+        if self.prefill_cost is None:
+            return None
+        g_b, g_c = self.prefill_cost.baseline, self.prefill_cost.candidate
+        if g_b is None or g_c is None or self.prefill_cost_se is None or g_b <= 0:
+            return None
+        return (g_c - g_b + 1.96 * self.prefill_cost_se) / g_b
 
     def _share(self, part: float) -> float | None:
         total = max(self.decode_part, 0.0) + max(self.prefill_part, 0.0) + max(self.work_part, 0.0)
@@ -290,6 +308,7 @@ def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
     )
     fits: dict[str, np.ndarray] = {}
     means: dict[str, np.ndarray] = {}
+    g_variance = 0.0
     for s in SIDES:
         part = side(data, s)
         if part.height < STEP_FIT_MIN:
@@ -297,8 +316,10 @@ def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
         x = np.column_stack([np.ones(part.height), part["running"].to_numpy(), part["_p"].to_numpy()])
         if np.linalg.matrix_rank(x) < 3:
             return None
-        fits[s] = np.linalg.lstsq(x, part["tpot_s"].to_numpy(), rcond=None)[0]
+        y = part["tpot_s"].to_numpy()
+        fits[s] = np.linalg.lstsq(x, y, rcond=None)[0]
         means[s] = x.mean(axis=0)
+        g_variance += _robust_variance(x, y - x @ fits[s])[2]
     delta = fits["candidate"] - fits["baseline"]
     at = means["candidate"]
     # More prefill per step comes from more prompt tokens arriving per replica (longer or less
@@ -312,7 +333,20 @@ def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
         prefill_part=float(delta[2] * at[2]),
         prefill_per_step=SidePair(float(means["baseline"][2]), float(at[2])),
         work_part=float(fits["baseline"][2] * min(more, max(0.0, at[2] - means["baseline"][2]))),
+        prefill_cost=SidePair(float(fits["baseline"][2]), float(fits["candidate"][2])),
+        prefill_cost_se=math.sqrt(g_variance) if math.isfinite(g_variance) else None,
     )
+
+
+def _robust_variance(x: np.ndarray, residuals: np.ndarray) -> np.ndarray:
+    """Diagonal of the HC1 (heteroskedasticity-robust) covariance of least-squares coefficients."""
+    n, k = x.shape
+    if n <= k:
+        return np.full(k, np.inf)
+    bread = np.linalg.pinv(x.T @ x)
+    meat = (x * residuals[:, None] ** 2).T @ x
+    variance: np.ndarray = np.diag(bread @ meat @ bread) * (n / (n - k))
+    return variance
 
 
 def _prefill_rate(requests: pl.DataFrame, comparison: Comparison) -> float | None:

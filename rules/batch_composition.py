@@ -68,7 +68,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import engine_cost, prefill_length_profile, running_batch
+from sre_agent.rules._engine_cost import MIN_SLOWDOWN, engine_cost, prefill_length_profile, running_batch
 from sre_agent.rules._load import load_moved, load_per_replica
 from sre_agent.rules._mechanism import (
     Z_MIN,
@@ -80,7 +80,7 @@ from sre_agent.rules._mechanism import (
     stage_share,
     tail_shares,
 )
-from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape, median_step
+from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape, decode_step_mix, median_step
 from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.
@@ -197,7 +197,10 @@ def batch_composition(
         if not shape.changed or cap is None or cap <= 0:
             # The step p99 stayed put. A budget that binds only the rare prompts longer than it
             # leaves the bulk of the steps alone, but still shows in those prompts' prefill cost.
-            return _budget_signature(comparison, regression, metrics, stages, [*shape.evidence(), *evidence])
+            shown = [*shape.evidence(), *evidence]
+            return _budget_signature(comparison, regression, metrics, stages, shown) or _prefill_spread(
+                comparison, regression, metrics, stages, shown
+            )
         strength = abs(math.log(cap))
         largest_only = strength < math.log(BATCH_SHAPE_FACTOR) and bool(shape.cap.ratio)
         if largest_only and shape.cap.ratio:
@@ -237,7 +240,9 @@ def batch_composition(
             evidence=tuple(evidence),
             next_check=NEXT_CHECK,
         )
-    budget = _budget_signature(comparison, regression, metrics, stages, evidence)
+    budget = _budget_signature(comparison, regression, metrics, stages, evidence) or _prefill_spread(
+        comparison, regression, metrics, stages, evidence
+    )
     if budget is not None:
         return budget
     ratio = running.ratio
@@ -291,4 +296,50 @@ def _budget_signature(
         stage="prefill",
         evidence=(*budget_evidence, *evidence),
         next_check=NEXT_CHECK + " (SGLang: chunked_prefill_size); export vllm:iteration_tokens to confirm",
+    )
+
+
+def _prefill_spread(
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    stages: StageDecomposition,
+    evidence: list[Evidence],
+) -> Finding | None:
+    """Prefill per uncached token rose at equal batch while a prompt token costs no more in a step.
+
+    A request's prefill time is the steps it is prefilled in. A slower prefill path makes each
+    prompt token cost more in every step (the step fit's ``g``, :class:`_steps.StepMix`; on dev
+    prefill slowdowns it rose 60-300 %, z 18-118); when the fit bounds that rise below
+    :data:`MIN_SLOWDOWN` the prompts instead waited for steps with room or were spread over
+    more of them: a whole-prompt scheduling (chunked prefill off) or a smaller step budget
+    (dev 1100005, 1100053, 1090140: prefill per token +22-29 % at equal batch, ``g`` -2 to +1 %).
+    """
+    try:
+        cost = engine_cost(comparison, metrics, "prefill")
+    except RuleSkipped:
+        return None
+    shift = cost.shift
+    if shift is None or shift.z < Z_MIN or shift.rise < MIN_SLOWDOWN:
+        return None
+    mix = decode_step_mix(comparison, metrics)
+    bound = mix.prefill_cost_rise_bound() if mix is not None else None
+    if bound is None or bound >= MIN_SLOWDOWN:
+        return None
+    spread_evidence = (
+        Evidence("prefill_s_per_uncached_token_change_at_equal_batch", 0.0, rnd(shift.rise),
+                 f"at equal running batch and prompt size; z = {shift.z:.1f}"),
+        Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
+                 "upper 95 % bound of the rise of a prompt token's cost in a step (step fit): no slower prefill path"),
+    )  # fmt: skip
+    return Finding(
+        cause="batch_composition",
+        title=f"Prefill per uncached token rose {shift.rise:.0%} at the same load and batch while a prompt token "
+        "costs no more in a step: prompts waited for or were spread over more steps (chunked prefill or the "
+        "step budget changed)",
+        explained=latency_share(regression, engine_share(stages, regression, comparison) * shift.explained_share),
+        confidence=BUDGET_CONFIDENCE * clip01(shift.rise / FULL_BUDGET_RISE),
+        stage="prefill",
+        evidence=(*spread_evidence, *evidence),
+        next_check=NEXT_CHECK,
     )

@@ -138,6 +138,14 @@ def prefill_slowdown(
         evidence += (Evidence("prefill_s_per_uncached_token_change_short", 0.0, rnd(profile.short.rise),
                               f"prompts up to {profile.short_tokens:.0f} uncached tokens did not slow: "
                               "a step budget, not the prefill path"),)  # fmt: skip
+    bound = mix.prefill_cost_rise_bound() if mix is not None else None
+    if bound is not None and bound < MIN_SLOWDOWN:
+        # A slower prefill path costs every prompt token more in every step it shares; the step
+        # fit bounds that below the threshold, so the prompts waited for or were spread over
+        # more steps (batch_composition's finding: chunked prefill or the step budget).
+        confidence *= LONG_ONLY_DAMPING
+        evidence += (Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
+                              "upper 95 % bound of a prompt token's cost rise in a step (step fit)"),)  # fmt: skip
     if not cost.cache_known:
         confidence *= NO_CACHE_SIGNAL_DAMPING
         evidence += (Evidence("cached_tokens", None, None, "no cache signal: every prompt token counted as uncached"),)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from sre_agent.rules._steps import BatchShape
+import pytest
+
+from sre_agent.rules._engine_cost import MIN_SLOWDOWN
+from sre_agent.rules._steps import BatchShape, StepMix
 from sre_agent.rules_api import SidePair
 
 
@@ -39,3 +42,17 @@ def test_busier_steps_under_a_pinned_budget_are_not_a_budget_change() -> None:
     assert not _shape((200.0, 600.0), (8192.0, 8192.0)).changed
     # Longer prompts raise both, and the p99 rise is the work's (work-adjusted it is flat).
     assert not _shape((200.0, 600.0), (2048.0, 8192.0), work_ratio=3.0).changed
+
+
+def test_the_step_fit_bounds_the_rise_of_a_prompt_tokens_cost() -> None:
+    # The upper 95 % bound of g's relative rise: 1 % +- 1e-6 s/token on a 1e-4 baseline stays below
+    # MIN_SLOWDOWN (no slower prefill path); a 50 % rise does not; unknown parts give no bound.
+    flat = StepMix(0.0, 0.0, SidePair(100.0, 100.0), prefill_cost=SidePair(1e-4, 1.01e-4), prefill_cost_se=1e-6)
+    bound = flat.prefill_cost_rise_bound()
+    assert bound == pytest.approx((1e-6 + 1.96e-6) / 1e-4)
+    assert bound < MIN_SLOWDOWN
+    slower = StepMix(0.0, 0.0, SidePair(100.0, 100.0), prefill_cost=SidePair(1e-4, 1.5e-4), prefill_cost_se=1e-6)
+    assert (slower.prefill_cost_rise_bound() or 0.0) > MIN_SLOWDOWN
+    assert StepMix(0.0, 0.0, SidePair(100.0, 100.0)).prefill_cost_rise_bound() is None
+    zero = StepMix(0.0, 0.0, SidePair(1.0, 1.0), prefill_cost=SidePair(0.0, 1e-4), prefill_cost_se=1e-6)
+    assert zero.prefill_cost_rise_bound() is None

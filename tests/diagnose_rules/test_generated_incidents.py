@@ -337,6 +337,21 @@ _MECHANISM_CASES = [
     # Its control: chunked prefill turned off makes steps bigger (p99 3871 -> 13615 tokens) at the
     # same plain decode step, which stays batch_composition.
     pytest.param(106, "batch_composition", "vllm-v1", "Tokens per engine step rose", id="chunking-off-bigger-steps"),
+    # Chunked prefill turned off with a budget above the prompts: the step shape did not move (cap
+    # 16384 both sides), prefill per uncached token rose 30 % at equal batch (z 4.1) and
+    # prefill_slowdown led, though the step fit's cost of a prompt token in a step fell 2 % (z -5):
+    # the prompts waited for steps with room, the per-token compute was the same.
+    pytest.param(1100005, "batch_composition", "vllm-v1", "costs no more in a step", id="chunking-off-prompts-wait"),
+    # A decode x3.15 on a V0 canary serving 2 of 3 replicas (twice the arrivals on twice the
+    # replicas): the raw arrival rate credited the slower decode steps' prefill pressure to load.
+    pytest.param(1090215, "decode_slowdown", "vllm-v0", "output token", id="canary-more-replicas-not-load"),
+    # Metrics only: decode x2.6 kept more requests running, which filled the KV cache and preempted
+    # (0 -> 64) at a flat cache share per running request; the preemptions blocked the
+    # engine-metrics decode reading and kv_pressure led.
+    pytest.param(1090211, "decode_slowdown", "metrics-only", "inter-token latency", id="preemptions-echo-slower-steps"),
+    # Arrivals x2.0 on a bursty trace (per-slice z 1.3 < 3): load was no confirmed driver, and the
+    # queue-dominated tail's stage finding said capacity by default (replicas unchanged).
+    pytest.param(1090159, "load", "vllm-v1", "More arrivals per second", id="bursty-load-not-capacity"),
 ]
 
 
