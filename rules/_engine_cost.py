@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
@@ -328,11 +327,6 @@ class EngineCost:
     work: SidePair = field(default_factory=lambda: SidePair(None, None))
     replica_attribute: str | None = None
 
-    @cached_property
-    def slowed_replica(self) -> SlowedReplica | None:
-        """:func:`slowed_replica` of this cost, computed on first use."""
-        return slowed_replica(self)
-
 
 _COST_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, EngineCost]] = weakref.WeakKeyDictionary()
 
@@ -405,104 +399,6 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         )
     cached[stage] = result
     return result
-
-
-#: The other replicas' rise may be at most this share of the slowed one's for the slowdown to be its own.
-REST_SHARE: Final[float] = 1 / 3
-#: Peers a replica is compared with before a slowdown can be its own: with one, uneven routing
-#: makes two replicas differ as much as a slowdown of one would.
-MIN_PEERS: Final[int] = 2
-
-
-@dataclass(frozen=True)
-class SlowedReplica:
-    """One replica whose per-token cost rose at equal buckets while the others' did not.
-
-    Attributes:
-        attribute / replica: how the spans name it (``host.name`` or ``service.instance.id``) and its value.
-        own / rest: the cost's comparison on its requests, and on every other replica's.
-        control: what both comparisons hold equal (``batch`` and prompt size, or ``size`` alone).
-    """
-
-    attribute: str
-    replica: str
-    own: ConditionalShift
-    rest: ConditionalShift
-    control: str
-
-
-def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
-    """The replica a slowdown is confined to, if one is: compared with itself, at equal batch and size.
-
-    A slower step on one replica (a bad GPU, a node with another driver) makes its requests
-    costlier at equal batch while its peers' stay as they were; the peers' latency may still
-    rise, as the router moves load onto them, which is why their tails are no test. The
-    candidate is the replica whose mean log cost rose most; it is the scope when its own rise
-    is >= :data:`MIN_SLOWDOWN` with z >= 2 and the rest, compared the same way (each comparison
-    covering >= :data:`MIN_COVERAGE` of its requests), rose at most :data:`REST_SHARE` of it,
-    compared at equal batch and prompt size, else (no significant equal-batch comparison) at
-    equal prompt size alone, and then only when its running batch grew no more than its
-    peers' (x1.1): a replica given more load is costlier per token at equal size anyway. At
-    least :data:`MIN_PEERS` other replicas.
-    """
-    frame = cost.frame
-    if frame is None or cost.replica_attribute is None or "replica" not in frame.columns:
-        return None
-    logged = frame.filter(pl.col(cost.column) > 0).with_columns(pl.col(cost.column).log().alias("_log"))
-    means = logged.group_by("replica", "side").agg(pl.col("_log").mean(), pl.len().alias("n"))
-    per: dict[str, dict[str, float]] = {}
-    for row in means.iter_rows(named=True):
-        if row["replica"] is not None and row["n"] >= MIN_BUCKET:
-            per.setdefault(str(row["replica"]), {})[str(row["side"])] = float(row["_log"])
-    raw = {r: sides["candidate"] - sides["baseline"] for r, sides in per.items() if len(sides) == len(SIDES)}
-    if len(raw) < MIN_PEERS + 1:
-        return None
-    top = max(raw, key=lambda r: raw[r])
-    mine, others = frame.filter(pl.col("replica") == top), frame.filter(pl.col("replica") != top)
-    for bucket, label in (("bucket", "batch"), ("size_bucket", "size")):
-        # A slower replica runs bigger batches at the same load (Little's law), so its equal-batch
-        # buckets may not overlap; at equal prompt size alone the peers' rise then stands for what
-        # load did to every replica, and the replica must rise well beyond it.
-        own = conditional_log_shift(mine, cost.column, bucket, label)
-        rest = conditional_log_shift(others, cost.column, bucket, label)
-        # Both sides of the claim need a comparison over a fair share of their requests: that
-        # this replica rose, and that the others, compared the same way, did not.
-        if own is None or rest is None or min(own.coverage, rest.coverage) < MIN_COVERAGE:
-            continue
-        if own.z < Z_MIN or own.rise < MIN_SLOWDOWN:
-            continue
-        if bucket == "size_bucket" and _batch_growth(mine) > (1 + SAME_LOAD) * _batch_growth(others):
-            return None  # its batch grew more than its peers': the size-only comparison cannot tell
-        if rest.rise > REST_SHARE * own.rise:
-            return None
-        return SlowedReplica(cost.replica_attribute, top, own, rest, label)
-    return None
-
-
-def _batch_growth(frame: pl.DataFrame) -> float:
-    """Candidate over baseline mean running batch of ``frame``'s requests (1.0 when unknown)."""
-    if "running" not in frame.columns:
-        return 1.0
-    means = {str(side): value for side, value in frame.group_by("side").agg(pl.col("running").mean()).iter_rows()}
-    b, c = means.get("baseline"), means.get("candidate")
-    return float(c) / float(b) if b and c else 1.0
-
-
-def replica_scope(cost: EngineCost) -> tuple[dict[str, str], tuple[Evidence, ...]]:
-    """The scope and evidence of :func:`slowed_replica` for a slowdown finding (empty when none).
-
-    Computed once per cost: the stage fallback and the slowdown rules both ask.
-    """
-    found = cost.slowed_replica
-    if found is None:
-        return {}, ()
-    evidence = Evidence(
-        f"{cost.column}_change_at_equal_{found.control}[{found.attribute}={found.replica}]",
-        0.0,
-        rnd(found.own.rise),
-        f"this replica alone, z = {found.own.z:.1f}; the other replicas {found.rest.rise:+.0%}",
-    )
-    return {found.attribute: found.replica}, (evidence,)
 
 
 def _flat(ratio: float | None) -> bool:
@@ -590,18 +486,13 @@ __all__ = [
     "BATCH_GREW",
     "ConditionalShift",
     "EngineCost",
-    "MIN_PEERS",
     "MIN_SLOWDOWN",
-    "REST_SHARE",
-    "SlowedReplica",
     "LengthProfile",
     "Slowdown",
     "assess_slowdown",
     "conditional_log_shift",
     "engine_cost",
     "prefill_length_profile",
-    "replica_scope",
     "running_batch",
-    "slowed_replica",
     "with_running",
 ]

@@ -44,7 +44,7 @@ step, doubles. Confidence 0.5 x ``min(1, (step ratio / batch ratio - 1) / 0.3)``
 
 Scope: the replica whose cost rose compared with itself (at equal batch and prompt
 size, else at equal size when its batch grew no more than its peers') while the
-other replicas' rose at most a third as much (``_engine_cost.slowed_replica``).
+other replicas' rose at most a third as much (``_replica_scope.slowed_replica``).
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import assess_slowdown, engine_cost, replica_scope
+from sre_agent.rules._engine_cost import assess_slowdown, engine_cost
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, side_means, stage_share
+from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step
 from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 

@@ -55,9 +55,9 @@ from typing import Final
 
 from sre_agent.compare import SIDES, Comparison
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import MIN_PEERS, REST_SHARE
 from sre_agent.rules._load import kv_limited, pool_shrank
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
+from sre_agent.rules._replica_scope import MIN_PEERS, REST_SHARE
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 
 #: Relative change of arrivals (or of mean ITL) that counts as a rise.
@@ -298,7 +298,7 @@ def _slowest_replica(metrics: MetricView) -> tuple[dict[str, str], Evidence] | N
     ranked = sorted(ratios.items(), key=lambda kv: kv[1], reverse=True)
     (attribute, replica), top = ranked[0]
     peer = ranked[1][1]
-    # Every peer rose at most a third as much (as _engine_cost.slowed_replica asks of spans):
+    # Every peer rose at most a third as much (as _replica_scope.slowed_replica asks of spans):
     # per-replica ITL means of a fleet-wide slowdown spread x1.2-1.7 on ~12k tokens a side.
     if top < 1 + MIN_RISE or peer - 1 > REST_SHARE * (top - 1):
         return None

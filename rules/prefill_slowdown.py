@@ -35,7 +35,7 @@ Quiet below a 10 % rise at equal buckets or z < 2.
 
 Scope: the replica whose cost rose compared with itself (at equal batch and prompt
 size, else at equal size when its batch grew no more than its peers') while the
-other replicas' rose at most a third as much (``_engine_cost.slowed_replica``).
+other replicas' rose at most a third as much (``_replica_scope.slowed_replica``).
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ from sre_agent.rules._engine_cost import (
     assess_slowdown,
     engine_cost,
     prefill_length_profile,
-    replica_scope,
 )
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import PER_TOKEN_METRICS, Z_MIN, latency_share, rnd, stage_share
+from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import batch_shape, decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 

@@ -27,8 +27,9 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost, replica_scope
+from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost
 from sre_agent.rules._mechanism import per_replica, rnd, side_means, wide_enough
+from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import decode_step_mix
 from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
