@@ -18,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+import polars as pl
+
 from sre_agent.compare import SIDES
 from sre_agent.decompose import replicas_expr
-from sre_agent.rules._mechanism import LOAD_Z, PER_TOKEN_METRICS, per_request, rnd, tail_shares
+from sre_agent.rules._mechanism import LOAD_Z, PER_TOKEN_METRICS, per_request, rnd, side_means, tail_shares
 from sre_agent.rules_api import Evidence, Regression, SidePair
 
 if TYPE_CHECKING:
@@ -168,9 +170,18 @@ def service_time_queue_share(
     )
     # When preemptions rose and each running request held the same share of the cache as before,
     # the pool filled because slower steps kept more requests running: the preemptions are this
-    # slowdown's consequence and the queue is still its doing (pool_shrank).
-    if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE and pool_shrank(metrics):
-        return 0.0
+    # slowdown's consequence and the queue is still its doing (pool_shrank). A request's share
+    # is measured against the tokens it holds privately (shared prefix blocks count once): a
+    # prefix cache that stopped hitting gives each request its own copy (dev 1090098: KV per
+    # running request x1.29 with private tokens x1.25), which is no smaller pool.
+    if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE:
+        private = side_means(
+            comparison.requests,
+            private=(pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0)
+            + pl.col("output_tokens").fill_null(0),
+        )["private"]
+        if pool_shrank(metrics, private.ratio):
+            return 0.0
     return queue
 
 

@@ -77,6 +77,7 @@ from sre_agent.rules._mechanism import (
     latency_share,
     rnd,
     side,
+    side_means,
     stage_share,
     tail_shares,
 )
@@ -325,6 +326,14 @@ def _prefill_spread(
     mix = decode_step_mix(comparison, metrics)
     bound = mix.prefill_cost_rise_bound() if mix is not None else None
     if bound is None or bound >= MIN_SLOWDOWN:
+        return None
+    uncached = side_means(
+        comparison.requests, uncached=(pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0)
+    )["uncached"]
+    if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):
+        # More of each prompt to prefill (a cache that stopped hitting, longer prompts) makes every
+        # step carry more prefill and each prompt wait longer for it: that work's rule owns it
+        # (dev 1090098: hit rate 24 % -> 0, uncached tokens per request x1.25).
         return None
     spread_evidence = (
         Evidence("prefill_s_per_uncached_token_change_at_equal_batch", 0.0, rnd(shift.rise),

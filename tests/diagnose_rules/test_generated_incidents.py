@@ -349,6 +349,11 @@ _MECHANISM_CASES = [
     # (0 -> 64) at a flat cache share per running request; the preemptions blocked the
     # engine-metrics decode reading and kv_pressure led.
     pytest.param(1090211, "decode_slowdown", "metrics-only", "inter-token latency", id="preemptions-echo-slower-steps"),
+    # Prefix caching off on SGLang: each request holds its own copy of the prefix, so KV per running
+    # request rose x1.29 (private tokens x1.25) and preemptions rose; read as a smaller pool, that
+    # withheld the queue's share from prefix_cache (0 % explained) and prefill_slowdown led (prefill
+    # per uncached token +45 % at equal batch: the steps carry everyone's new prefill).
+    pytest.param(1090098, "prefix_cache", "sglang", "Prefix-cache hit rate fell", id="cache-off-private-kv"),
     # Arrivals x2.0 on a bursty trace (per-slice z 1.3 < 3): load was no confirmed driver, and the
     # queue-dominated tail's stage finding said capacity by default (replicas unchanged).
     pytest.param(1090159, "load", "vllm-v1", "More arrivals per second", id="bursty-load-not-capacity"),
