@@ -29,7 +29,9 @@ accounts for failed requests).
 x 0.4 when the step cap moved, x 0.25 when the uncached work per request changed,
 x 0.5 when the offered load per replica changed), halved without any
 cache signal, x 0.4 when only the longest quarter of prompts slowed and no
-step histogram exists (a smaller step budget: ``batch_composition``).
+step histogram exists (a smaller step budget: ``batch_composition``), x 0.2 when
+the step fit bounds the rise of a prompt token's cost in a step below 10 %
+(``_steps.StepMix.prefill_cost_rise_bound``: the prompts waited for steps).
 
 Quiet below a 10 % rise at equal buckets or z < 2.
 
@@ -59,6 +61,9 @@ from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
 LONG_ONLY_DAMPING: Final[float] = 0.4
+#: Confidence kept when the step fit bounds the rise of a prompt token's cost in a step below
+#: MIN_SLOWDOWN: the data contradicts a slower prefill path, so below the stage fallback's 0.25.
+STEP_COST_FLAT_DAMPING: Final[float] = 0.2
 #: Confidence factor when nothing says how many prompt tokens were cached.
 NO_CACHE_SIGNAL_DAMPING: Final[float] = 0.5
 #: Decode work's share of the TPOT rise (``StepMix.decode_share``) from which decode led the steps.
@@ -142,8 +147,9 @@ def prefill_slowdown(
     if bound is not None and bound < MIN_SLOWDOWN:
         # A slower prefill path costs every prompt token more in every step it shares; the step
         # fit bounds that below the threshold, so the prompts waited for or were spread over
-        # more steps (batch_composition's finding: chunked prefill or the step budget).
-        confidence *= LONG_ONLY_DAMPING
+        # more steps (batch_composition's finding: chunked prefill or the step budget) or behind
+        # more prefill in the steps (a new tenant's longer prompts: traffic_mix's).
+        confidence *= STEP_COST_FLAT_DAMPING
         evidence += (Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
                               "upper 95 % bound of a prompt token's cost rise in a step (step fit)"),)  # fmt: skip
     if not cost.cache_known:

@@ -35,7 +35,9 @@ accounts for failed requests).
 
 ``confidence``: spans: significance of the drop's z score times
 ``min(1, drop / 0.2)``; counters or gauge only (exact totals without a
-per-request variance): ``0.85 x min(1, drop / 0.2)``.
+per-request variance): ``0.85 x min(1, drop / 0.2)``; x 0.2 when the drop is
+confined to a slice with no baseline requests (a new tenant's prompts had
+nothing cached before: the mix's change).
 
 Quiet (``None``) when the hit rate fell by less than 5 points or 10 %;
 :class:`RuleSkipped` when no hit-rate signal exists on both sides.
@@ -76,6 +78,8 @@ MIN_RELATIVE_DROP: Final[float] = 0.10
 FULL_DROP: Final[float] = 0.20
 #: Confidence ceiling for hit rates known only from metric totals.
 METRIC_ONLY_CONFIDENCE: Final[float] = 0.85
+#: Confidence kept by a drop confined to traffic that did not exist before the deploy (the mix's).
+NEW_SLICE_DAMPING: Final[float] = 0.2
 
 NEXT_CHECK: Final[str] = (
     "compare prefix hashes of the system prompt before and after; check enable_prefix_caching (or SGLang's "
@@ -240,6 +244,19 @@ def prefix_cache(
             scope = {found[0]: found[1]}
             evidence.append(Evidence(f"hit_rate_drop_share[{found[0]}={found[1]}]", None, rnd(found[2]),
                                      f"share of the lost cached tokens; {found[3]:.0%} of the traffic"))  # fmt: skip
+            in_baseline = (
+                side(with_cache, "baseline")
+                .filter(pl.col(found[0]).cast(pl.String).fill_null("(missing)") == found[1])
+                .height
+            )
+            if in_baseline == 0:
+                # The cached tokens were lost in traffic that did not exist before the deploy (a new
+                # tenant): its prompts had nothing cached under the baseline, so the drop is the new
+                # traffic's (traffic_mix), not a cache that got worse (dev 1100231: 96 % of the
+                # lost cached tokens in a new tenant sending 16 % of the traffic).
+                confidence *= NEW_SLICE_DAMPING
+                evidence.append(Evidence(f"baseline_requests[{found[0]}={found[1]}]", 0, 0,
+                                         "new since the deploy: nothing of it was cached before"))  # fmt: skip
     where = f" in {next(iter(scope))}={next(iter(scope.values()))}" if scope else ""
     return Finding(
         cause="prefix_cache",
