@@ -7,7 +7,8 @@ to what the replicas can serve. Its change splits into
 * arrival rate lambda (``load``): more requests per second at the same work each,
   beyond the spread of per-slice arrivals (z >= 3; bursts are not load);
 * replicas R or slots (``capacity``): fewer replicas, or a lower cap on
-  running requests (``max_num_seqs``) while requests wait;
+  running requests (``max_num_seqs``) while requests wait (the waiting gauge up 10 %
+  or more and queue time holding part of the tail excess);
 * work per request (traffic mix: more tokens each), left to ``traffic_mix``.
 
 The part of the regression at stake is the queue's share of the tail excess,
@@ -102,10 +103,15 @@ def queueing(
     load_term = drivers.get("load", 0.0)
     replica_term = drivers.get("capacity", 0.0)
     slot_term = 0.0
+    # A lower cap holds requests back only if they queue: the waiting gauge rose by 10 % or more and
+    # queue time carries part of the tail excess (dev 1100070: peak running 10 -> 9, waiting 0.072
+    # -> 0.075, the tail's queue time fell; one replica's slower decode read as capacity at 0.9).
     if (
         running_max.ratio is not None
         and running_max.ratio <= 1 - MIN_CHANGE
-        and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
+        and queue_share > 0
+        and (waiting.candidate or 0.0) >= (1 + MIN_CHANGE) * (waiting.baseline or 0.0)
+        and (waiting.candidate or 0.0) > 0
         and not kv_limited(metrics, comparison.request_counts)
     ):
         slot_term = _log_up(1 / running_max.ratio)  # a lower cap on running requests while requests wait
