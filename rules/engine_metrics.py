@@ -185,10 +185,17 @@ def engine_metrics(
         or (work.ratio is not None and abs(work.ratio - 1) > SAME_WORK)
     )
 
+    # Arrivals counted at the gateway are the offered load whatever the replicas did, so a rise there
+    # is load even while replicas fell (a rolling restart during a traffic surge: arrivals x2.0,
+    # replicas 4 -> 3.6 on average, and neither driver was named; dev 1100164), and both drivers
+    # share the excess. Counted as finished requests, a rate is throughput, which fewer replicas
+    # lower by themselves: then a fall in replicas excludes load and capacity needs a flat rate.
+    arrivals = _arrivals_counted(comparison)
+    fewer = replicas.ratio <= 1 - MIN_FALL
     terms: dict[str, float] = {}
-    if rate_moved and replicas.ratio >= 1 - MIN_FALL:
+    if rate_moved and (arrivals or not fewer):
         terms["load"] = _log(rate.ratio)
-    if (rate_flat or throughput_fell_under_backlog) and (replicas.ratio <= 1 - MIN_FALL or cap_fell):
+    if (rate_flat or throughput_fell_under_backlog or arrivals) and (fewer or cap_fell):
         terms["capacity"] = -_log(replicas.ratio) + (-_log(running_max.ratio) if cap_fell else 0.0)
     if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE and per_replica_flat and not other_mechanism:
         terms["decode_slowdown"] = _log(itl_mean.ratio)
@@ -231,14 +238,15 @@ def engine_metrics(
             )
         elif cause == "capacity":
             what = (
-                f"replicas {replicas.baseline:.0f} -> {replicas.candidate:.0f}"
+                f"replicas {replicas.baseline:.3g} -> {replicas.candidate:.3g} (time-weighted)"
                 if replicas.ratio <= 1 - MIN_FALL
                 else (
                     f"max running requests {running_max.baseline:.0f} -> {running_max.candidate:.0f}"
                     " while requests wait"
                 )
             )
-            title = f"Capacity fell for the same arrivals: {what} (engine metrics)"
+            same = "for the same arrivals" if rate_flat else f"while arrivals rose {rate.ratio - 1:.0%}"
+            title = f"Capacity fell {same}: {what} (engine metrics)"
             change, stage, next_check = (
                 1 - min(replicas.ratio or 1.0, running_max.ratio or 1.0),
                 "queue",

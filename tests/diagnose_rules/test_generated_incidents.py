@@ -359,6 +359,10 @@ _MECHANISM_CASES = [
     # the baseline (prefix_cache@newco), and prefill per token rose 18 % at equal batch while the
     # step fit held a prompt token's cost in a step flat (bound +1 %); prefill_slowdown led.
     pytest.param(1100231, "traffic_mix", "sglang", "request mix changed", id="new-tenant-no-cache-no-slower-prefill"),
+    # Arrivals x2.0 at the gateway during a rolling restart, engine metrics only: replicas averaged
+    # 3.6 of 4 over the window, which excluded load, and a rate that rose excluded capacity: no
+    # finding. Arrivals counted at the gateway are the offered load whatever the replicas did.
+    pytest.param(1100164, "load", "gateway-spans+metrics", "Offered load rose", id="surge-during-rolling-restart"),
     # Arrivals x2.0 on a bursty trace (per-slice z 1.3 < 3): load was no confirmed driver, and the
     # queue-dominated tail's stage finding said capacity by default (replicas unchanged).
     pytest.param(1090159, "load", "vllm-v1", "More arrivals per second", id="bursty-load-not-capacity"),
