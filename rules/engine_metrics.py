@@ -188,12 +188,15 @@ def engine_metrics(
     # Arrivals counted at the gateway are the offered load whatever the replicas did, so a rise there
     # is load even while replicas fell (a rolling restart during a traffic surge: arrivals x2.0,
     # replicas 4 -> 3.6 on average, and neither driver was named; dev 1100164), and both drivers
-    # share the excess. Counted as finished requests, a rate is throughput, which fewer replicas
-    # lower by themselves: then a fall in replicas excludes load and capacity needs a flat rate.
+    # share the excess. Counted as finished requests, a rate is throughput: fewer replicas cannot
+    # raise it, so a rise is still more arrivals, unless the waiting gauge fell (the engines
+    # finished a backlog faster than requests came; dev 1090294: finished x2.0, replicas 6 -> 5.2,
+    # waiting 0.19 -> 0.59). Capacity then needs a flat rate.
     arrivals = _arrivals_counted(comparison)
     fewer = replicas.ratio <= 1 - MIN_FALL
+    drained = (waiting.candidate or 0.0) < (waiting.baseline or 0.0)
     terms: dict[str, float] = {}
-    if rate_moved and (arrivals or not fewer):
+    if rate_moved and (arrivals or not fewer or not drained):
         terms["load"] = _log(rate.ratio)
     if (rate_flat or throughput_fell_under_backlog or arrivals) and (fewer or cap_fell):
         terms["capacity"] = -_log(replicas.ratio) + (-_log(running_max.ratio) if cap_fell else 0.0)

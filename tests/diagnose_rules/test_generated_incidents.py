@@ -363,6 +363,9 @@ _MECHANISM_CASES = [
     # 3.6 of 4 over the window, which excluded load, and a rate that rose excluded capacity: no
     # finding. Arrivals counted at the gateway are the offered load whatever the replicas did.
     pytest.param(1100164, "load", "gateway-spans+metrics", "Offered load rose", id="surge-during-rolling-restart"),
+    # The same from the engines' metrics alone: finished requests x2.0 while a restart left 5.2 of 6
+    # replicas and the waiting gauge rose. Fewer replicas cannot raise throughput: more arrivals.
+    pytest.param(1090294, "load", "metrics-only", "Offered load rose", id="surge-during-restart-metrics-only"),
     # Arrivals x2.0 on a bursty trace (per-slice z 1.3 < 3): load was no confirmed driver, and the
     # queue-dominated tail's stage finding said capacity by default (replicas unchanged).
     pytest.param(1090159, "load", "vllm-v1", "More arrivals per second", id="bursty-load-not-capacity"),
