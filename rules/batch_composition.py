@@ -68,7 +68,13 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._engine_cost import MIN_SLOWDOWN, engine_cost, prefill_length_profile, running_batch
+from sre_agent.rules._engine_cost import (
+    MIN_SLOWDOWN,
+    EngineCost,
+    engine_cost,
+    prefill_length_profile,
+    running_batch,
+)
 from sre_agent.rules._load import load_moved, load_per_replica
 from sre_agent.rules._mechanism import (
     Z_MIN,
@@ -198,10 +204,7 @@ def batch_composition(
         if not shape.changed or cap is None or cap <= 0:
             # The step p99 stayed put. A budget that binds only the rare prompts longer than it
             # leaves the bulk of the steps alone, but still shows in those prompts' prefill cost.
-            shown = [*shape.evidence(), *evidence]
-            return _budget_signature(comparison, regression, metrics, stages, shown) or _prefill_spread(
-                comparison, regression, metrics, stages, shown
-            )
+            return _prefill_signature(comparison, regression, metrics, stages, [*shape.evidence(), *evidence])
         strength = abs(math.log(cap))
         largest_only = strength < math.log(BATCH_SHAPE_FACTOR) and bool(shape.cap.ratio)
         if largest_only and shape.cap.ratio:
@@ -241,9 +244,7 @@ def batch_composition(
             evidence=tuple(evidence),
             next_check=NEXT_CHECK,
         )
-    budget = _budget_signature(comparison, regression, metrics, stages, evidence) or _prefill_spread(
-        comparison, regression, metrics, stages, evidence
-    )
+    budget = _prefill_signature(comparison, regression, metrics, stages, evidence)
     if budget is not None:
         return budget
     ratio = running.ratio
@@ -263,18 +264,35 @@ def batch_composition(
     )
 
 
-def _budget_signature(
+def _prefill_signature(
     comparison: Comparison,
     regression: Regression,
     metrics: MetricView,
     stages: StageDecomposition,
     evidence: list[Evidence],
 ) -> Finding | None:
-    """Without the step histogram: prefill per uncached token rose for long prompts only (a smaller budget)."""
+    """With no step shape change to read: what the prefill cost at equal batch says about the steps.
+
+    A smaller budget (:func:`_budget_signature`), else prompts waiting for steps with room
+    (:func:`_prefill_spread`); ``None`` without per-request prefill timing.
+    """
     try:
         cost = engine_cost(comparison, metrics, "prefill")
     except RuleSkipped:
         return None
+    return _budget_signature(cost, comparison, regression, stages, evidence) or _prefill_spread(
+        cost, metrics, comparison=comparison, regression=regression, stages=stages, evidence=evidence
+    )
+
+
+def _budget_signature(
+    cost: EngineCost,
+    comparison: Comparison,
+    regression: Regression,
+    stages: StageDecomposition,
+    evidence: list[Evidence],
+) -> Finding | None:
+    """Without the step histogram: prefill per uncached token rose for long prompts only (a smaller budget)."""
     profile = prefill_length_profile(cost)
     if profile is None or not profile.long_only:
         return None
@@ -301,9 +319,11 @@ def _budget_signature(
 
 
 def _prefill_spread(
+    cost: EngineCost,
+    metrics: MetricView,
+    *,
     comparison: Comparison,
     regression: Regression,
-    metrics: MetricView,
     stages: StageDecomposition,
     evidence: list[Evidence],
 ) -> Finding | None:
@@ -316,10 +336,6 @@ def _prefill_spread(
     more of them: a whole-prompt scheduling (chunked prefill off) or a smaller step budget
     (dev 1100005, 1100053, 1090140: prefill per token +22-29 % at equal batch, ``g`` -2 to +1 %).
     """
-    try:
-        cost = engine_cost(comparison, metrics, "prefill")
-    except RuleSkipped:
-        return None
     shift = cost.shift
     if shift is None or shift.z < Z_MIN or shift.rise < MIN_SLOWDOWN:
         return None
