@@ -467,6 +467,31 @@ class MetricView:
                 return SidePair(float(b.count), float(c.count))
         return SidePair(None, None)
 
+    def gauge_change(self, signal: str) -> SidePair:
+        """Each side's change of a gauge over its window: per series, its last value minus its first, summed.
+
+        For the waiting gauge this is how many more requests queued at the window's end than at
+        its start, so arrivals = finished requests + that change (+ the running gauge's, bounded
+        by the engines' slots); ``None`` for a side without the gauge.
+        """
+        return self._memo(("gauge_change", signal), lambda: self._gauge_change(signal))
+
+    def _gauge_change(self, signal: str) -> SidePair:
+        """Uncached :meth:`gauge_change`."""
+        name = self.name_for(signal)
+        if name is None:
+            return SidePair(None, None)
+        values: list[float | None] = []
+        for side in SIDES:
+            sql = (
+                "SELECT sum(last_v - first_v) FROM (SELECT arg_max(value, time_ns) AS last_v, "
+                "arg_min(value, time_ns) AS first_v FROM metric_points "
+                f"WHERE {self._where(side, name)} AND isfinite(value) GROUP BY series_key)"
+            )
+            row = fetch_one(self._con.execute(sql))
+            values.append(None if row is None or row[0] is None else float(row[0]))
+        return SidePair(values[0], values[1])
+
     def tokens_per_request(self, done: SidePair | None = None, *, prompt_only: bool = False) -> SidePair:
         """Prompt + generation tokens (counter deltas) per request on each side, or prompt tokens alone.
 

@@ -366,6 +366,10 @@ _MECHANISM_CASES = [
     # The same from the engines' metrics alone: finished requests x2.0 while a restart left 5.2 of 6
     # replicas and the waiting gauge rose. Fewer replicas cannot raise throughput: more arrivals.
     pytest.param(1090294, "load", "metrics-only", "Offered load rose", id="surge-during-restart-metrics-only"),
+    # Arrivals x2.0 into a saturated engine, metrics only: finished requests rose 13 % while the
+    # waiting gauge went 2 -> 246 on average; the rate read flat and the slower steps of the
+    # bigger batch read as decode_slowdown. Arrivals = finished + growth of waiting and running.
+    pytest.param(1110034, "load", "metrics-only", "Offered load rose", id="surge-into-a-backlog-metrics-only"),
     # Arrivals x2.0 on a bursty trace (per-slice z 1.3 < 3): load was no confirmed driver, and the
     # queue-dominated tail's stage finding said capacity by default (replicas unchanged).
     pytest.param(1090159, "load", "vllm-v1", "More arrivals per second", id="bursty-load-not-capacity"),
