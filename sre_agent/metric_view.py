@@ -308,23 +308,20 @@ class MetricView:
         return SidePair(values[0], values[1])
 
     def series_count(self, signal: str) -> SidePair:
-        """Distinct series (usually replicas) reporting the signal on each side."""
-        return self._memo(("series", signal), lambda: self._series_count(signal))
+        """Distinct series (usually replicas) reporting the signal on each side (none is ``None``)."""
+        count = "SELECT count(DISTINCT coalesce(service_instance, host_name, series_key)) FROM metric_points WHERE {}"
+        return self._memo(("series", signal), lambda: self._scalar_per_side(signal, count.format, zero_is_none=True))
 
-    def _series_count(self, signal: str) -> SidePair:
-        """Uncached :meth:`series_count`."""
+    def _scalar_per_side(self, signal: str, sql_of: Callable[[str], str], *, zero_is_none: bool = False) -> SidePair:
+        """One number per side: ``sql_of`` given the side's WHERE clause for the signal (``None`` when absent)."""
         name = self.name_for(signal)
         if name is None:
             return SidePair(None, None)
         out: list[float | None] = []
         for side in SIDES:
-            row = fetch_one(
-                self._con.execute(
-                    f"SELECT count(DISTINCT coalesce(service_instance, host_name, series_key)) FROM metric_points "
-                    f"WHERE {self._where(side, name)}"
-                )
-            )
-            out.append(float(row[0]) if row and row[0] else None)
+            row = fetch_one(self._con.execute(sql_of(self._where(side, name))))
+            value = None if row is None or row[0] is None else float(row[0])
+            out.append(None if zero_is_none and not value else value)
         return SidePair(out[0], out[1])
 
     def serving_replicas(self) -> SidePair:
@@ -474,23 +471,11 @@ class MetricView:
         its start, so arrivals = finished requests + that change (+ the running gauge's, bounded
         by the engines' slots); ``None`` for a side without the gauge.
         """
-        return self._memo(("gauge_change", signal), lambda: self._gauge_change(signal))
-
-    def _gauge_change(self, signal: str) -> SidePair:
-        """Uncached :meth:`gauge_change`."""
-        name = self.name_for(signal)
-        if name is None:
-            return SidePair(None, None)
-        values: list[float | None] = []
-        for side in SIDES:
-            sql = (
-                "SELECT sum(last_v - first_v) FROM (SELECT arg_max(value, time_ns) AS last_v, "
-                "arg_min(value, time_ns) AS first_v FROM metric_points "
-                f"WHERE {self._where(side, name)} AND isfinite(value) GROUP BY series_key)"
-            )
-            row = fetch_one(self._con.execute(sql))
-            values.append(None if row is None or row[0] is None else float(row[0]))
-        return SidePair(values[0], values[1])
+        change = (
+            "SELECT sum(last_v - first_v) FROM (SELECT arg_max(value, time_ns) AS last_v, arg_min(value, time_ns) "
+            "AS first_v FROM metric_points WHERE {} AND isfinite(value) GROUP BY series_key)"
+        )
+        return self._memo(("gauge_change", signal), lambda: self._scalar_per_side(signal, change.format))
 
     def tokens_per_request(self, done: SidePair | None = None, *, prompt_only: bool = False) -> SidePair:
         """Prompt + generation tokens (counter deltas) per request on each side, or prompt tokens alone.
