@@ -326,6 +326,9 @@ class EngineCost:
     size_shift: ConditionalShift | None = None
     work: SidePair = field(default_factory=lambda: SidePair(None, None))
     replica_attribute: str | None = None
+    #: What readers of this cost derived from it once (e.g. ``_replica_scope``'s slowed replica),
+    #: shared by the rules that ask again; not part of the cost's value.
+    derived: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
 
 _COST_CACHE: weakref.WeakKeyDictionary[Comparison, dict[str, EngineCost]] = weakref.WeakKeyDictionary()

@@ -106,7 +106,10 @@ def replica_scope(cost: EngineCost) -> tuple[dict[str, str], tuple[Evidence, ...
 
     Computed once per cost: the stage fallback and the slowdown rules both ask.
     """
-    found = slowed_replica(cost)
+    if "slowed_replica" not in cost.derived:  # stages and the slowdown rule both ask for the same cost
+        cost.derived["slowed_replica"] = slowed_replica(cost)
+    found = cost.derived["slowed_replica"]
+    assert found is None or isinstance(found, SlowedReplica)
     if found is None:
         return {}, ()
     evidence = Evidence(
