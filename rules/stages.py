@@ -67,18 +67,18 @@ _STAGE_MECHANISM = {
 }
 
 
-def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: MetricView | None) -> dict[str, float]:
+def _at_equal_batch(
+    drivers: dict[str, float], comparison: Comparison, metrics: MetricView | None, growth: dict[str, float]
+) -> dict[str, float]:
     """Keep of each slowdown term only the part that remains at equal running batch; hand the rest to batch growth.
 
-    The moved part goes to ``capacity`` or ``load``, whichever driver of queueing is larger
-    (the batch grew because each replica got more requests); without either it is dropped.
+    The moved part goes to ``capacity`` or ``load``, whichever driver of queueing (``growth``:
+    :func:`_queue_drivers`) is larger (the batch grew because each replica got more requests);
+    without either it is dropped.
     """
     if metrics is None:
         return drivers
     out = dict(drivers)
-    growth = per_replica(
-        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
-    )
     grew = [d for d in ("capacity", "load") if growth.get(d, 0.0) > 0]
     batch_driver = max(grew, key=lambda d: growth[d], default=None)
     echo = more = 0.0
@@ -123,6 +123,13 @@ def _at_equal_batch(drivers: dict[str, float], comparison: Comparison, metrics: 
     if more > 0 and owner_of_more is not None:
         out[owner_of_more] = out.get(owner_of_more, 0.0) + more
     return {k: v for k, v in out.items() if v > 0}
+
+
+def _queue_drivers(comparison: Comparison) -> dict[str, float]:
+    """The drivers of queueing with load and capacity netted per replica (read once per finding)."""
+    return per_replica(
+        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+    )
 
 
 def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str:
@@ -186,12 +193,13 @@ def stages(
     share = stages.shares[dominant]
     if dominant == "queue":
         # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
-        queued = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
-        drivers = _at_equal_batch(per_replica(queued, comparison), comparison, metrics)
+        growth = _queue_drivers(comparison)
+        drivers = _at_equal_batch(growth, comparison, metrics, growth)
         if not drivers:
             # No driver passed its bar. Queueing follows the offered load per replica; when only its
             # point estimate rose (arrivals within the spread of a bursty trace's slices), that is
             # still the one driver measured, named at this finding's low confidence with the caveat.
+            queued = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
             drivers = {k: v for k, v in per_replica(queued, comparison, within_bursts=True).items() if k in _OFFERED}
             if drivers:
                 caveat = (Evidence("arrival_change_z", None, rnd(comparison.arrival_change_z, 2),
@@ -201,7 +209,7 @@ def stages(
     elif dominant in ("prefill", "decode"):
         # A stage took longer because requests asked for more, the cache helped less, or the engine slowed.
         drivers = stage_drivers(comparison.requests, dominant, comparison.window_seconds(), comparison.request_counts)
-        drivers = _at_equal_batch(drivers, comparison, metrics)
+        drivers = _at_equal_batch(drivers, comparison, metrics, _queue_drivers(comparison))
         if not drivers and not _slower_at_equal_batch(comparison, metrics, dominant):
             # Nothing measured drives the stage and its per-token cost did not rise at equal batch:
             # naming the stage's slowdown would name a mechanism the data contradicts.

@@ -477,8 +477,8 @@ class MetricView:
         )
         return self._memo(("gauge_change", signal), lambda: self._scalar_per_side(signal, change.format))
 
-    def tokens_per_request(self, done: SidePair | None = None, *, prompt_only: bool = False) -> SidePair:
-        """Prompt + generation tokens (counter deltas) per request on each side, or prompt tokens alone.
+    def tokens_per_request(self, done: SidePair | None = None) -> SidePair:
+        """Prompt + generation tokens (counter deltas) per request on each side.
 
         ``done`` is the requests to divide by, by default :meth:`finished_requests` (the counters
         count the tokens of the requests the engine worked on in the window); ``None`` for a
@@ -486,7 +486,7 @@ class MetricView:
         """
         done = self.finished_requests() if done is None else done
         prompt = self.counter_delta("prompt_tokens")
-        generated = SidePair(0.0, 0.0) if prompt_only else self.counter_delta("generation_tokens")
+        generated = self.counter_delta("generation_tokens")
         values = [
             (p + g) / n if p is not None and g is not None and n else None
             for p, g, n in zip(
