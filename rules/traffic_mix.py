@@ -99,8 +99,11 @@ def traffic_mix(regression: Regression, requests: pl.LazyFrame, dimensions: list
     frame = frame.with_columns(
         pl.concat_str([pl.col(c).cast(pl.String).fill_null("∅") for c in covariates], separator="|").alias("_cell")
     )
-    cells = frame.group_by("_cell").agg(
-        (pl.col("side") == "baseline").sum().alias("nb"), (pl.col("side") == "candidate").sum().alias("nc")
+    # Sorted: group_by yields the cells in any order, and the seeded chance draws follow that order.
+    cells = (
+        frame.group_by("_cell")
+        .agg((pl.col("side") == "baseline").sum().alias("nb"), (pl.col("side") == "candidate").sum().alias("nc"))
+        .sort("_cell")
     )
     n_b, n_c = base.height, cand.height
     cells = cells.with_columns(((pl.col("nc") / n_c) / (pl.col("nb") / n_b)).clip(upper_bound=MAX_WEIGHT).alias("w"))

@@ -517,7 +517,9 @@ class Comparison(TraceAggregates):
                     keys.append(key)
         # Cardinality was judged on a small head sample; re-check it on the whole sample.
         self._dimensions = sorted(d for d in keys if 2 <= frame[d].drop_nulls().n_unique() <= MAX_DIMENSION_VALUES)
-        return frame.drop([d for d in keys if d not in self._dimensions])
+        # In time order: an engine returns rows in any order (DuckDB's parallel scan, ClickHouse's
+        # parts), and sums over ties in time must not depend on it.
+        return frame.drop([d for d in keys if d not in self._dimensions]).sort("start_ns", "span_id")
 
     def _dimension_expr(self, key: str) -> str:
         # Only the maps the key was seen in: one lookup per row instead of two.
