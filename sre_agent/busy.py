@@ -310,6 +310,8 @@ class Prefetch:
     def start(self) -> bool:
         """Start the background fetch when it is safe; returns whether it started."""
         con = self._comparison.con
+        if getattr(con, "dialect", "duckdb") != "duckdb":
+            return False  # one ClickHouse session serves the comparison; a second would not run alongside
         shadowed = con.execute("SELECT count(*) FROM duckdb_views() WHERE temporary AND view_name = 'spans'").fetchall()
         if shadowed[0][0]:
             return False

@@ -9,6 +9,8 @@ with a suggestion, so a typo never silently falls back to a default.
 Example ``sre-agent.toml``::
 
     db = "/var/lib/sre-agent/store.duckdb"
+    # or read where OTel Collectors write (analysis only): chdb:PATH or clickhouse://user@host:8123/db
+    # store = "clickhouse://default@clickhouse:8123/otel"
     http_port = 4318
     grpc_port = 4317
     keep_content = false
@@ -34,12 +36,12 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from sre_agent.errors import ConfigError
 
-__all__ = ["Config", "ScrapeTarget", "load_config", "scrape_targets"]
+__all__ = ["STORE_PREFIXES", "Config", "ScrapeTarget", "load_config", "scrape_targets"]
 
 MiB = 1024 * 1024
 
@@ -128,12 +130,22 @@ def scrape_targets(value: Any, source: str) -> tuple[ScrapeTarget, ...]:
     return tuple(t if isinstance(t, ScrapeTarget) else _scrape_target(t, source) for t in value)
 
 
+#: The stores ``store`` may name (see :class:`Config`).
+STORE_PREFIXES: Final[tuple[str, ...]] = ("duckdb:", "chdb:", "clickhouse://", "clickhouses://")
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings shared by every command.
 
     Attributes:
         db: path of the DuckDB store file.
+        store: where the analysis reads: ``duckdb:PATH`` (= ``db``), ``chdb:PATH`` or
+            ``clickhouse://user:password@host:8123/db`` (the OTel Collector ClickHouse
+            exporter's tables; ``None`` = ``db``).
+        clickhouse_traces_table: the exporter's ``traces_table_name``.
+        clickhouse_metrics_table: the exporter's ``metrics_table_name`` (``_gauge``, ``_sum``,
+            ``_histogram`` are appended, as the exporter does).
         url: base URL of a running ``sre-agent serve`` (``None`` = use ``db``).
         host: address the receivers bind to.
         http_port: OTLP/HTTP and API port (4318 is the OTLP default).
@@ -153,6 +165,9 @@ class Config:
     """
 
     db: str = "./sre-agent.duckdb"
+    store: str | None = None
+    clickhouse_traces_table: str = "otel_traces"
+    clickhouse_metrics_table: str = "otel_metrics"
     url: str | None = None
     host: str = "127.0.0.1"
     http_port: int = 4318
@@ -171,8 +186,26 @@ class Config:
     scrape_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
+        if self.store is not None and not self.store.startswith(
+            ("duckdb:", "chdb:", "clickhouse://", "clickhouses://")
+        ):
+            raise ConfigError(f"store = {self.store!r}: use duckdb:PATH, chdb:PATH or clickhouse://user@host:8123/db")
         if not self.scrape_interval_s > 0:  # also rejects NaN
             raise ConfigError(f"scrape_interval_s = {self.scrape_interval_s!r} must be a positive number of seconds")
+
+    @property
+    def clickhouse(self) -> str | None:
+        """The ClickHouse store (``chdb:PATH`` or ``clickhouse://...``) when ``store`` names one, else None."""
+        if self.store is None or self.store.startswith("duckdb:"):
+            return None
+        return self.store
+
+    @property
+    def duckdb_path(self) -> str:
+        """The DuckDB store file: ``store``'s path when it is ``duckdb:PATH``, else ``db``."""
+        if self.store is not None and self.store.startswith("duckdb:"):
+            return self.store.removeprefix("duckdb:")
+        return self.db
 
     def replace(self, **changes: Any) -> Config:
         """A copy with some fields changed (``None`` values are ignored)."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from sre_agent import stats
 from sre_agent.compare import LATENCIES, SIDES, Comparison
@@ -441,6 +441,10 @@ def _connection(source: Any) -> tuple[duckdb.DuckDBPyConnection, bool]:
 
     if isinstance(source, duckdb.DuckDBPyConnection):
         return source, False
+    if getattr(source, "dialect", None) == "clickhouse":
+        # A ClickHouseConnection answers the DuckDB calls the analysis makes (sre_agent.clickhouse_engine);
+        # not imported here, since sqlglot is an optional install.
+        return cast("duckdb.DuckDBPyConnection", source), False
     if isinstance(source, str | Path):
         path = Path(source)
         if not path.exists():

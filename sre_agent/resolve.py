@@ -68,8 +68,11 @@ def scan_relation(con: duckdb.DuckDBPyConnection) -> str:
     """:data:`SCAN`, unless this connection has no ``span_rows`` or scopes ``spans`` alone by a temp view.
 
     A tenant-scoped cursor (server._shadow_tables) shadows both; a caller that shadows only
-    ``spans`` still gets what it asked for, at the view's speed.
+    ``spans`` still gets what it asked for, at the view's speed. On ClickHouse
+    (:mod:`sre_agent.clickhouse_engine`) ``spans`` is the only relation.
     """
+    if getattr(con, "dialect", "duckdb") != "duckdb":
+        return "spans"
     row = fetch_one(
         con.execute(
             "SELECT (SELECT count(*) FROM duckdb_views() WHERE temporary AND view_name = 'spans'), "

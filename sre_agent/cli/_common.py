@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from sre_agent.config import Config, load_config
+from sre_agent.config import STORE_PREFIXES, Config, load_config
 from sre_agent.errors import UsageError
 from sre_agent.selection import Selection, parse_duration, parse_time, parse_window
 
@@ -19,10 +19,20 @@ __all__ = [
 ]
 
 
-def add_store_options(parser: argparse.ArgumentParser, *, allow_url: bool = True) -> None:
-    """``--db PATH`` (and ``--url URL``, ``--token TOKEN`` where remote access makes sense)."""
+def add_store_options(parser: argparse.ArgumentParser, *, allow_url: bool = True, read_store: bool = False) -> None:
+    """``--db PATH`` (and ``--url URL``, ``--token TOKEN`` where remote access makes sense).
+
+    ``read_store`` adds ``--store`` for commands that only read (diagnose, canary).
+    """
     group = parser.add_argument_group("store")
     group.add_argument("--db", metavar="PATH", help="DuckDB store file (default ./sre-agent.duckdb, env SRE_AGENT_DB)")
+    if read_store:
+        group.add_argument(
+            "--store",
+            metavar="STORE",
+            help="read duckdb:PATH, chdb:PATH or clickhouse://user@host:8123/db (the OTel Collector "
+            "ClickHouse exporter's tables; env SRE_AGENT_STORE)",
+        )
     if allow_url:
         group.add_argument(
             "--url", metavar="URL", help="a running `sre-agent serve`, e.g. http://127.0.0.1:4318 (env SRE_AGENT_URL)"
@@ -93,12 +103,17 @@ def config_from_args(args: argparse.Namespace, **extra: Any) -> Config:
     error. A ``--db`` flag also outranks a URL from the environment or the
     config file (flags > environment > file), which would otherwise win silently.
     """
-    db, url = getattr(args, "db", None), getattr(args, "url", None)
-    if db is not None and url is not None:
-        raise UsageError("give --db PATH (a store file here) or --url URL (a running `sre-agent serve`), not both")
-    flags: dict[str, Any] = {"db": db, "url": url, "token": getattr(args, "token", None)}
+    db, url, store = getattr(args, "db", None), getattr(args, "url", None), getattr(args, "store", None)
+    given = [name for name, value in (("--db", db), ("--store", store), ("--url", url)) if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"give one of --db PATH, --store STORE or --url URL, not both {given[0]} and {given[1]}")
+    if store is not None and not store.startswith(STORE_PREFIXES):
+        raise UsageError(f"--store {store!r}: use duckdb:PATH, chdb:PATH or clickhouse://user@host:8123/db")
+    flags: dict[str, Any] = {"db": db, "url": url, "store": store, "token": getattr(args, "token", None)}
     flags.update(extra)
     config = load_config(flags)
-    if db is not None and config.url is not None:
+    if (db is not None or store is not None) and config.url is not None:
         config = dataclasses.replace(config, url=None)
+    if db is not None and config.store is not None:
+        config = dataclasses.replace(config, store=None)
     return config

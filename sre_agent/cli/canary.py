@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_store_options(parser)
+    add_store_options(parser, read_store=True)
     add_selection_options(parser)
     gate = parser.add_argument_group("gate")
     gate.add_argument("--slo", metavar="NAME=VALUE", action="append", default=[], help="an SLO (repeatable)")
@@ -147,10 +147,11 @@ def _run(args: argparse.Namespace) -> int:
         }
         result = verdict_from_dict(post_json(config, "/api/v1/canary", payload))
     else:
+        from sre_agent.sources import open_source
         from sre_agent.store import Store
 
-        with Store.open(config.db, read_only=True) as store:
-            result = evaluate(store.connection, selection, spec)
+        with open_source(config) as source:
+            result = evaluate(source.connection if isinstance(source, Store) else source, selection, spec)
     print(render(result, args.format))
     if result.dry_run:
         print(f"sre-agent canary: dry run, real verdict {result.real_verdict}", file=sys.stderr)

@@ -28,6 +28,7 @@ examples:
   sre-agent diagnose --deploy-at 2026-12-02T14:00:00Z --window 30m --format markdown
   sre-agent diagnose --baseline-version v1 --candidate-version v2 --where gen_ai.request.model=llama-70b
   sre-agent diagnose --url http://127.0.0.1:4318 --since-last-deploy --format json
+  sre-agent diagnose --store clickhouse://default@clickhouse:8123/otel --deploy-at 2026-12-02T14:00:00Z
 """
 
 
@@ -41,7 +42,7 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_store_options(parser)
+    add_store_options(parser, read_store=True)
     add_selection_options(parser)
     parser.add_argument("--rule", metavar="NAME", action="append", default=None, help="run only this rule (repeatable)")
     add_format_option(parser)
@@ -76,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from sre_agent.diagnosis import diagnose
     from sre_agent.errors import SelectionError, UsageError
-    from sre_agent.store import Store
+    from sre_agent.sources import open_source
 
-    with Store.open(config.db, read_only=True) as store:
+    with open_source(config) as source:
         try:
-            report = diagnose(store, selection, rules=args.rule)
+            report = diagnose(source, selection, rules=args.rule)
         except SelectionError as exc:
             # A selection that selects nothing is a usage problem (exit 2), not a failure of the store.
             raise UsageError(str(exc)) from exc

@@ -8,6 +8,12 @@ with the incident's truth.
 
     python tests/benchmarks/accuracy.py --n 100 --seed 0
     python tests/benchmarks/accuracy.py --n 300 --seed 100000 --jobs 2
+    python tests/benchmarks/accuracy.py --n 50 --seed 100000 --engine chdb
+
+``--engine chdb`` also lays each incident's telemetry out in the OTel Collector ClickHouse
+exporter's tables in chdb (tests/exporter_layout.py) and diagnoses it again with
+``--store chdb:PATH``; the last line then ends with ``engine=chdb same=K/N``, the incidents whose
+findings (cause, scope, stage, in order) are the same on both engines.
 
 Prints one line per incident, the confusion matrix (truth rows, top-1 columns)
 and the last line
@@ -68,7 +74,34 @@ def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def run_one(seed: int, traces: Path | None, workdir: Path, max_per_side: int, timeout: float) -> dict[str, Any]:
+LAYOUT = REPO / "tests" / "exporter_layout.py"
+
+
+def _findings(stdout: str) -> list[tuple[str, dict[str, str], str | None]]:
+    report = json.loads(stdout)
+    return [(f["cause"], f.get("scope") or {}, f.get("stage")) for f in report.get("findings", [])]
+
+
+def _on_clickhouse(incident: Any, folder: Path, timeout: float) -> tuple[Any, str | None]:
+    """The incident's findings read from the exporter's tables in chdb, or an error."""
+    target = folder / "clickhouse"
+    laid = subprocess.run(
+        [sys.executable, str(LAYOUT), str(folder / "telemetry.jsonl.gz"), str(target)],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    if laid.returncode != 0:
+        return None, f"layout exit {laid.returncode}: {laid.stderr.strip()[-300:]}"
+    diag = _cli(
+        "diagnose", "--store", f"chdb:{target}", *incident.selection_args(), "--format", "json", timeout=timeout
+    )
+    if diag.returncode != 0:
+        return None, f"chdb diagnose exit {diag.returncode}: {diag.stderr.strip()[-300:]}"
+    return _findings(diag.stdout), None
+
+
+def run_one(
+    seed: int, traces: Path | None, workdir: Path, max_per_side: int, timeout: float, *, engine: str = "duckdb"
+) -> dict[str, Any]:
     """Generate, replay, ingest and diagnose incident ``seed``; return its truth and the diagnosis."""
     incident = generate(seed, traces, max_per_side=max_per_side)
     folder = workdir / f"incident-{seed}"
@@ -101,6 +134,8 @@ def run_one(seed: int, traces: Path | None, workdir: Path, max_per_side: int, ti
         return row
     row["findings"] = [(f["cause"], f.get("scope") or {}, f.get("stage")) for f in report.get("findings", [])]
     row["regression"] = report.get("regression", {})
+    if engine == "chdb":
+        row["chdb_findings"], row["chdb_error"] = _on_clickhouse(incident, folder, timeout)
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
 
@@ -201,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per replay and per CLI call")
     parser.add_argument("--keep", metavar="DIR", help="keep the incidents (telemetry, truth, store) in DIR")
     parser.add_argument("--json", metavar="FILE", help="write every incident's truth and findings to FILE")
+    parser.add_argument(
+        "--engine", choices=("duckdb", "chdb"), default="duckdb", help="also diagnose on chdb (see above)"
+    )
     args = parser.parse_args(argv)
     traces = Path(args.traces) if args.traces else None
     with tempfile.TemporaryDirectory(prefix="sre-agent-accuracy-") as tmp:
@@ -209,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def one(seed: int) -> dict[str, Any]:
             try:
-                return run_one(seed, traces, workdir, args.max_per_side, args.timeout)
+                return run_one(seed, traces, workdir, args.max_per_side, args.timeout, engine=args.engine)
             except Exception as exc:  # a generator or replay failure is a benchmark error, not a crash
                 return {"seed": seed, "info": {"visible": True, "truth": {"cause": "?", "scope": {}}},
                         "error": f"{type(exc).__name__}: {exc}", "findings": []}  # fmt: skip
@@ -227,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                     status = "ERROR " + row["error"]
                 else:
                     status = "ok" if got and got[0].split("@")[0] == truth["cause"] else "MISS"
+                    if args.engine == "chdb":
+                        same = row.get("chdb_findings") == row["findings"]
+                        status += " chdb:same" if same else f" chdb:DIFFERENT {row.get('chdb_error') or ''}"
                 where = ",".join(f"{k}={v}" for k, v in truth["scope"].items())
                 print(
                     f"seed {row['seed']:>7} {truth['cause']}{'@' + where if where else ''} "
@@ -242,10 +283,15 @@ def main(argv: list[str] | None = None) -> int:
         f"scored {s['n']} incidents ({s['skipped']} skipped: cause not visible), {s['scope_n']} slice-confined, "
         f"{s['none_n']} none, {s['wide_n']} right about a change that reached every request"
     )
+    engines = ""
+    if args.engine == "chdb":
+        diagnosed = [r for r in rows if r["info"]["visible"] and not r["error"]]
+        same = sum(1 for r in diagnosed if r.get("chdb_findings") == r["findings"])
+        engines = f" engine=chdb same={same}/{len(diagnosed)}"
     print(
         f"accuracy: n={s['n']} top1={s['top1']:.3f} top3={s['top3']:.3f} scope={s['scope']:.3f} "
         f"false_alarm={s['false_alarm']:.3f} missed={s['missed']:.3f} errors={s['errors']} "
-        f"false_scope={s['false_scope']:.3f}"
+        f"false_scope={s['false_scope']:.3f}{engines}"
     )
     return 0
 

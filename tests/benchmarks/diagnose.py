@@ -13,12 +13,19 @@ and a bare DuckDB exact p99 of e2e grouped by window.
 The spans are written in the stored layout ingest gives them (``span_rows``
 with the promoted attributes in their columns; schema.py, "Stored layout").
 
-    python tests/benchmarks/diagnose.py [--spans 10000000] [--db PATH] [--repeat 2] [--phases]
+    python tests/benchmarks/diagnose.py [--spans 10000000] [--db PATH] [--repeat 2] [--phases] [--engine chdb]
+
+``--engine chdb`` reads the same spans and metric points from ClickHouse in-process (chdb),
+in the OTel Collector ClickHouse exporter's tables and row layout (``otel_traces`` with every
+attribute a string in ``SpanAttributes``/``ResourceAttributes``, ``otel_metrics_gauge``/``_sum``;
+tests/exporter_layout.py), through :mod:`sre_agent.clickhouse_engine`; the bare p99 is then
+ClickHouse's own exact p99 of the span ``Duration`` per window over that table.
 
 ``--phases`` also prints, after the timed runs, the process CPU of each step
 of one diagnosis run serially (no background read), so the parts can be attributed.
 
-Last line: ``diagnose: spans=N seconds=S bare_p99_seconds=B ratio=S/B``.
+Last line: ``diagnose: spans=N seconds=S bare_p99_seconds=B ratio=S/B`` (with ``engine=E`` first when
+``--engine`` is given).
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import duckdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: exporter_layout
 
 from sre_agent import schema
 from sre_agent.selection import Selection
@@ -120,6 +130,74 @@ def build(path: Path, n: int) -> None:
     tmp.rename(path)
 
 
+#: Canonical span columns written as the exporter's SpanAttributes, under their first source key.
+_SPAN_KEYS = ("tenant_id", "model", "request_id", "input_tokens", "output_tokens", "cached_tokens", "queue_s",
+              "ttft_s", "prefill_s", "decode_s", "inference_s", "e2e_s", "finish_reason", "max_tokens")  # fmt: skip
+
+
+def build_exporter(duck: Path, target: Path) -> None:
+    """Lay the DuckDB benchmark store out as the OTel Collector ClickHouse exporter would, in chdb at ``target``."""
+    from chdb import session
+    from exporter_layout import create_tables
+
+    scratch = target.with_suffix(".parquet-scratch")
+    scratch.mkdir(exist_ok=True)
+    con = duckdb.connect(str(duck), read_only=True)
+    keys = ", ".join(f"'{schema.SPAN_ATTRIBUTE_SOURCES[c][0]}'" for c in _SPAN_KEYS)
+    values = ", ".join(f"CAST({c} AS VARCHAR)" for c in _SPAN_KEYS)
+    con.execute(
+        f"""COPY (SELECT start_ns AS ts, trace_id AS trace, span_id AS span, '' AS parent, name, 'Server' AS kind,
+              service_name AS service, resource_attributes AS resource, scope_name AS scope,
+              map_concat(attributes, map_from_entries(list_filter(
+                list_zip([{keys}], [{values}]), lambda e: e[2] IS NOT NULL))) AS attributes,
+              CAST(end_ns - start_ns AS UBIGINT) AS duration, 'Unset' AS code, '' AS message
+            FROM spans) TO '{scratch}/spans.parquet' (FORMAT parquet)"""
+    )
+    resource = (
+        "map_concat(resource_attributes, map(['service.name', 'service.version', 'service.instance.id', "
+        "'host.name'], [service_name, service_version, service_instance, host_name]))"
+    )
+    for kind in ("gauge", "sum"):
+        con.execute(
+            f"""COPY (SELECT {resource} AS resource, service_name AS service, source_name AS name, '' AS unit,
+                  attributes, start_time_ns AS start, time_ns AS time, value, 2 AS temporality, true AS monotonic
+                FROM metric_points WHERE kind = '{kind}') TO '{scratch}/{kind}.parquet' (FORMAT parquet)"""
+        )
+    con.close()
+    db = session.Session(str(target))
+    create_tables(db)
+    db.query(
+        f"""INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+              ResourceAttributes, ScopeName, SpanAttributes, Duration, StatusCode, StatusMessage)
+            SELECT fromUnixTimestamp64Nano(ts), trace, span, parent, name, kind, service, resource, scope,
+              attributes, duration, code, message FROM file('{scratch}/spans.parquet', Parquet)"""
+    )
+    extra = {"gauge": ("Value", "value"), "sum": ("Value, AggregationTemporality, IsMonotonic",
+             "value, temporality, monotonic")}  # fmt: skip
+    for kind, (columns, picked) in extra.items():
+        db.query(
+            f"""INSERT INTO otel_metrics_{kind} (ResourceAttributes, ServiceName, MetricName, MetricUnit, Attributes,
+                  StartTimeUnix, TimeUnix, {columns})
+                SELECT resource, service, name, unit, attributes, fromUnixTimestamp64Nano(start),
+                  fromUnixTimestamp64Nano(time), {picked} FROM file('{scratch}/{kind}.parquet', Parquet)"""
+        )
+    db.query("OPTIMIZE TABLE otel_traces FINAL")
+    db.close()
+    for part in scratch.iterdir():
+        part.unlink()
+    scratch.rmdir()
+
+
+def bare_p99_clickhouse(house: Any) -> float:
+    """Seconds for ClickHouse's exact p99 of span duration per window over the exporter's table, bare."""
+    started = time.perf_counter()
+    house.native(
+        f"SELECT toUnixTimestamp64Nano(Timestamp) >= {T0_NS + HOUR_NS} AS w, "
+        "quantileExactInclusive(0.99)(Duration / 1e9) FROM otel_traces WHERE SpanKind = 'Server' GROUP BY w"
+    )
+    return time.perf_counter() - started
+
+
 def bare_p99(con: duckdb.DuckDBPyConnection) -> float:
     """Seconds for an exact p99 of e2e per window, straight in DuckDB."""
     started = time.perf_counter()
@@ -176,12 +254,15 @@ def main() -> int:
     parser.add_argument("--db", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=2, help="timed runs of each; the best is reported")
     parser.add_argument("--phases", action="store_true", help="also print the CPU of each step (see above)")
+    parser.add_argument("--engine", choices=("duckdb", "chdb"), default=None, help="where the spans are read")
     args = parser.parse_args()
     path = args.db or Path(tempfile.gettempdir()) / f"sre-agent-diagnose-bench-{args.spans}-v3.duckdb"
     if not path.exists():
         started = time.perf_counter()
         build(path, args.spans)
         print(f"built {path} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if args.engine == "chdb":
+        return run_chdb(path, args)
     from sre_agent import diagnose
 
     selection = Selection(mode="since_last_deploy")
@@ -205,7 +286,39 @@ def main() -> int:
     slowest = sorted(((v, k) for k, v in report.timings.items() if k.startswith("rule.")), reverse=True)[:4]
     print("slowest rules: " + ", ".join(f"{k[5:]} {v:.2f}s" for v, k in slowest), file=sys.stderr)
     s, b = min(seconds), min(bare)
-    print(f"diagnose: spans={args.spans} seconds={s:.2f} bare_p99_seconds={b:.2f} ratio={s / b:.1f}")
+    engine = "engine=duckdb " if args.engine else ""
+    print(f"diagnose: {engine}spans={args.spans} seconds={s:.2f} bare_p99_seconds={b:.2f} ratio={s / b:.1f}")
+    return 0
+
+
+def run_chdb(duck: Path, args: argparse.Namespace) -> int:
+    """The benchmark on chdb over the exporter's tables (see the module docstring)."""
+    from sre_agent import diagnose
+    from sre_agent.clickhouse_engine import connect_clickhouse
+
+    target = duck.with_suffix(".chdb")
+    if not target.exists():
+        started = time.perf_counter()
+        build_exporter(duck, target)
+        print(f"laid out {target} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    selection = Selection(mode="since_last_deploy")
+    house = connect_clickhouse(f"chdb:{target}")
+    diagnose(house, selection)
+    seconds, bare = [], []
+    report = None
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        report = diagnose(house, selection)
+        seconds.append(time.perf_counter() - started)
+        bare.append(bare_p99_clickhouse(house))  # the same session, without the translation layer
+    house.close()
+    assert report is not None
+    top = report.findings[0]
+    print(f"top finding: {top.cause} scope={dict(top.scope)} score={top.score:.2f}", file=sys.stderr)
+    slowest = sorted(((v, k) for k, v in report.timings.items() if k.startswith("rule.")), reverse=True)[:4]
+    print("slowest rules: " + ", ".join(f"{k[5:]} {v:.2f}s" for v, k in slowest), file=sys.stderr)
+    s, b = min(seconds), min(bare)
+    print(f"diagnose: engine=chdb spans={args.spans} seconds={s:.2f} bare_p99_seconds={b:.2f} ratio={s / b:.1f}")
     return 0
 
 

@@ -54,3 +54,16 @@ def test_config_file_from_environment_must_exist(tmp_path: Path) -> None:
 def test_tenant_tokens_from_environment() -> None:
     config = load_config(env={"SRE_AGENT_TENANT_TOKENS": "t1=acme,t2=globex"})
     assert config.tenant_tokens == {"t1": "acme", "t2": "globex"}
+
+
+def test_the_store_setting_names_duckdb_or_clickhouse(tmp_path: Path) -> None:
+    assert load_config(env={}, file=None).clickhouse is None
+    env = {"SRE_AGENT_STORE": "clickhouse://reader@ch:8123/otel", "SRE_AGENT_CLICKHOUSE_TRACES_TABLE": "traces"}
+    config = load_config(env=env, file=None)
+    assert config.clickhouse == "clickhouse://reader@ch:8123/otel"
+    assert config.clickhouse_traces_table == "traces"
+    local = load_config({"store": f"duckdb:{tmp_path / 'x.duckdb'}"}, env={}, file=None)
+    assert local.clickhouse is None
+    assert local.duckdb_path == str(tmp_path / "x.duckdb")
+    with pytest.raises(ConfigError, match="use duckdb:PATH, chdb:PATH or clickhouse://"):
+        load_config(env={"SRE_AGENT_STORE": "postgres://x"}, file=None)

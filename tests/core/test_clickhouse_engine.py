@@ -1,0 +1,144 @@
+"""The analysis dialect (DuckDB's) answered by ClickHouse: each respelling checked against DuckDB itself.
+
+Every case runs the same DuckDB-dialect query on a DuckDB connection and through
+:class:`sre_agent.clickhouse_engine.ClickHouseConnection` on chdb (ClickHouse
+in-process) over the same rows, and the answers must agree. Opt-in
+(``-m clickhouse``; ``pip install -e '.[clickhouse]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sre_agent.errors import StoreError
+
+pytestmark = pytest.mark.clickhouse
+
+ROWS = pa.table(
+    {
+        "k": pa.array([1, 2, 3, 4, 5, 6], pa.int64()),
+        "x": pa.array([0.5, 1.25, None, 4.0, 2.5, 3.5], pa.float64()),
+        "s": pa.array(["a", "b", None, "a", "c", "b"], pa.string()),
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[tuple[duckdb.DuckDBPyConnection, Any]]:
+    """A DuckDB connection and a chdb-backed ClickHouseConnection, each with table ``t`` = ROWS."""
+    from sre_agent.clickhouse_engine import connect_clickhouse
+
+    duck = duckdb.connect()
+    duck.register("t_rows", ROWS)
+    duck.execute("CREATE TABLE t AS SELECT * FROM t_rows")
+    house = connect_clickhouse("chdb:")
+    house.register("t", ROWS)
+    yield duck, house
+    house.close()
+    duck.close()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+@pytest.mark.parametrize(
+    ("query", "parameters"),
+    [
+        # exact quantiles, continuous and discrete, one and several at once
+        ("SELECT quantile_cont(x, 0.9), quantile_disc(x, 0.5) FROM t", None),
+        ("SELECT quantile_cont(x, [0.25, 0.75]), quantile_disc(x, [0.1, 0.99]) FROM t", None),
+        # aggregates under FILTER, and count's type (BIGINT: greatest() mixes it with a signed int)
+        ("SELECT count(*) FILTER (WHERE x > 1), max(x) FILTER (WHERE s = 'a'), greatest(count(*), -1) FROM t", None),
+        ("SELECT any_value(s) FILTER (WHERE k = 4), bool_or(x > 3), bool_and(x > 0) FROM t", None),
+        # parameters bound in the order they are written, NULL-safe comparison
+        ("SELECT count(*) FROM t WHERE s IS NOT DISTINCT FROM ? AND k > ?", ["b", 2]),
+        ("SELECT count(*) FROM t WHERE s IS DISTINCT FROM ?", [None]),
+        # a condition is a BOOLEAN column (ClickHouse would give UInt8)
+        ("SELECT k, x > 1 AS big, coalesce(x < 2, false) AS small FROM t ORDER BY k", None),
+        # a double cast to an integer rounds half to even (ClickHouse truncates)
+        ("SELECT CAST(x * 3 AS BIGINT), CAST(k / 2 AS INTEGER) FROM t ORDER BY k", None),
+        # bitwise operators and a CTE that shadows nothing
+        ("WITH w AS (SELECT k & 3 AS a, k | 8 AS b, k >> 1 AS c FROM t) SELECT * FROM w ORDER BY a, b", None),
+        ("SELECT isfinite(x), isnan(x) FROM t ORDER BY k", None),
+    ],
+)
+def test_the_same_query_answers_alike(engines: tuple[Any, Any], query: str, parameters: list[Any] | None) -> None:
+    duck, house = engines
+    expected = duck.execute(query, parameters).fetchall()
+    got = house.execute(query, parameters).fetchall()
+    assert _same(got, expected), (got, expected, house.translate(query, parameters))
+
+
+def _maps(house: Any) -> None:
+    string_map = pa.map_(pa.string(), pa.string())
+    house.register(
+        "m",
+        pa.table({"attributes": pa.array([[("a", "x"), ("b", "y")]], string_map),
+                  "extra_attributes": pa.array([[("b", "y")]], string_map)}),
+    )  # fmt: skip
+
+
+def test_a_map_lookup_of_an_absent_key_is_null(engines: tuple[Any, Any]) -> None:
+    _, house = engines
+    _maps(house)
+    rows = house.execute("SELECT extra_attributes['missing'] IS NULL, attributes['a'] FROM m").fetchall()
+    assert rows == [(True, "x")]
+
+
+def test_map_entries_unnest_as_key_value_rows(engines: tuple[Any, Any]) -> None:
+    _, house = engines
+    _maps(house)
+    rows = house.execute(
+        "SELECT key, value FROM (SELECT unnest(map_entries(attributes), recursive := true) FROM m) ORDER BY key"
+    ).fetchall()
+    assert rows == [("a", "x"), ("b", "y")]
+
+
+def test_fetchnumpy_masks_nulls_as_duckdb_does(engines: tuple[Any, Any]) -> None:
+    duck, house = engines
+    expected = duck.sql("SELECT x FROM t ORDER BY k").fetchnumpy()["x"]
+    got = house.sql("SELECT x FROM t ORDER BY k").fetchnumpy()["x"]
+    assert list(got.mask) == list(expected.mask) == [False, False, True, False, False, False]
+    assert [float(v) for v in got.compressed()] == [float(v) for v in expected.compressed()]
+
+
+def test_a_refused_query_is_a_short_store_error(engines: tuple[Any, Any]) -> None:
+    _, house = engines
+    with pytest.raises(StoreError, match="ClickHouse") as caught:
+        house.execute("SELECT no_such_column FROM t")
+    assert len(str(caught.value)) <= 420
+
+
+def test_parameters_must_match_the_placeholders(engines: tuple[Any, Any]) -> None:
+    _, house = engines
+    with pytest.raises(StoreError, match="2 parameters, 1 given"):
+        house.execute("SELECT ? + ?", [1])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    values=st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
+    q=st.floats(0.0, 1.0),
+)
+def test_quantiles_agree_with_duckdb_on_any_sample(engines: tuple[Any, Any], values: list[float], q: float) -> None:
+    duck, house = engines
+    table = pa.table({"v": pa.array(values, pa.float64())})
+    duck.register("sample", table)
+    house.register("sample", table)
+    query = f"SELECT quantile_cont(v, {q!r}), quantile_disc(v, {q!r}) FROM sample"
+    expected = duck.execute(query).fetchall()
+    got = house.execute(query).fetchall()
+    assert _same(got, expected), (values, q, got, expected)

@@ -1,0 +1,148 @@
+"""Every bundled scenario diagnosed, and gated, on both engines: the embedded DuckDB store and ClickHouse.
+
+One replay writes each scenario twice: into a DuckDB store as sre-agent's receiver
+would, and into chdb (ClickHouse in-process) in the OTel Collector ClickHouse
+exporter's own tables and row layout (``exporter_layout``, a stand-in for the
+Collector, which cannot run here). ``diagnose`` and the canary then read each, the
+second through :mod:`sre_agent.clickhouse_engine` with no copy and no schema of
+ours, and must give the same report: the same headline, estimates, findings,
+scopes, evidence and verdicts (floats to 1e-9 relative; timings aside).
+
+Opt-in and slow: ``python -m pytest -m "slow or clickhouse" tests/diagnose/test_diagnose_engines.py``
+(about a minute a scenario; ``pip install -e '.[clickhouse]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from exporter_layout import ExporterTables
+from opentelemetry.sdk.metrics.export import MetricsData
+from opentelemetry.sdk.trace import ReadableSpan
+
+from sre_agent import diagnose
+from sre_agent.canary import evaluate
+from sre_agent.canary_spec import CanarySpec
+from sre_agent.replays.outputs import StoreOutput, TelemetryOutput
+from sre_agent.replays.replay import replay
+from sre_agent.replays.scenario import list_scenarios, load_scenario
+from sre_agent.selection import Selection
+from sre_agent.store import Store
+
+SCENARIOS = list_scenarios()
+#: Keys whose values are wall-clock measurements, not results.
+TIMINGS = frozenset({"elapsed_s", "timings", "seconds", "rule_seconds"})
+
+
+class Tee:
+    """One replay into several outputs."""
+
+    def __init__(self, *outputs: TelemetryOutput) -> None:
+        self.outputs = outputs
+
+    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        for output in self.outputs:
+            output.export_spans(spans)
+
+    def export_metrics(self, data: MetricsData) -> None:
+        for output in self.outputs:
+            output.export_metrics(data)
+
+    def shutdown(self) -> None:
+        for output in self.outputs:
+            output.shutdown()
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Where two JSON-like values differ (floats to 1e-9 relative), timings left out."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [
+            d
+            for k in sorted(set(a) | set(b))
+            if k not in TIMINGS
+            for d in differences(a.get(k), b.get(k), f"{path}.{k}")
+        ]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [(path, len(a), len(b))]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, float):
+        same = math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+        return [] if same else [(path, a, b)]
+    return [] if a == b else [(path, a, b)]
+
+
+@pytest.mark.slow
+@pytest.mark.clickhouse
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_both_engines_give_the_same_report_and_verdict(path: Path, tmp_path: Path) -> None:
+    from chdb import session
+
+    from sre_agent.clickhouse_engine import connect_clickhouse
+
+    db = tmp_path / "store.duckdb"
+    exported = session.Session(str(tmp_path / "clickhouse"))
+    try:
+        replay(load_scenario(path), Tee(StoreOutput.open(db), ExporterTables(exported, tmp_path)))
+    finally:
+        exported.close()
+    selection = Selection(mode="since_last_deploy")
+    spec = CanarySpec.from_strings(["ttft_p99=2s", "error_rate=1%"], ["e2e_p99=20%", "tpot_p99=20%"], findings=0)
+    house = connect_clickhouse(f"chdb:{tmp_path / 'clickhouse'}")
+    try:
+        on_clickhouse = diagnose(house, selection)
+        gate_clickhouse = evaluate(house, selection, spec)
+    finally:
+        house.close()
+    on_duckdb = diagnose(db, selection)
+    with Store.open(db, read_only=True) as store:
+        gate_duckdb = evaluate(store.connection, selection, spec)
+
+    assert on_clickhouse.errors == on_duckdb.errors == []
+    assert differences(on_duckdb.to_dict(), on_clickhouse.to_dict()) == []
+    assert differences(gate_duckdb.to_dict(), gate_clickhouse.to_dict()) == []
+    # The report is about something: the scenario's own expectation holds on ClickHouse too.
+    expected = load_scenario(path).expected
+    assert on_clickhouse.findings[0].cause == expected.cause
+
+
+@pytest.mark.clickhouse
+def test_the_cli_reads_the_exporter_tables_with_store(tmp_path: Path) -> None:
+    """``--store chdb:PATH`` end to end, as a user runs it: the same JSON and exit code as ``--db``."""
+    from chdb import session
+
+    db = tmp_path / "store.duckdb"
+    exported = session.Session(str(tmp_path / "clickhouse"))
+    try:
+        scenario = load_scenario(next(p for p in SCENARIOS if p.stem == "decode_slowdown_one_host"))
+        replay(scenario, Tee(StoreOutput.open(db), ExporterTables(exported, tmp_path)))
+    finally:
+        exported.close()
+
+    def run(*args: str) -> tuple[int, str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "sre_agent", *args], capture_output=True, text=True, timeout=300, check=False
+        )
+        return done.returncode, done.stdout
+
+    store = f"chdb:{tmp_path / 'clickhouse'}"
+    diagnose_args = ("diagnose", "--since-last-deploy", "--format", "json")
+    canary_args = ("canary", "--since-last-deploy", "--slo", "tpot_p99=50ms", "--max-regression", "e2e_p99=20%",
+                   "--findings", "0", "--format", "json")  # fmt: skip
+    (rc_house, house), (rc_duck, duck) = run(*diagnose_args, "--store", store), run(*diagnose_args, "--db", str(db))
+    assert rc_house == rc_duck == 0
+    assert differences(json.loads(duck), json.loads(house)) == []
+    assert json.loads(house)["findings"][0]["cause"] == "decode_slowdown"
+    (rc_house, house), (rc_duck, duck) = run(*canary_args, "--store", store), run(*canary_args, "--db", str(db))
+    assert rc_house == rc_duck  # the exit code is the verdict (CONTRACTS: 0 pass, 1 fail, ...)
+    assert differences(json.loads(duck), json.loads(house)) == []
+    # A store URL nobody can read is a clear one-line error, not a traceback.
+    rc, _ = run("diagnose", "--store", "bogus://x")
+    assert rc == 2
