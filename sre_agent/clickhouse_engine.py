@@ -31,11 +31,12 @@ What differs between the dialects and is handled here, not in the queries:
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlparse
@@ -190,7 +191,7 @@ class ClickHouseConnection:
             )
 
     # -------------------------------------------------------------- DuckDB-like calls
-    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> ClickHouseResult:
+    def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> ClickHouseResult:
         """Run ``sql`` (DuckDB dialect, ``?`` parameters) and hold its rows."""
         statements = self.translate(sql, parameters)
         with self._lock:
@@ -205,7 +206,7 @@ class ClickHouseConnection:
                     raise StoreError(f"ClickHouse: {cut[:400]}") from exc
             return ClickHouseResult(table)
 
-    def sql(self, sql: str, params: Sequence[Any] | None = None) -> ClickHouseResult:
+    def sql(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> ClickHouseResult:
         """As :meth:`execute` (DuckDB's relational ``sql``)."""
         return self.execute(sql, params)
 
@@ -226,8 +227,30 @@ class ClickHouseConnection:
             self._query(f"DROP TEMPORARY TABLE IF EXISTS {_quoted(name)}")
 
     def cursor(self) -> ClickHouseConnection:
-        """This connection (queries are serialised; there is no second session to open)."""
-        return self
+        """A view of this connection whose :meth:`close` leaves the session open.
+
+        Queries through every view are serialised on the one session (chdb's cannot
+        run two at once, and one process may hold a chdb directory).
+        """
+        view = copy.copy(self)
+        view._close = None
+        return view
+
+    def scoped(self, tenant: str) -> ClickHouseConnection:
+        """A view that sees only ``tenant``'s spans and metric points (a tenant-scoped API token).
+
+        The same filters as the embedded store's tenant views (sre_agent.server): spans by
+        their ``tenant_id``, metric points by a ``tenant.id`` label or resource attribute.
+        """
+        view = self.cursor()
+        quoted = tenant.replace("\\", "\\\\").replace("'", "\\'")
+        view._relations = {
+            **self._relations,
+            "spans": f"(SELECT * FROM {self._relations['spans']} WHERE tenant_id = '{quoted}')",
+            "metric_points": f"(SELECT * FROM {self._relations['metric_points']} "
+            f"WHERE coalesce(nullIf(attributes['tenant.id'], ''), resource_attributes['tenant.id']) = '{quoted}')",
+        }
+        return view
 
     def close(self) -> None:
         """Release the backend's session or client."""
@@ -236,7 +259,7 @@ class ClickHouseConnection:
             self._close = None
 
     # -------------------------------------------------------------- translation
-    def translate(self, sql: str, parameters: Sequence[Any] | None = None) -> list[str]:
+    def translate(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> list[str]:
         """``sql`` as ClickHouse statements over the exporter's tables (run in order; the last one's rows count)."""
         statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
         if len(statements) != 1:
@@ -245,7 +268,7 @@ class ClickHouseConnection:
         if isinstance(tree, exp.Set):
             return []  # DuckDB session settings (its progress bar) mean nothing here
         if parameters:
-            tree = _bind(tree, list(parameters))
+            tree = _bind(tree, parameters)
         prefix: list[str] = []
         if isinstance(tree, exp.Create) and tree.args.get("replace"):
             # CREATE OR REPLACE TEMP TABLE: ClickHouse replaces by dropping first.
@@ -437,9 +460,16 @@ def _to_clickhouse(node: exp.Expr) -> exp.Expr:
     return node
 
 
-def _bind(tree: exp.Expr, parameters: list[Any]) -> exp.Expr:
-    """``tree`` with its ``?`` placeholders replaced, in order, by literals of ``parameters``."""
+def _bind(tree: exp.Expr, parameters: Sequence[Any] | Mapping[str, Any]) -> exp.Expr:
+    """``tree`` with its placeholders replaced by literals: ``?`` in written order, ``$name`` by name."""
     placeholders = list(tree.find_all(exp.Placeholder, bfs=False))  # in the order they are written
+    if isinstance(parameters, Mapping):
+        for node in placeholders:
+            name = str(node.this or "")
+            if name not in parameters:
+                raise StoreError(f"query parameter ${name} not given")
+            node.replace(_literal(parameters[name]))
+        return tree
     if len(placeholders) != len(parameters):
         raise StoreError(f"query has {len(placeholders)} parameters, {len(parameters)} given")
     for node, value in zip(placeholders, parameters, strict=True):

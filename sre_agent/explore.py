@@ -438,7 +438,7 @@ def stage_breakdown(
             WITH tail AS MATERIALIZED ({" UNION ALL ".join(tails)}),
             sampled AS MATERIALIZED (
                 SELECT trace_id FROM tail
-                QUALIFY row_number() OVER (PARTITION BY side ORDER BY hash(trace_id)) <= $traces_per_side
+                QUALIFY row_number() OVER (PARTITION BY side ORDER BY md5(trace_id), trace_id) <= $traces_per_side
             ),
             trace_spans AS MATERIALIZED (
                 SELECT trace_id, span_id, parent_span_id, duration_s, coalesce(is_engine, false) AS is_engine

@@ -161,10 +161,7 @@ class ApiContext:
         Raises:
             HTTPException: 401 when auth is on and the token is missing or unknown.
         """
-        principal = request.scope.get("sre_agent.principal") or authenticate(self.config, bearer_token(request.headers))
-        if principal is None:
-            raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
-        return principal.tenant
+        return tenant_of(self.config, request)
 
     def require_admin(self, request: Request) -> None:
         """Raise 403 for tenant-scoped tokens (writes such as deploy markers need the admin token)."""
@@ -183,18 +180,7 @@ class ApiContext:
         unscoped; when tenant tokens are configured an implicit call there
         is refused rather than silently unscoped.
         """
-        principal = CURRENT_PRINCIPAL.get()
-        effective: str | None
-        if principal is not None and principal.tenant is not None:
-            if not isinstance(tenant, _Unset) and tenant != principal.tenant:
-                raise HTTPException(403, "this token cannot read another tenant's data")
-            effective = principal.tenant
-        elif isinstance(tenant, _Unset):
-            if principal is None and self.config.tenant_tokens:
-                raise StoreError("read_cursor() outside a request must name the tenant (None = unscoped)")
-            effective = None
-        else:
-            effective = tenant
+        effective = effective_tenant(self.config, tenant)
         cursor = self._new_cursor()
         try:
             if effective is not None:
@@ -202,6 +188,32 @@ class ApiContext:
             yield cursor
         finally:
             cursor.close()
+
+
+def tenant_of(config: Config, request: Request) -> str | None:
+    """The tenant ``request``'s token is confined to, or None for an admin token / open server.
+
+    Raises:
+        HTTPException: 401 when auth is on and the token is missing or unknown.
+    """
+    principal = request.scope.get("sre_agent.principal") or authenticate(config, bearer_token(request.headers))
+    if principal is None:
+        raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+    return principal.tenant
+
+
+def effective_tenant(config: Config, tenant: str | _Unset | None = UNSET) -> str | None:
+    """The tenant a read must be confined to (see :meth:`ApiContext.read_cursor`)."""
+    principal = CURRENT_PRINCIPAL.get()
+    if principal is not None and principal.tenant is not None:
+        if not isinstance(tenant, _Unset) and tenant != principal.tenant:
+            raise HTTPException(403, "this token cannot read another tenant's data")
+        return principal.tenant
+    if isinstance(tenant, _Unset):
+        if principal is None and config.tenant_tokens:
+            raise StoreError("read_cursor() outside a request must name the tenant (None = unscoped)")
+        return None
+    return tenant
 
 
 def _shadow_tables(cursor: duckdb.DuckDBPyConnection, tenant: str) -> None:

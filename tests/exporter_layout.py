@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,48 @@ def load_otlp_json_lines(db: Any, path: Path, scratch: Path) -> None:
     insert_metric_rows(
         db, {k: pa.concat_tables(v, promote_options="permissive") for k, v in metrics.items() if v}, scratch
     )
+
+
+class Tee:
+    """One replay into several outputs."""
+
+    def __init__(self, *outputs: Any) -> None:
+        self.outputs = outputs
+
+    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        for output in self.outputs:
+            output.export_spans(spans)
+
+    def export_metrics(self, data: MetricsData) -> None:
+        for output in self.outputs:
+            output.export_metrics(data)
+
+    def shutdown(self) -> None:
+        for output in self.outputs:
+            output.shutdown()
+
+
+#: Keys whose values are wall-clock measurements, not results.
+TIMINGS = frozenset({"elapsed_s", "timings", "seconds", "rule_seconds"})
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Where two JSON-like values differ (floats to 1e-9 relative), timings left out."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [
+            d
+            for k in sorted(set(a) | set(b))
+            if k not in TIMINGS
+            for d in differences(a.get(k), b.get(k), f"{path}.{k}")
+        ]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [(path, len(a), len(b))]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, float):
+        same = math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+        return [] if same else [(path, a, b)]
+    return [] if a == b else [(path, a, b)]
 
 
 if __name__ == "__main__":

@@ -61,9 +61,11 @@ class LocalSource:
 
     live = False
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, config: Config | None = None) -> None:
         self.path = path
-        self.description = f"db {path}"
+        # Where OTel Collectors write (config.store = chdb:PATH or clickhouse://...), else the DuckDB file.
+        self._clickhouse = config if config is not None and config.clickhouse is not None else None
+        self.description = f"store {self._clickhouse.clickhouse}" if self._clickhouse else f"db {path}"
         self._store: Any = None
         self._lock = threading.Lock()
         self._scopes: dict[Selection, explore.Scope] = {}
@@ -76,6 +78,9 @@ class LocalSource:
         locked or foreign file is one line on stderr and exit 1, not a dialog.
         """
         cur = self._cursor()
+        if self._clickhouse is not None:
+            cur.close()
+            return  # the tables were checked when the connection opened (sources.open_connection)
         try:
             for table in ("spans", "deploys", "metric_points"):
                 cur.execute(f"SELECT 1 FROM {table} LIMIT 0")
@@ -94,7 +99,11 @@ class LocalSource:
 
     def _cursor(self) -> Any:
         with self._lock:
-            if self._store is None:
+            if self._store is None and self._clickhouse is not None:
+                from sre_agent.sources import open_connection
+
+                self._store = open_connection(self._clickhouse)
+            elif self._store is None:
                 from sre_agent.store import Store
 
                 self._store = Store.open(self.path, read_only=True)
@@ -161,6 +170,12 @@ class LocalSource:
         """
         if importlib.util.find_spec("sre_agent.diagnosis") is None:
             raise DiagnosisUnavailableError("the diagnose engine is not installed")
+        if self._clickhouse is not None:
+            # In this process: the work is ClickHouse's (it leaves the GIL), and one process
+            # may hold a chdb directory, so a child could not open it.
+            from sre_agent.diagnosis import diagnose
+
+            return dict(diagnose(self._cursor(), selection).to_dict())
         request = json.dumps({"path": self.path, "selection": selection.to_dict()})
         # Pipes for all three streams: the console owns the terminal, and a child must not draw on it.
         child = subprocess.Popen(

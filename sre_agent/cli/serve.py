@@ -24,6 +24,10 @@ EPILOG = """examples:
 
   sre-agent serve --scrape http://127.0.0.1:8000/metrics --scrape-interval 5
       also pull vLLM's (or SGLang's) Prometheus /metrics every 5 s into the store, no Collector needed
+
+  sre-agent serve --read clickhouse://reader@clickhouse:8123/otel --host 0.0.0.0
+      only the API (diagnose, canary for Argo Rollouts / Flagger, console), read from the OTel
+      Collector ClickHouse exporter's tables; no receivers, nothing stored
 """
 
 
@@ -42,6 +46,11 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_options(parser, allow_url=False)
+    parser.add_argument(
+        "--read",
+        metavar="STORE",
+        help="serve only the API, reading chdb:PATH or clickhouse://user@host:8123/db (no receivers)",
+    )
     net = parser.add_argument_group("network")
     net.add_argument("--host", metavar="ADDR", help="address to bind (default 127.0.0.1, env SRE_AGENT_HOST)")
     net.add_argument("--http-port", type=int, metavar="PORT", help="OTLP/HTTP and API port (default 4318; 0 = any)")
@@ -76,6 +85,29 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _run_read(args: argparse.Namespace, config: Any) -> int:
+    """``serve --read STORE``: the API over ClickHouse, until SIGTERM/SIGINT."""
+    import dataclasses
+
+    from sre_agent.config import STORE_PREFIXES
+
+    if not args.read.startswith(STORE_PREFIXES[1:]):
+        raise UsageError(f"--read {args.read!r}: use chdb:PATH or clickhouse://user@host:8123/db")
+    if args.db is not None or args.scrape or args.decode_workers:
+        raise UsageError("--read serves only the API: --db, --scrape and --decode-workers do not apply")
+    from sre_agent.read_server import serve_read
+    from sre_agent.server import ServeAddresses
+
+    def announce(addresses: ServeAddresses) -> None:
+        print(f"sre-agent serve: reading {addresses.db} (API only, no receivers)", file=sys.stderr)
+        print(f"sre-agent serve: API on {addresses.http_url}", file=sys.stderr)
+        print("sre-agent serve: ready (Ctrl-C or SIGTERM to stop)", file=sys.stderr, flush=True)
+
+    serve_read(dataclasses.replace(config, store=args.read), on_ready=announce)
+    print("sre-agent serve: stopped", file=sys.stderr)
+    return 0
+
+
 def _seconds(text: str) -> float:
     """A positive number of seconds ("5", "0.5", "5s")."""
     try:
@@ -104,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
         scrape=targets,
         scrape_interval_s=args.scrape_interval,
     )
+
+    if args.read is not None:
+        return _run_read(args, config)
 
     def announce(addresses: ServeAddresses) -> None:
         print(f"sre-agent serve: store {addresses.db}", file=sys.stderr)

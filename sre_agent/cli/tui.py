@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_store_options(parser)
+    add_store_options(parser, read_store=True)
     add_selection_options(parser)
     parser.add_argument(
         "--slo",
@@ -88,7 +88,7 @@ def run_tui(args: argparse.Namespace) -> int:
         raise UsageError("--refresh must be positive")
     from sre_agent.tui.source import LocalSource, RemoteSource
 
-    source: DataSource = RemoteSource(config) if config.url else LocalSource(config.db)
+    source: DataSource = RemoteSource(config) if config.url else LocalSource(config.duckdb_path, config)
     try:
         _check_while_importing(source)
         if not has_terminal():

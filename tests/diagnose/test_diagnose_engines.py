@@ -15,68 +15,23 @@ Opt-in and slow: ``python -m pytest -m "slow or clickhouse" tests/diagnose/test_
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
-from exporter_layout import ExporterTables
-from opentelemetry.sdk.metrics.export import MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
+from exporter_layout import ExporterTables, Tee, differences
 
 from sre_agent import diagnose
 from sre_agent.canary import evaluate
 from sre_agent.canary_spec import CanarySpec
-from sre_agent.replays.outputs import StoreOutput, TelemetryOutput
+from sre_agent.replays.outputs import StoreOutput
 from sre_agent.replays.replay import replay
 from sre_agent.replays.scenario import list_scenarios, load_scenario
 from sre_agent.selection import Selection
 from sre_agent.store import Store
 
 SCENARIOS = list_scenarios()
-#: Keys whose values are wall-clock measurements, not results.
-TIMINGS = frozenset({"elapsed_s", "timings", "seconds", "rule_seconds"})
-
-
-class Tee:
-    """One replay into several outputs."""
-
-    def __init__(self, *outputs: TelemetryOutput) -> None:
-        self.outputs = outputs
-
-    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
-        for output in self.outputs:
-            output.export_spans(spans)
-
-    def export_metrics(self, data: MetricsData) -> None:
-        for output in self.outputs:
-            output.export_metrics(data)
-
-    def shutdown(self) -> None:
-        for output in self.outputs:
-            output.shutdown()
-
-
-def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """Where two JSON-like values differ (floats to 1e-9 relative), timings left out."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [
-            d
-            for k in sorted(set(a) | set(b))
-            if k not in TIMINGS
-            for d in differences(a.get(k), b.get(k), f"{path}.{k}")
-        ]
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return [(path, len(a), len(b))]
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
-    if isinstance(a, float) and isinstance(b, float):
-        same = math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
-        return [] if same else [(path, a, b)]
-    return [] if a == b else [(path, a, b)]
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ class ServeProcess:
                 raise AssertionError(f"serve not ready in time; stderr: {''.join(self.stderr_lines)}") from None
             if line is None:
                 raise AssertionError(f"serve exited early ({self.proc.wait()}): {''.join(self.stderr_lines)}")
-            if "OTLP/HTTP and API on " in line:
+            if "API on " in line:  # "OTLP/HTTP and API on URL", or "API on URL" for serve --read
                 self.http_url = line.rsplit(" ", 1)[1].strip()
             elif "OTLP/gRPC on " in line:
                 self.grpc_target = line.rsplit(" ", 1)[1].strip()
