@@ -367,3 +367,73 @@ if __name__ == "__main__":
         load_otlp_json_lines(chdb_session, source, target.parent)
     finally:
         chdb_session.close()
+
+
+def duckdb_to_exporter(store: Path, target: Path) -> None:
+    """An sre-agent DuckDB store's spans and metric points laid out in new exporter tables in chdb at ``target``.
+
+    For stores built straight in DuckDB (synthetic tests, benchmarks), which have no OTLP
+    to replay: every canonical span column is written back as the attribute it is read
+    from first (``SPAN_ATTRIBUTE_SOURCES``), over the span's own attributes; kinds and
+    status codes in the exporter's spelling; metric identity columns as resource attributes.
+    """
+    import duckdb
+    from chdb import session
+
+    from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES
+
+    scratch = target.with_name(target.name + ".scratch")
+    scratch.mkdir(exist_ok=True)
+    columns = [c for c in SPAN_ATTRIBUTE_SOURCES if c not in RESOURCE_COLUMNS]
+    keys = ", ".join(f"'{SPAN_ATTRIBUTE_SOURCES[c][0]}'" for c in columns)
+    values = ", ".join(f"CAST({c} AS VARCHAR)" for c in columns)
+    resource_keys = ", ".join(f"'{SPAN_ATTRIBUTE_SOURCES[c][0]}'" for c in RESOURCE_COLUMNS)
+    resource_values = ", ".join(RESOURCE_COLUMNS)
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        con.execute(
+            f"""COPY (SELECT start_ns AS ts, trace_id AS trace, span_id AS span, coalesce(parent_span_id, '') AS parent,
+                  name, upper(kind[1]) || kind[2:] AS kind, coalesce(service_name, '') AS service,
+                  map_concat(resource_attributes, map_from_entries(list_filter(
+                    list_zip([{resource_keys}], [{resource_values}]), lambda e: e[2] IS NOT NULL))) AS resource,
+                  coalesce(scope_name, '') AS scope,
+                  map_concat(attributes, map_from_entries(list_filter(
+                    list_zip([{keys}], [{values}]), lambda e: e[2] IS NOT NULL))) AS attributes,
+                  CAST(greatest(end_ns - start_ns, 0) AS UBIGINT) AS duration,
+                  upper(coalesce(status_code, 'unset')[1]) || coalesce(status_code, 'unset')[2:] AS code,
+                  coalesce(status_message, '') AS message,
+                  CAST([] AS BIGINT[]) AS event_ts, CAST([] AS VARCHAR[]) AS event_names,
+                  CAST([] AS MAP(VARCHAR, VARCHAR)[]) AS event_attributes
+                FROM spans) TO '{scratch}/spans.parquet' (FORMAT parquet)"""
+        )
+        identity = (
+            "map_concat(resource_attributes, map_from_entries(list_filter(list_zip(['service.name', "
+            "'service.version', 'service.instance.id', 'host.name'], [service_name, service_version, "
+            "service_instance, host_name]), lambda e: e[2] IS NOT NULL)))"
+        )
+        temporality = "CAST(CASE temporality WHEN 'delta' THEN 1 WHEN 'cumulative' THEN 2 ELSE 0 END AS INTEGER)"
+        tables: dict[str, pa.Table] = {}
+        for kind in OTEL_METRICS_DDL:
+            tables[kind] = con.sql(
+                f"""SELECT {identity} AS resource, coalesce(service_name, '') AS service, source_name AS name,
+                      coalesce(unit, '') AS unit, attributes, coalesce(start_time_ns, 0) AS start, time_ns AS time,
+                      value, {temporality} AS temporality, coalesce(is_monotonic, false) AS monotonic,
+                      CAST(count AS UBIGINT) AS count, sum, bounds, CAST(bucket_counts AS UBIGINT[]) AS buckets
+                    FROM metric_points WHERE kind = '{kind}'"""
+            ).to_arrow_table()
+    finally:
+        con.close()
+    db = session.Session(str(target))
+    try:
+        create_tables(db)
+        db.query(_SPAN_INSERT.format(path=scratch / "spans.parquet"))
+        insert_metric_rows(db, {k: t for k, t in tables.items() if t.num_rows}, scratch)
+    finally:
+        db.close()
+        for part in scratch.iterdir():
+            part.unlink()
+        scratch.rmdir()
+
+
+#: Canonical columns the exporter holds as resource attributes.
+RESOURCE_COLUMNS = ("service_name", "service_version", "service_instance", "host_name")

@@ -130,70 +130,17 @@ def build(path: Path, n: int) -> None:
     tmp.rename(path)
 
 
-#: Canonical span columns written as the exporter's SpanAttributes, under their first source key.
-_SPAN_KEYS = ("tenant_id", "model", "request_id", "input_tokens", "output_tokens", "cached_tokens", "queue_s",
-              "ttft_s", "prefill_s", "decode_s", "inference_s", "e2e_s", "finish_reason", "max_tokens")  # fmt: skip
+def bare_p99_clickhouse(house: Any, value: str = "Duration / 1e9") -> float:
+    """Seconds for ClickHouse's exact p99 of ``value`` per window over the exporter's table, bare.
 
-
-def build_exporter(duck: Path, target: Path) -> None:
-    """Lay the DuckDB benchmark store out as the OTel Collector ClickHouse exporter would, in chdb at ``target``."""
-    from chdb import session
-    from exporter_layout import create_tables
-
-    scratch = target.with_suffix(".parquet-scratch")
-    scratch.mkdir(exist_ok=True)
-    con = duckdb.connect(str(duck), read_only=True)
-    keys = ", ".join(f"'{schema.SPAN_ATTRIBUTE_SOURCES[c][0]}'" for c in _SPAN_KEYS)
-    values = ", ".join(f"CAST({c} AS VARCHAR)" for c in _SPAN_KEYS)
-    con.execute(
-        f"""COPY (SELECT start_ns AS ts, trace_id AS trace, span_id AS span, '' AS parent, name, 'Server' AS kind,
-              service_name AS service, resource_attributes AS resource, scope_name AS scope,
-              map_concat(attributes, map_from_entries(list_filter(
-                list_zip([{keys}], [{values}]), lambda e: e[2] IS NOT NULL))) AS attributes,
-              CAST(end_ns - start_ns AS UBIGINT) AS duration, 'Unset' AS code, '' AS message
-            FROM spans) TO '{scratch}/spans.parquet' (FORMAT parquet)"""
-    )
-    resource = (
-        "map_concat(resource_attributes, map(['service.name', 'service.version', 'service.instance.id', "
-        "'host.name'], [service_name, service_version, service_instance, host_name]))"
-    )
-    for kind in ("gauge", "sum"):
-        con.execute(
-            f"""COPY (SELECT {resource} AS resource, service_name AS service, source_name AS name, '' AS unit,
-                  attributes, start_time_ns AS start, time_ns AS time, value, 2 AS temporality, true AS monotonic
-                FROM metric_points WHERE kind = '{kind}') TO '{scratch}/{kind}.parquet' (FORMAT parquet)"""
-        )
-    con.close()
-    db = session.Session(str(target))
-    create_tables(db)
-    db.query(
-        f"""INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
-              ResourceAttributes, ScopeName, SpanAttributes, Duration, StatusCode, StatusMessage)
-            SELECT fromUnixTimestamp64Nano(ts), trace, span, parent, name, kind, service, resource, scope,
-              attributes, duration, code, message FROM file('{scratch}/spans.parquet', Parquet)"""
-    )
-    extra = {"gauge": ("Value", "value"), "sum": ("Value, AggregationTemporality, IsMonotonic",
-             "value, temporality, monotonic")}  # fmt: skip
-    for kind, (columns, picked) in extra.items():
-        db.query(
-            f"""INSERT INTO otel_metrics_{kind} (ResourceAttributes, ServiceName, MetricName, MetricUnit, Attributes,
-                  StartTimeUnix, TimeUnix, {columns})
-                SELECT resource, service, name, unit, attributes, fromUnixTimestamp64Nano(start),
-                  fromUnixTimestamp64Nano(time), {picked} FROM file('{scratch}/{kind}.parquet', Parquet)"""
-        )
-    db.query("OPTIMIZE TABLE otel_traces FINAL")
-    db.close()
-    for part in scratch.iterdir():
-        part.unlink()
-    scratch.rmdir()
-
-
-def bare_p99_clickhouse(house: Any) -> float:
-    """Seconds for ClickHouse's exact p99 of span duration per window over the exporter's table, bare."""
+    The default reads the span's ``Duration`` column; ``--engine chdb`` also times the p99 of
+    the e2e attribute itself (``SpanAttributes['gen_ai.latency.e2e']``), which is where the
+    exporter keeps it and what the diagnosis must read.
+    """
     started = time.perf_counter()
     house.native(
         f"SELECT toUnixTimestamp64Nano(Timestamp) >= {T0_NS + HOUR_NS} AS w, "
-        "quantileExactInclusive(0.99)(Duration / 1e9) FROM otel_traces WHERE SpanKind = 'Server' GROUP BY w"
+        f"quantileExactInclusive(0.99)({value}) FROM otel_traces WHERE SpanKind = 'Server' GROUP BY w"
     )
     return time.perf_counter() - started
 
@@ -298,26 +245,30 @@ def run_chdb(duck: Path, args: argparse.Namespace) -> int:
 
     target = duck.with_suffix(".chdb")
     if not target.exists():
+        from exporter_layout import duckdb_to_exporter
+
         started = time.perf_counter()
-        build_exporter(duck, target)
+        duckdb_to_exporter(duck, target)
         print(f"laid out {target} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     selection = Selection(mode="since_last_deploy")
     house = connect_clickhouse(f"chdb:{target}")
     diagnose(house, selection)
-    seconds, bare = [], []
+    seconds, bare, bare_attribute = [], [], []
     report = None
     for _ in range(args.repeat):
         started = time.perf_counter()
         report = diagnose(house, selection)
         seconds.append(time.perf_counter() - started)
         bare.append(bare_p99_clickhouse(house))  # the same session, without the translation layer
+        bare_attribute.append(bare_p99_clickhouse(house, "toFloat64OrNull(SpanAttributes['gen_ai.latency.e2e'])"))
     house.close()
     assert report is not None
     top = report.findings[0]
     print(f"top finding: {top.cause} scope={dict(top.scope)} score={top.score:.2f}", file=sys.stderr)
     slowest = sorted(((v, k) for k, v in report.timings.items() if k.startswith("rule.")), reverse=True)[:4]
     print("slowest rules: " + ", ".join(f"{k[5:]} {v:.2f}s" for v, k in slowest), file=sys.stderr)
-    s, b = min(seconds), min(bare)
+    s, b, a = min(seconds), min(bare), min(bare_attribute)
+    print(f"bare p99 of the e2e attribute (a map lookup per row): {a:.2f} s, ratio {s / a:.1f}", file=sys.stderr)
     print(f"diagnose: engine=chdb spans={args.spans} seconds={s:.2f} bare_p99_seconds={b:.2f} ratio={s / b:.1f}")
     return 0
 

@@ -1,4 +1,4 @@
-"""``sre-agent serve --read chdb:PATH``: the API over the OTel Collector exporter's tables, called as Argo and Flagger call it.
+"""``sre-agent serve --read chdb:PATH``: the API over the exporter's tables, called as Argo and Flagger call it.
 
 One replay is written twice (a DuckDB store as ``serve`` keeps it; the ClickHouse
 exporter's tables in chdb, laid out by ``exporter_layout``, a stand-in for the
@@ -82,7 +82,7 @@ def test_argo_and_flagger_get_the_same_verdicts_from_clickhouse(servers: tuple[S
         assert verdict["verdict"] in ("pass", "fail")  # decided, on data
         assert all(check["n_candidate"] > 1000 for check in verdict["slos"])
         hooks = [client.post(f"{s.url}/api/v1/canary/webhook", json=flagger) for s in (duck, house)]
-        assert [h.status_code for h in hooks][0] == hooks[1].status_code
+        assert hooks[0].status_code == hooks[1].status_code
         assert differences(hooks[0].json(), hooks[1].json()) == []
 
 
