@@ -14,7 +14,6 @@ tenant tokens work as in ``serve``; a tenant's reads see its rows only.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,12 +41,11 @@ from sre_agent.server import (
     _store_error,
     _Unset,
     effective_tenant,
+    run_close_callbacks,
     tenant_of,
 )
 
 __all__ = ["ReadContext", "build_read_app", "serve_read"]
-
-log = logging.getLogger(__name__)
 
 
 class _NoWriter:
@@ -78,11 +76,7 @@ class ReadContext:
     def close(self) -> None:
         """Finish background readers, then close the connection (safe to call twice)."""
         callbacks, self._on_close = self._on_close, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:  # boundary: one failing closer must not keep the connection open
-                log.exception("a close callback failed")
+        run_close_callbacks(callbacks)
         if not self._closed.is_set():
             self._closed.set()
             self.connection.close()

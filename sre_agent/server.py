@@ -139,11 +139,7 @@ class ApiContext:
     def close(self) -> None:
         """Finish background readers, then close the connection read cursors derive from (safe to call twice)."""
         callbacks, self._on_close = self._on_close, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:  # boundary: one failing closer must not keep the store open
-                log.exception("a close callback failed")
+        run_close_callbacks(callbacks)
         with self._reader_lock:
             if self._reader_root is not None:
                 self._reader_root.close()
@@ -188,6 +184,15 @@ class ApiContext:
             yield cursor
         finally:
             cursor.close()
+
+
+def run_close_callbacks(callbacks: list[Callable[[], None]]) -> None:
+    """Run each callback; one that fails is logged and must not keep the store open."""
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # boundary: the others still run, and the store still closes
+            log.exception("a close callback failed")
 
 
 def tenant_of(config: Config, request: Request) -> str | None:

@@ -195,6 +195,15 @@ def phases(con: duckdb.DuckDBPyConnection, selection: Selection) -> None:
         print(f"  {name:26s} {user:5.2f} + {system:4.2f} = {user + system:5.2f} s", file=sys.stderr)
 
 
+def describe(report: Any) -> None:
+    """The top finding and the slowest rules of a benchmark run, on stderr."""
+    assert report is not None
+    top = report.findings[0]
+    print(f"top finding: {top.cause} scope={dict(top.scope)} score={top.score:.2f}", file=sys.stderr)
+    slowest = sorted(((v, k) for k, v in report.timings.items() if k.startswith("rule.")), reverse=True)[:4]
+    print("slowest rules: " + ", ".join(f"{k[5:]} {v:.2f}s" for v, k in slowest), file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=10_000_000)
@@ -227,11 +236,7 @@ def main() -> int:
     if args.phases:
         phases(con, selection)
     con.close()
-    assert report is not None
-    top = report.findings[0]
-    print(f"top finding: {top.cause} scope={dict(top.scope)} score={top.score:.2f}", file=sys.stderr)
-    slowest = sorted(((v, k) for k, v in report.timings.items() if k.startswith("rule.")), reverse=True)[:4]
-    print("slowest rules: " + ", ".join(f"{k[5:]} {v:.2f}s" for v, k in slowest), file=sys.stderr)
+    describe(report)
     s, b = min(seconds), min(bare)
     engine = "engine=duckdb " if args.engine else ""
     print(f"diagnose: {engine}spans={args.spans} seconds={s:.2f} bare_p99_seconds={b:.2f} ratio={s / b:.1f}")
@@ -262,11 +267,7 @@ def run_chdb(duck: Path, args: argparse.Namespace) -> int:
         bare.append(bare_p99_clickhouse(house))  # the same session, without the translation layer
         bare_attribute.append(bare_p99_clickhouse(house, "toFloat64OrNull(SpanAttributes['gen_ai.latency.e2e'])"))
     house.close()
-    assert report is not None
-    top = report.findings[0]
-    print(f"top finding: {top.cause} scope={dict(top.scope)} score={top.score:.2f}", file=sys.stderr)
-    slowest = sorted(((v, k) for k, v in report.timings.items() if k.startswith("rule.")), reverse=True)[:4]
-    print("slowest rules: " + ", ".join(f"{k[5:]} {v:.2f}s" for v, k in slowest), file=sys.stderr)
+    describe(report)
     s, b, a = min(seconds), min(bare), min(bare_attribute)
     print(f"bare p99 of the e2e attribute (a map lookup per row): {a:.2f} s, ratio {s / a:.1f}", file=sys.stderr)
     print(f"diagnose: engine=chdb spans={args.spans} seconds={s:.2f} bare_p99_seconds={b:.2f} ratio={s / b:.1f}")

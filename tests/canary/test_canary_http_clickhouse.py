@@ -10,8 +10,6 @@ and tenant-scoped answers must be the same. Opt-in: ``-m clickhouse``.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from exporter_layout import ExporterTables, Tee, differences
-from receiver_harness import ServeProcess, start_serve
+from receiver_harness import ServeProcess, start_process, start_serve
 
 from sre_agent.replays.outputs import StoreOutput
 from sre_agent.replays.replay import replay
@@ -35,14 +33,7 @@ ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 def start_read_server(store: str) -> ServeProcess:
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("SRE_AGENT_")} | ENV
     command = [sys.executable, "-m", "sre_agent", "serve", "--read", store, "--http-port", "0"]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=child_env)
-    server = ServeProcess(proc=proc, db=Path(store.removeprefix("chdb:")))
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop(signal.SIGKILL)
-        raise
-    return server
+    return start_process(command, Path(store.removeprefix("chdb:")), child_env)
 
 
 @pytest.fixture(scope="module")

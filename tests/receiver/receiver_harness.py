@@ -107,8 +107,13 @@ def start_serve(db: Path, *args: str, env: dict[str, str] | None = None, grpc: b
         str(free_port() if grpc else 0),
         *args,
     ]
+    return start_process(command, db, child_env)
+
+
+def start_process(command: list[str], db: Path, env: dict[str, str]) -> ServeProcess:
+    """Start a serve ``command`` (its store ``db``) and wait until it says it is ready."""
     proc = subprocess.Popen(
-        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=child_env, cwd=db.parent
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=db.parent
     )
     server = ServeProcess(proc=proc, db=db)
     try:
