@@ -8,8 +8,8 @@ second through :mod:`sre_agent.clickhouse_engine` with no copy and no schema of
 ours, and must give the same report: the same headline, estimates, findings,
 scopes, evidence and verdicts (floats to 1e-9 relative; timings aside).
 
-Opt-in and slow: ``python -m pytest -m "slow or clickhouse" tests/diagnose/test_diagnose_engines.py``
-(about a minute a scenario; ``pip install -e '.[clickhouse]'``).
+Opt-in with the other ClickHouse tests: ``python -m pytest -m clickhouse`` (about ten seconds a
+scenario; ``pip install -e '.[test,clickhouse]'``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from sre_agent.store import Store
 SCENARIOS = list_scenarios()
 
 
-@pytest.mark.slow
 @pytest.mark.clickhouse
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_both_engines_give_the_same_report_and_verdict(path: Path, tmp_path: Path) -> None:
