@@ -18,15 +18,25 @@ single machine; ``chdb:PATH``) and a ClickHouse server over HTTP through
 ``clickhouse-connect`` (``clickhouse://user:password@host:8123/db``). Both are
 optional installs (``pip install 'sre-agent[clickhouse]'``).
 
-What differs between the dialects and is handled here, not in the queries:
+What differs between the dialects and is handled here, not in the queries (each
+checked against DuckDB itself in tests/core/test_clickhouse_engine.py):
 
-* exact quantiles: DuckDB's ``quantile_cont`` is exact; sqlglot spells it as
-  ClickHouse's ``quantile`` (a sampling estimate), so it is respelled
-  ``quantileExactInclusive``, the same linear interpolation between order
-  statistics;
-* NULLs: ClickHouse's outer joins fill with defaults and its aggregates of no
-  rows give 0 unless told otherwise; the session settings below make both
-  SQL-standard, as in DuckDB.
+* exact quantiles: ``quantile_cont`` is ``quantileExactInclusive`` (sqlglot would
+  write ClickHouse's sampling ``quantile``), ``quantile_disc`` ``quantileExactLow``;
+* ``agg(x) FILTER (WHERE c)`` is the ``aggIf(x, c)`` combinator, ``count`` an
+  Int64 (UInt64 has no common type with signed integers), ``bool_or``/``bool_and``
+  ``max``/``min``, a condition in a select list a ``Bool`` (not ``UInt8``);
+* a map lookup of an absent key is NULL (ClickHouse gives ``''``), ``unnest(
+  map_entries(m))`` an array join of the keys, ``IS [NOT] DISTINCT FROM`` the
+  ``isNotDistinctFrom`` function (ClickHouse takes the syntax only in a JOIN);
+* a double cast to an integer rounds half to even (ClickHouse truncates);
+* NULLs of outer joins and of aggregates over no rows: the session settings below;
+* ``CREATE OR REPLACE TEMP TABLE`` drops first; a registered Arrow table is a
+  temporary table; DuckDB's catalog is not asked (``dialect`` says so).
+
+The relations' own SQL is ClickHouse's already; it is spliced in after sqlglot has
+written the query (for a unique placeholder table name), so that it is not parsed
+and rewritten as if it were DuckDB's.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from sre_agent.compare import LATENCIES
+from sre_agent.compare import LATENCIES, SIDES
 
 if TYPE_CHECKING:
     import polars as pl
@@ -199,7 +199,7 @@ def _rest_rose_alike(frame: pl.DataFrame, best: SliceScore, col: str, q: float) 
     inside = pl.col(best.dimension).cast(pl.String).fill_null("(missing)") == best.value
     rises = []
     for part in (frame.filter(inside), frame.filter(~inside)):
-        values = [part.filter(pl.col("side") == s)[col] for s in ("baseline", "candidate")]
+        values = [part.filter(pl.col("side") == s)[col] for s in SIDES]
         if min(v.len() for v in values) < MIN_SLICE_BASELINE:
             return False
         base, cand = (v.quantile(q, interpolation="linear") for v in values)
