@@ -524,6 +524,8 @@ def connect_clickhouse(
             table: pa.Table = db.query(query, "ArrowTable")
             return table
 
+        _check_settings(run)
+
         def load(name: str, table: pa.Table) -> None:
             # In-process: through a Parquet file, which ClickHouse reads with the types Arrow gave.
             import pyarrow.parquet as pq
@@ -555,6 +557,10 @@ def connect_clickhouse(
 
     def run_remote(query: str) -> pa.Table:
         table: pa.Table = client.query_arrow(query)
+        # A user who may not change output settings gets String columns as binary.
+        for i, field_ in enumerate(table.schema):
+            if pa.types.is_binary(field_.type) or pa.types.is_large_binary(field_.type):
+                table = table.set_column(i, field_.name, table.column(i).cast(pa.string()))
         return table
 
     def load_remote(name: str, table: pa.Table) -> None:
@@ -562,9 +568,23 @@ def connect_clickhouse(
         client.command(f"CREATE TEMPORARY TABLE {_quoted(name)} ({columns}) ENGINE = Memory")
         client.insert_arrow(name, table)
 
+    _check_settings(run_remote)
     return ClickHouseConnection(
         run_remote, load_remote, traces_table=traces_table, metric_tables=metric_tables, close=client.close
     )
+
+
+def _check_settings(run: _Query) -> None:
+    """Refuse a session whose NULL semantics are not DuckDB's (a read-only user may not set them)."""
+    names = ", ".join(f"toString(toUInt8(getSetting('{name}')))" for name in SETTINGS)
+    got = [str(v) for v in run(f"SELECT {names}").to_pylist()[0].values()]
+    wrong = [f"{name}={value}" for name, value in zip(SETTINGS, got, strict=True) if value != str(SETTINGS[name])]
+    if wrong:
+        wanted = ", ".join(f"{k}={v}" for k, v in SETTINGS.items())
+        raise StoreError(
+            f"the ClickHouse user's session has {', '.join(wrong)}; sre-agent needs {wanted} "
+            "(a user with readonly=2, or these in its settings profile)"
+        )
 
 
 def _clickhouse_type(kind: pa.DataType) -> str:

@@ -142,3 +142,74 @@ def test_quantiles_agree_with_duckdb_on_any_sample(engines: tuple[Any, Any], val
     expected = duck.execute(query).fetchall()
     got = house.execute(query).fetchall()
     assert _same(got, expected), (values, q, got, expected)
+
+
+class ChdbClient:
+    """A stand-in for clickhouse-connect's client, answered by chdb (no ClickHouse server can run here:
+    Debian's package is from 2018 and nothing else installs one). It returns String columns as
+    binary, as the real client does for a user who may not change output settings."""
+
+    def __init__(self, *, apply_settings: bool, **kwargs: Any) -> None:
+        from chdb import session
+
+        self.kwargs = kwargs
+        self.db = session.Session()
+        for name, value in (kwargs.get("settings") or {}).items() if apply_settings else ():
+            self.db.query(f"SET {name} = {value}")
+
+    def query_arrow(self, query: str) -> pa.Table:
+        table: pa.Table = self.db.query(query, "ArrowTable")
+        for i, field in enumerate(table.schema):
+            if pa.types.is_string(field.type):
+                table = table.set_column(i, field.name, table.column(i).cast(pa.binary()))
+        return table
+
+    def command(self, query: str) -> None:
+        self.db.query(query)
+
+    def insert_arrow(self, name: str, table: pa.Table) -> None:
+        import tempfile
+
+        import pyarrow.parquet as pq
+
+        with tempfile.TemporaryDirectory() as scratch:
+            pq.write_table(table, f"{scratch}/rows.parquet")
+            self.db.query(f"INSERT INTO `{name}` SELECT * FROM file('{scratch}/rows.parquet', Parquet)")
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def test_a_server_url_reaches_the_client_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import clickhouse_connect
+
+    from sre_agent.clickhouse_engine import SETTINGS, connect_clickhouse
+
+    made: list[ChdbClient] = []
+
+    def get_client(**kwargs: Any) -> ChdbClient:
+        made.append(ChdbClient(apply_settings=True, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(clickhouse_connect, "get_client", get_client)
+    house = connect_clickhouse("clickhouses://reader:s%40cret@ch.example:8443/otel")
+    try:
+        assert made[0].kwargs == {"host": "ch.example", "port": 8443, "username": "reader", "password": "s@cret",
+                                  "database": "otel", "secure": True, "settings": SETTINGS}  # fmt: skip
+        house.register("t", ROWS)
+        # Strings come back as strings, and a registered frame is queryable, through the client's calls.
+        assert house.execute("SELECT s, count(*) FROM t WHERE s IS NOT NULL GROUP BY s ORDER BY s").fetchall() == [
+            ("a", 2), ("b", 2), ("c", 1)
+        ]  # fmt: skip
+    finally:
+        house.close()
+
+
+def test_a_session_without_duckdbs_null_semantics_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import clickhouse_connect
+
+    from sre_agent.clickhouse_engine import connect_clickhouse
+
+    monkeypatch.setattr(clickhouse_connect, "get_client", lambda **kw: ChdbClient(apply_settings=False, **kw))
+    with pytest.raises(StoreError, match=r"join_use_nulls=0.*readonly=2"):
+        connect_clickhouse("clickhouse://reader@ch.example:8123/otel")
