@@ -29,7 +29,8 @@ checked against DuckDB itself in tests/core/test_clickhouse_engine.py):
 * a map lookup of an absent key is NULL (ClickHouse gives ``''``), ``unnest(
   map_entries(m))`` an array join of the keys, ``IS [NOT] DISTINCT FROM`` the
   ``isNotDistinctFrom`` function (ClickHouse takes the syntax only in a JOIN);
-* a double cast to an integer rounds half to even (ClickHouse truncates);
+* a double cast to an integer rounds half to even (ClickHouse truncates); ``lag``
+  before the first row is NULL (ClickHouse gives 0 for a value that is not Nullable);
 * NULLs of outer joins and of aggregates over no rows: the session settings below;
 * ``CREATE OR REPLACE TEMP TABLE`` drops first; a registered Arrow table is a
   temporary table; DuckDB's catalog is not asked (``dialect`` says so).
@@ -412,6 +413,7 @@ _FUNCTIONS: Final[dict[str, str]] = {
     "isinf": "isInfinite",
     # NULL when absent in DuckDB, 0 in ClickHouse: every use here coalesces it to 0.
     "list_position": "indexOf",
+    "list_sum": "arraySum",
 }
 _BITWISE: Final[dict[type[exp.Expr], str]] = {
     exp.BitwiseAnd: "bitAnd",
@@ -432,6 +434,11 @@ def _to_clickhouse(node: exp.Expr) -> exp.Expr:
     if isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.INTEGER_TYPES) and _arithmetic(node.this):
         # DuckDB casts a double to an integer by rounding half to even; ClickHouse truncates.
         return exp.Cast(this=_fn("round", node.this.copy()), to=node.to.copy())
+    if isinstance(node, exp.Lag | exp.Lead):
+        # Before the first row lag is NULL in DuckDB, but the type's default (0, '') in ClickHouse
+        # unless the value is Nullable.
+        node.set("this", _fn("toNullable", node.this))
+        return node
     if isinstance(node, exp.NullSafeEQ):
         # ClickHouse parses IS NOT DISTINCT FROM outside a JOIN, and then matches nothing.
         return _fn("isNotDistinctFrom", node.this, node.expression)
