@@ -57,7 +57,13 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from sre_agent.clickhouse_schema import DEFAULT_METRIC_TABLES, DEFAULT_TRACES_TABLE, metric_points_select, spans_select
+from sre_agent.clickhouse_schema import (
+    ACCELERATED_PREFIX,
+    DEFAULT_METRIC_TABLES,
+    DEFAULT_TRACES_TABLE,
+    metric_points_select,
+    spans_select,
+)
 from sre_agent.errors import StoreError, UsageError
 
 __all__ = ["ClickHouseConnection", "connect_clickhouse"]
@@ -177,14 +183,27 @@ class ClickHouseConnection:
         self._load = load
         self._close = close
         self._lock = threading.Lock()
+        #: Canonical span columns the traces table keeps as materialized columns (read as they are).
+        self.accelerated = self._accelerated(traces_table)
+        canonical = spans_select(traces_table, self.accelerated)
         self._relations = {
             # The embedded store's stored parts, with nothing promoted (sre_agent.attribute_sql reads them).
             "spans": "(SELECT *, attributes AS extra_attributes, resource_attributes AS extra_resource_attributes, "
-            f"toUInt64(0) AS promoted, toUInt64(0) AS promoted_resource FROM ({spans_select(traces_table)}))",
+            f"toUInt64(0) AS promoted, toUInt64(0) AS promoted_resource FROM ({canonical}))",
             "metric_points": f"({metric_points_select(metric_tables or DEFAULT_METRIC_TABLES)})",
         }
         deploys = sqlglot.parse_one(_DEPLOYS_SQL, read="duckdb")
         self._relations["deploys"] = f"({self._rewrite(deploys)})"
+
+    def _accelerated(self, table: str) -> frozenset[str]:
+        """The canonical columns ``table`` keeps as materialized columns (clickhouse_schema.acceleration_ddl)."""
+        database, _, name = table.rpartition(".")
+        where = f"database = '{_escaped(database)}'" if database else "database = currentDatabase()"
+        found = self._query(
+            f"SELECT name FROM system.columns WHERE {where} AND table = '{_escaped(name)}' "
+            f"AND startsWith(name, '{ACCELERATED_PREFIX}')"
+        )
+        return frozenset(str(c).removeprefix(ACCELERATED_PREFIX) for c in found.column(0).to_pylist())
 
     def check_tables(self, traces_table: str, metric_tables: dict[str, str]) -> None:
         """Raise a clear :class:`StoreError` when the exporter's tables are not where they are expected."""
@@ -254,7 +273,7 @@ class ClickHouseConnection:
         their ``tenant_id``, metric points by a ``tenant.id`` label or resource attribute.
         """
         view = self.cursor()
-        quoted = tenant.replace("\\", "\\\\").replace("'", "\\'")
+        quoted = _escaped(tenant)
         view._relations = {
             **self._relations,
             "spans": f"(SELECT * FROM {self._relations['spans']} WHERE tenant_id = '{quoted}')",
@@ -343,6 +362,11 @@ def _if_combinator(node: exp.Filter) -> exp.Expr:
     else:
         raise StoreError(f"no ClickHouse spelling for {agg.sql()} FILTER (WHERE ...)")
     return _fn(f"{name}If", *args, condition)
+
+
+def _escaped(text: str) -> str:
+    """``text`` inside a ClickHouse string literal (backslash is an escape there)."""
+    return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def _quoted(name: str) -> str:

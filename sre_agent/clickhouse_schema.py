@@ -35,8 +35,7 @@ the writer's, not ours: a double under a text key (a tenant id sent as 5e-05) is
 spelled by whoever wrote it, Arrow's shortest form in the embedded store and Go's in
 the exporter (``0.00005``); numeric columns parse both to the same number.
 
-This is the first piece of the scale-out engine (issue 16); the analysis queries
-do not run on it yet.
+The analysis reads these relations through :mod:`sre_agent.clickhouse_engine`.
 """
 
 from __future__ import annotations
@@ -57,7 +56,14 @@ from sre_agent.schema import (
 )
 from sre_agent.sql_text import literal
 
-__all__ = ["DEFAULT_METRIC_TABLES", "DEFAULT_TRACES_TABLE", "metric_points_select", "spans_select"]
+__all__ = [
+    "ACCELERATED_PREFIX",
+    "DEFAULT_METRIC_TABLES",
+    "DEFAULT_TRACES_TABLE",
+    "acceleration_ddl",
+    "metric_points_select",
+    "spans_select",
+]
 
 #: The exporter's default traces table (its ``traces_table_name``).
 DEFAULT_TRACES_TABLE: Final[str] = "otel_traces"
@@ -104,13 +110,44 @@ def _canonical(name: str) -> str:
     return f"coalesce({from_spans}, {from_resource})"
 
 
-def spans_select(table: str = DEFAULT_TRACES_TABLE) -> str:
+#: Prefix of the optional materialized columns (:func:`acceleration_ddl`).
+ACCELERATED_PREFIX: Final[str] = "sre_"
+
+
+def acceleration_ddl(table: str = DEFAULT_TRACES_TABLE) -> list[str]:
+    """Optional ``ALTER TABLE`` statements that keep each canonical span column as a column of ``table``.
+
+    Every query over the exporter's maps reads the whole ``SpanAttributes`` column (about
+    1.8 s at 10M spans on a 2-core machine), and a diagnosis makes about a dozen such
+    passes. A ``MATERIALIZED`` column holds the same expression :func:`spans_select`
+    would compute, written once at insert (the usual ClickHouse answer to hot map keys);
+    :func:`spans_select` reads ``sre_<column>`` where it exists. Nothing requires them:
+    without them the answers are the same, only slower. The second statement of each
+    pair fills the column for parts written before it existed (a mutation).
+    """
+    out: list[str] = []
+    for name in SPAN_ATTRIBUTE_SOURCES:
+        kind = "Nullable(String)"
+        if name in FLOAT_COLUMNS:
+            kind = "Nullable(Float64)"
+        elif name in INT_COLUMNS:
+            kind = "Nullable(Int32)" if name == "attempt" else "Nullable(Int64)"
+        column = ACCELERATED_PREFIX + name
+        out.append(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind} MATERIALIZED {_canonical(name)}")
+        out.append(f"ALTER TABLE {table} MATERIALIZE COLUMN {column}")
+    return out
+
+
+def spans_select(table: str = DEFAULT_TRACES_TABLE, accelerated: frozenset[str] = frozenset()) -> str:
     """A ClickHouse ``SELECT`` over the exporter's traces ``table`` with the canonical span columns.
 
     ``table`` is spliced in as given (``db.table`` allowed); it must come from the
-    configuration, never from a request.
+    configuration, never from a request. ``accelerated`` names the canonical columns
+    the table keeps as materialized columns (:func:`acceleration_ddl`), read as they are.
     """
-    attributes = {name: _canonical(name) for name in SPAN_ATTRIBUTE_SOURCES}
+    attributes = {
+        name: ACCELERATED_PREFIX + name if name in accelerated else _canonical(name) for name in SPAN_ATTRIBUTE_SOURCES
+    }
     engine_names = ", ".join(literal(n) for n in sorted(ENGINE_SPAN_NAMES))
     exception = (
         "arrayFirst((a, n) -> n = 'exception' AND mapContains(a, 'exception.type'), "
@@ -199,3 +236,11 @@ def metric_points_select(tables: dict[str, str] | None = None) -> str:
                                    buckets="arrayMap(c -> toInt64(c), BucketCounts)"),
     }  # fmt: skip
     return "\nUNION ALL\n".join(f"SELECT {select}\nFROM {names[kind]}" for kind, select in parts.items())
+
+
+if __name__ == "__main__":
+    # python -m sre_agent.clickhouse_schema [TABLE]: print the optional acceleration DDL (acceleration_ddl).
+    import sys
+
+    for statement in acceleration_ddl(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_TRACES_TABLE):
+        print(statement + ";")

@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_builders import SEMCONV_NEW, SEMCONV_OLD, SGLANG, T0, VLLM_V0, VLLM_V1, metrics_request, trace_request
 
-from sre_agent.clickhouse_schema import metric_points_select, spans_select
+from sre_agent.clickhouse_schema import acceleration_ddl, metric_points_select, spans_select
 from sre_agent.normalise import Normaliser
 from sre_agent.otlp import decode_metrics, decode_traces
-from sre_agent.schema import METRIC_POINT_COLUMNS, SPAN_COLUMNS
+from sre_agent.schema import METRIC_POINT_COLUMNS, SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
 
 pytestmark = pytest.mark.clickhouse
 
@@ -34,6 +34,7 @@ NORM = Normaliser(hash_key=b"clickhouse", keep_content=True)
 
 
 def _chdb_spans(tmp_path: Path, request: Any, *, old_spelling: bool) -> list[dict[str, Any]]:
+    """The canonical spans read back, the same with and without the acceleration columns."""
     from chdb import session
 
     db = session.Session(str(tmp_path / "chdb"))
@@ -41,9 +42,14 @@ def _chdb_spans(tmp_path: Path, request: Any, *, old_spelling: bool) -> list[dic
         create_tables(db)
         insert_spans(db, exporter_rows(request, old_spelling=old_spelling), tmp_path)
         table = db.query(f"SELECT * FROM ({spans_select()}) ORDER BY span_id", "ArrowTable")
+        for statement in acceleration_ddl():
+            db.query(statement + (" SETTINGS mutations_sync = 1" if "MATERIALIZE" in statement.split()[3] else ""))
+        accelerated = frozenset(SPAN_ATTRIBUTE_SOURCES)
+        kept = db.query(f"SELECT * FROM ({spans_select(accelerated=accelerated)}) ORDER BY span_id", "ArrowTable")
     finally:
         db.close()
     rows: list[dict[str, Any]] = table.to_pylist()
+    assert kept.to_pylist() == rows  # the materialized columns hold what the maps give
     return rows
 
 
