@@ -179,9 +179,16 @@ def engine_metrics(
     # Flat per replica: within 15 %, or the same replicas and an arrival change within noise
     # (bursty traffic moves a short window's rate by 20 % at z < 3).
     per_replica_flat = abs(load_per_replica - 1) < MIN_RISE or (rate_flat and abs(replicas.ratio - 1) < MIN_RISE)
+    # The running cap, where the engine saturates: the running gauge while requests wait on the
+    # same replica, against the baseline's own saturation, else the most it ran at all. The peak
+    # alone misses a cut at a hot swap, when the old cap's requests still run at the first scrape
+    # (dev 1140136: max_num_seqs 64 -> 4, peak 26 -> 44, running under a backlog 4).
+    under = metrics.running_under_backlog()
+    reference = under.baseline if under.baseline is not None else running_max.baseline
+    cap_ratio = under.candidate / reference if under.candidate is not None and reference else None
+    lower_cap = min(r for r in (running_max.ratio, cap_ratio, 1.0) if r is not None)
     cap_fell = (
-        running_max.ratio is not None
-        and running_max.ratio <= 1 - MIN_FALL
+        lower_cap <= 1 - MIN_FALL
         and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
         and not kv_limited(metrics, {"baseline": int(counts.baseline), "candidate": int(counts.candidate)})
     )
@@ -212,7 +219,7 @@ def engine_metrics(
     if rate_moved and (arrivals or not fewer or not drained):
         terms["load"] = _log(rate.ratio)
     if (rate_flat or throughput_fell_under_backlog or arrivals) and (fewer or cap_fell):
-        terms["capacity"] = -_log(replicas.ratio) + (-_log(running_max.ratio) if cap_fell else 0.0)
+        terms["capacity"] = -_log(replicas.ratio) + (-_log(lower_cap) if cap_fell else 0.0)
     if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE and per_replica_flat and not other_mechanism:
         terms["decode_slowdown"] = _log(itl_mean.ratio)
     terms = {k: v for k, v in terms.items() if v > 0}
@@ -231,6 +238,8 @@ def engine_metrics(
                  "running gauge, window mean per serving replica"),
         Evidence("max_running", running_max.baseline, running_max.candidate,
                  "running gauge peak (effective max_num_seqs)"),
+        Evidence("running_under_backlog", rnd(under.baseline), rnd(under.candidate),
+                 "median running gauge at the scrapes where the same replica had requests waiting"),
         Evidence("waiting_requests", rnd(waiting.baseline), rnd(waiting.candidate), "waiting gauge, window mean"),
         Evidence("tokens_per_request", rnd(work.baseline), rnd(work.candidate), "prompt + generation counter deltas"),
         Evidence("itl_mean_s", rnd(itl_mean.baseline, 6), rnd(itl_mean.candidate, 6),
@@ -259,12 +268,14 @@ def engine_metrics(
                 else (
                     f"max running requests {running_max.baseline:.0f} -> {running_max.candidate:.0f}"
                     " while requests wait"
+                    if running_max.ratio is not None and running_max.ratio <= 1 - MIN_FALL
+                    else f"requests wait while {rnd(under.candidate)} run per replica, against {rnd(reference)} before"
                 )
             )
             same = "for the same arrivals" if rate_flat else f"while arrivals rose {rate.ratio - 1:.0%}"
             title = f"Capacity fell {same}: {what} (engine metrics)"
             change, stage, next_check = (
-                1 - min(replicas.ratio or 1.0, running_max.ratio or 1.0),
+                1 - min(replicas.ratio or 1.0, lower_cap),
                 "queue",
                 (
                     "compare replica count and the engine's max_num_seqs / max_num_batched_tokens before and after "

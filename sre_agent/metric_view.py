@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 __all__ = ["HistogramDelta", "MetricView", "fetch_one"]
 
 
+#: Scrapes with requests waiting that :meth:`MetricView.running_under_backlog` needs on a side.
+MIN_BACKLOG_SCRAPES: Final[int] = 2
+
+
 def fetch_one(result: duckdb.DuckDBPyConnection) -> Any:
     """The first row of an executed query, or ``None``; consumes the whole result.
 
@@ -306,6 +310,39 @@ class MetricView:
             total = None if row is None or row[0] is None else float(row[0])
             values.append(total / replicas if total is not None and replicas else fallback)
         return SidePair(values[0], values[1])
+
+    def running_under_backlog(self) -> SidePair:
+        """Median requests running on a replica at the scrapes where that replica had requests waiting.
+
+        An engine that queues requests while it could run more is at a cap: so, the running
+        gauge read where the same instance's waiting gauge is above 0 (same scrape time) is
+        where it saturates (the running cap ``max_num_seqs``, or what its KV pool holds).
+        ``None`` for a side with fewer than :data:`MIN_BACKLOG_SCRAPES` such scrapes (nothing
+        waited long enough to show a cap). The median, so that a scrape at a hot swap (the
+        old cap's requests still running) does not stand for the new cap.
+        """
+        return self._memo(("running_under_backlog",), self._running_under_backlog)
+
+    def _running_under_backlog(self) -> SidePair:
+        running, waiting = self.name_for("running_requests"), self.name_for("waiting_requests")
+        if running is None or waiting is None:
+            return SidePair(None, None)
+        instance = "coalesce(service_instance, host_name, series_key)"
+        out: list[float | None] = []
+        for side in SIDES:
+            row = fetch_one(
+                self._con.execute(
+                    f"""SELECT count(*), quantile_cont(r.value, 0.5) FROM
+                          (SELECT {instance} AS i, time_ns, value FROM metric_points
+                           WHERE {self._where(side, running)} AND isfinite(value)) r
+                        JOIN (SELECT {instance} AS i, time_ns, value FROM metric_points
+                              WHERE {self._where(side, waiting)} AND value > 0) w
+                          ON r.i = w.i AND r.time_ns = w.time_ns"""
+                )
+            )
+            enough = row is not None and row[0] is not None and int(row[0]) >= MIN_BACKLOG_SCRAPES
+            out.append(float(row[1]) if enough and row is not None and row[1] is not None else None)
+        return SidePair(out[0], out[1])
 
     def series_count(self, signal: str) -> SidePair:
         """Distinct series (usually replicas) reporting the signal on each side (none is ``None``)."""

@@ -373,6 +373,14 @@ _MECHANISM_CASES = [
     # Arrivals x2.0 on a bursty trace (per-slice z 1.3 < 3): load was no confirmed driver, and the
     # queue-dominated tail's stage finding said capacity by default (replicas unchanged).
     pytest.param(1090159, "load", "vllm-v1", "More arrivals per second", id="bursty-load-not-capacity"),
+    # max_num_seqs 64 -> 4 at a hot swap, metrics only: the running gauge's peak rose 26 -> 44 (the
+    # old cap's requests still ran at the first scrape) while 128 waited on average, so the peak
+    # showed no lower cap and no rule explained TTFT p99 x64. Where requests wait, a replica runs
+    # at its cap: 4 there against 12 when the baseline's requests waited.
+    pytest.param(1140136, "capacity", "metrics-only", "requests wait while", id="cap-cut-at-a-hot-swap-metrics-only"),
+    # The same cut to 18 with the gateway's spans: peak 47 -> 64, and running 40 per replica where
+    # requests waited, against a baseline that never queued (its peak, 47, the reference).
+    pytest.param(1140055, "capacity", "gateway-spans+metrics", "Capacity fell", id="cap-cut-at-a-hot-swap-gateway"),
 ]
 
 
