@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import pkgutil
 import shutil
 import subprocess
@@ -28,6 +29,10 @@ def test_import_sre_agent_is_light() -> None:
     assert not loaded & {"textual", "duckdb", "polars", "pyarrow", "grpc", "starlette"}
 
 
+#: Modules of an optional extra (pip install 'sre-agent[clickhouse]'): importable only with it.
+OPTIONAL = {"sre_agent.clickhouse_engine": "sqlglot"}
+
+
 def test_no_core_module_loads_textual() -> None:
     core = [
         m.name
@@ -35,8 +40,24 @@ def test_no_core_module_loads_textual() -> None:
         if not m.name.startswith("sre_agent.tui") and m.name != "sre_agent.__main__"
     ]
     assert len(core) > 5
-    loaded = _modules_loaded_after("\n".join(f"import {name}" for name in core))
+    installed = {name for name, needs in OPTIONAL.items() if importlib.util.find_spec(needs) is not None}
+    loaded = _modules_loaded_after(
+        "\n".join(f"import {name}" for name in core if name not in OPTIONAL or name in installed)
+    )
     assert "textual" not in loaded
+
+
+def test_a_clickhouse_store_without_the_extra_is_one_clear_line(tmp_path: Path) -> None:
+    """Without sqlglot (the default install), --store clickhouse://... says what to install (exit 2)."""
+    code = (
+        "import sys; sys.modules['sqlglot'] = None\n"  # as if the extra were not installed
+        "from sre_agent.cli import main\n"
+        "sys.exit(main(['diagnose', '--store', 'chdb:" + str(tmp_path) + "', '--since-last-deploy']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'sre-agent[clickhouse]'" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_import_linter_contracts_hold() -> None:
