@@ -37,15 +37,19 @@ the driver is not compared with the headline's ratio, because queueing is
 convex (15 % more arrivals can triple a p99). ``confidence``: 0.8 x
 ``min(1, relative change / 0.3)``; exact metric totals have no per-request
 variance, so this rule never outranks a span rule that measured the same
-mechanism: it runs only when no engine request spans exist on either side.
+mechanism: it runs when no engine request spans exist on either side, or when the
+headline was measured by the metric stream alone (an ITL histogram's p99 whose
+per-request TPOT twin did not move: dev 1140095, arrivals x2.0, ITL p99 x2.7 and no
+finding), the span rules having nothing of it to decompose. Arrivals are then the
+engine request spans starting per window.
 
 Scope (``decode_slowdown``): the replica whose mean ITL ratio is >= 1.15 while
 every peer's rose at most a third as much (per-replica ITL histograms, >= 1,000
 tokens a side, at least two peers).
 
 Quiet when the headline did not regress or nothing moved; :class:`RuleSkipped`
-when engine request spans exist (the span rules decide) or the metric stream
-lacks the running gauge and latency histograms.
+when engine request spans exist and measured the headline (the span rules decide) or
+the metric stream lacks the running gauge and latency histograms.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from sre_agent.metric_view import MetricView
 from sre_agent.rules._load import kv_limited, pool_shrank
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules._replica_scope import MIN_PEERS, REST_SHARE
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
+from sre_agent.rules_api import Evidence, Finding, MetricEstimate, Regression, RuleSkipped, SidePair
 
 #: Relative change of arrivals (or of mean ITL) that counts as a rise.
 MIN_RISE: Final[float] = 0.15
@@ -80,9 +84,21 @@ BACKLOG: Final[float] = 2.0
 MIN_REPLICA_TOKENS: Final[int] = 1000
 
 
+def _engine_spans(comparison: Comparison) -> bool:
+    """Whether both windows have engine request spans."""
+    return all(comparison.request_counts.get(s, 0) > 0 for s in SIDES)
+
+
 def _arrivals_counted(comparison: Comparison) -> bool:
-    """Whether both windows have the gateway's root spans, so arrivals (not finished requests) are counted."""
-    return all(comparison.root_histograms[s].n > 0 for s in SIDES)
+    """Whether arrivals (not finished requests) are counted: engine request spans or the gateway's root spans."""
+    return _engine_spans(comparison) or all(comparison.root_histograms[s].n > 0 for s in SIDES)
+
+
+def _measured_by_spans(regression: Regression, estimates: list[MetricEstimate]) -> bool:
+    """Whether the headline was estimated from spans (not only from the metric stream's histograms)."""
+    return not any(
+        e.name == regression.metric and e.quantile == regression.quantile and e.source == "metrics" for e in estimates
+    )
 
 
 def _requests(
@@ -97,7 +113,10 @@ def _requests(
     then reads as more arrivals. Without root spans, arrivals are the finished requests plus
     the growth of the waiting gauge over the window (:meth:`MetricView.gauge_change`).
     """
-    if _arrivals_counted(comparison):
+    if _engine_spans(comparison):
+        counts = SidePair(float(windows["baseline"][3]), float(windows["candidate"][3]))
+        how = "engine request spans starting per second of window"
+    elif _arrivals_counted(comparison):
         roots = comparison.root_histograms
         counts = SidePair(float(roots["baseline"].n), float(roots["candidate"].n))
         how = "gateway root spans (logical requests) starting per second of window"
@@ -139,9 +158,10 @@ def engine_metrics(
     regression: Regression,
     metrics: MetricView,
     windows: dict[str, tuple[int, int, float, int]],
+    estimates: list[MetricEstimate],
 ) -> list[Finding]:
     """``load``, ``capacity`` or ``decode_slowdown`` from the metric stream alone (see module docstring)."""
-    if any(comparison.request_counts.get(s, 0) > 0 for s in SIDES):
+    if any(comparison.request_counts.get(s, 0) > 0 for s in SIDES) and _measured_by_spans(regression, estimates):
         raise RuleSkipped("engine request spans present: the span rules read these mechanisms")
     if not metrics.has("running_requests") or not metrics.has_latency_histograms():
         raise RuleSkipped("no running gauge or latency histograms in the metric stream")

@@ -381,6 +381,11 @@ _MECHANISM_CASES = [
     # The same cut to 18 with the gateway's spans: peak 47 -> 64, and running 40 per replica where
     # requests waited, against a baseline that never queued (its peak, 47, the reference).
     pytest.param(1140055, "capacity", "gateway-spans+metrics", "Capacity fell", id="cap-cut-at-a-hot-swap-gateway"),
+    # Arrivals x2.0 with engine spans: the headline was the ITL histogram's p99 (x2.7; no per-request
+    # twin: the TPOT p99 tail did not grow), so the span rules had no excess to decompose and the
+    # metric rule stood aside because spans existed: no finding. A headline only the metric stream
+    # measured is the metric rule's, with arrivals counted from the engine spans.
+    pytest.param(1140095, "load", "vllm-v1", "Offered load rose", id="itl-histogram-headline-with-spans"),
 ]
 
 
