@@ -498,8 +498,10 @@ def exemplars(cur: Cursor, scope: Scope, metric: str = "e2e", per_side: int = 5)
     """The slowest requests of each side by ``metric`` (top-k in SQL, ``per_side`` rows each)."""
     col = _metric_column(metric)
     params: dict[str, Any] = {"k": per_side}
-    select = "trace_id, start_ns, e2e_s, ttft_s, queue_s, host_name, model, service_version"
+    select = f"trace_id, start_ns, e2e_s, ttft_s, queue_s, host_name, model, service_version, {col} AS _order"
     sql = _per_side(scope, params, select, tail=f"AND {col} IS NOT NULL ORDER BY {col} DESC LIMIT $k")
+    # A UNION ALL keeps no order of its own (ClickHouse runs the two sides in parallel).
+    sql = f"SELECT * FROM ({sql}) ORDER BY side, _order DESC, trace_id"
     return [
         Exemplar(r[0], r[1], int(r[2]), _num(r[3]), _num(r[4]), _num(r[5]), r[6], r[7], r[8])
         for r in cur.execute(sql, params).fetchall()
