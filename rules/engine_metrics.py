@@ -78,6 +78,10 @@ DISPERSION: Final[float] = 4.0
 HIT_RATE_FALL: Final[float] = 0.05
 PREEMPTION_RISE: Final[float] = 0.002
 CONFIDENCE: Final[float] = 0.8
+#: Confidence factor when engine request spans exist (the headline was the metric stream's alone):
+#: the span rules' per-request readings, where they found a mechanism, are the better evidence
+#: (1140148, 1140271: this rule's 0.80 and 0.67 led span findings at 0.60 and 0.55 that were right).
+BESIDE_SPANS: Final[float] = 0.5
 #: Mean waiting requests the candidate must reach (and at least double) to count as a backlog that built.
 BACKLOG: Final[float] = 2.0
 #: Inter-token latencies a replica must have observed on each side to be compared with its peers.
@@ -161,7 +165,8 @@ def engine_metrics(
     estimates: list[MetricEstimate],
 ) -> list[Finding]:
     """``load``, ``capacity`` or ``decode_slowdown`` from the metric stream alone (see module docstring)."""
-    if any(comparison.request_counts.get(s, 0) > 0 for s in SIDES) and _measured_by_spans(regression, estimates):
+    spans = any(comparison.request_counts.get(s, 0) > 0 for s in SIDES)
+    if spans and _measured_by_spans(regression, estimates):
         raise RuleSkipped("engine request spans present: the span rules read these mechanisms")
     if not metrics.has("running_requests") or not metrics.has_latency_histograms():
         raise RuleSkipped("no running gauge or latency histograms in the metric stream")
@@ -322,7 +327,7 @@ def engine_metrics(
                 cause=cause,
                 title=title,
                 explained=explained,
-                confidence=CONFIDENCE * min(1.0, change / 0.3),
+                confidence=CONFIDENCE * min(1.0, change / 0.3) * (BESIDE_SPANS if spans else 1.0),
                 stage=stage,
                 scope=scope,
                 evidence=evidence + extra,

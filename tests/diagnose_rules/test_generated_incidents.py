@@ -386,6 +386,10 @@ _MECHANISM_CASES = [
     # metric rule stood aside because spans existed: no finding. A headline only the metric stream
     # measured is the metric rule's, with arrivals counted from the engine spans.
     pytest.param(1140095, "load", "vllm-v1", "Offered load rose", id="itl-histogram-headline-with-spans"),
+    # ...but beside spans its aggregate reading does not outrank a span rule's: prefill slowed
+    # (per uncached token at equal batch, from spans, 0.60) while the metric rule read the mean
+    # ITL's rise as a decode slowdown (0.80) and led.
+    pytest.param(1140148, "prefill_slowdown", "vllm-v1", "", id="metric-rule-below-span-rules"),
 ]
 
 
