@@ -80,8 +80,10 @@ PREEMPTION_RISE: Final[float] = 0.002
 CONFIDENCE: Final[float] = 0.8
 #: Confidence factor when engine request spans exist (the headline was the metric stream's alone):
 #: the span rules' per-request readings, where they found a mechanism, are the better evidence
-#: (1140148, 1140271: this rule's 0.80 and 0.67 led span findings at 0.60 and 0.55 that were right).
-BESIDE_SPANS: Final[float] = 0.5
+#: (1140148, 1140271: this rule's 0.80 and 0.67 led span findings at 0.60 and 0.55 that were right;
+#: 1050140: its mean-ITL reading led the span rule's median-step one, 0.26). An aggregate reading
+#: beside spans ranks with the stage fallback (0.25): first only where no span rule found anything.
+BESIDE_SPANS: Final[float] = 0.25
 #: Mean waiting requests the candidate must reach (and at least double) to count as a backlog that built.
 BACKLOG: Final[float] = 2.0
 #: Inter-token latencies a replica must have observed on each side to be compared with its peers.
