@@ -206,19 +206,6 @@ def engine_metrics(
     # Flat per replica: within 15 %, or the same replicas and an arrival change within noise
     # (bursty traffic moves a short window's rate by 20 % at z < 3).
     per_replica_flat = abs(load_per_replica - 1) < MIN_RISE or (rate_flat and abs(replicas.ratio - 1) < MIN_RISE)
-    # The running cap, where the engine saturates: the running gauge while requests wait on the
-    # same replica, against the baseline's own saturation, else the most it ran at all. The peak
-    # alone misses a cut at a hot swap, when the old cap's requests still run at the first scrape
-    # (dev 1140136: max_num_seqs 64 -> 4, peak 26 -> 44, running under a backlog 4).
-    under = metrics.running_under_backlog()
-    reference = under.baseline if under.baseline is not None else running_max.baseline
-    cap_ratio = under.candidate / reference if under.candidate is not None and reference else None
-    lower_cap = min(r for r in (running_max.ratio, cap_ratio, 1.0) if r is not None)
-    cap_fell = (
-        lower_cap <= 1 - MIN_FALL
-        and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
-        and not kv_limited(metrics, {"baseline": int(counts.baseline), "candidate": int(counts.candidate)})
-    )
     other_mechanism = bool(
         (hit is not None and (hit[0].baseline or 0.0) - (hit[0].candidate or 0.0) >= HIT_RATE_FALL)
         # Preemptions are KV pressure's own mechanism only when each running request holds more of
@@ -230,6 +217,24 @@ def engine_metrics(
             and pool_shrank(metrics, work.ratio)
         )
         or (work.ratio is not None and abs(work.ratio - 1) > SAME_WORK)
+    )
+
+    # The running cap, where the engine saturates: the running gauge while requests wait on the
+    # same replica, against the baseline's own saturation, else the most it ran at all. The peak
+    # alone misses a cut at a hot swap, when the old cap's requests still run at the first scrape
+    # (dev 1140136: max_num_seqs 64 -> 4, peak 26 -> 44, running under a backlog 4).
+    # A lower saturation level is a cap only when each running request holds the same work: with more
+    # of every prompt prefilled again (a lost prefix cache, 1150026: hit rate 29 % -> 0, running
+    # where requests waited 28 -> 21.5) fewer requests fit the same engine, which is the cache's.
+    under = metrics.running_under_backlog()
+    reference = under.baseline if under.baseline is not None else running_max.baseline
+    same_work = not other_mechanism
+    cap_ratio = under.candidate / reference if under.candidate is not None and reference and same_work else None
+    lower_cap = min(r for r in (running_max.ratio, cap_ratio, 1.0) if r is not None)
+    cap_fell = (
+        lower_cap <= 1 - MIN_FALL
+        and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
+        and not kv_limited(metrics, {"baseline": int(counts.baseline), "candidate": int(counts.candidate)})
     )
 
     # Arrivals counted at the gateway are the offered load whatever the replicas did, so a rise there
