@@ -396,7 +396,9 @@ _MECHANISM_CASES = [
     pytest.param(1150026, "prefix_cache", "metrics-only", "Prefix-cache hit rate fell", id="lost-cache-not-a-cap"),
     # Beside engine spans the metric rule read a running peak 9 -> 8 with 0.19 -> 0.23 waiting as a
     # lower cap and led (0.07) a retrieval dependency 3.2x slower on the RAG route (0.06).
-    pytest.param(1150149, "dependency", "vllm-v1", "Dependency span 'retrieval'", id="peak-without-backlog-beside-spans"),
+    pytest.param(
+        1150149, "dependency", "vllm-v1", "Dependency span 'retrieval'", id="peak-without-backlog-beside-spans"
+    ),
 ]
 
 
