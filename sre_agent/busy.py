@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import numpy as np
 
 from sre_agent.resolve import E2E_SQL, QUEUE_SQL
-from sre_agent.sql_text import literal
+from sre_agent.sql_text import dialect_of, literal
 
 if TYPE_CHECKING:
     import duckdb
@@ -310,7 +310,7 @@ class Prefetch:
     def start(self) -> bool:
         """Start the background fetch when it is safe; returns whether it started."""
         con = self._comparison.con
-        if getattr(con, "dialect", "duckdb") != "duckdb":
+        if dialect_of(con) != "duckdb":
             return False  # one ClickHouse session serves the comparison; a second would not run alongside
         shadowed = con.execute("SELECT count(*) FROM duckdb_views() WHERE temporary AND view_name = 'spans'").fetchall()
         if shadowed[0][0]:

@@ -54,8 +54,6 @@ class ClickHouseResult:
         """The rows as an Arrow table."""
         return self._table
 
-    arrow = fetch_arrow_table = to_arrow_table
-
     def to_arrow_reader(self, batch_size: int = 1_000_000) -> pa.RecordBatchReader:
         """The rows as a stream of Arrow record batches."""
         return pa.RecordBatchReader.from_batches(self._table.schema, self._table.to_batches(batch_size))

@@ -28,6 +28,7 @@ from sre_agent.report import Report
 from sre_agent.rules_api import CONTEXT_NAMES, Finding, MetricEstimate, Regression, Rule, RuleSkipped
 from sre_agent.rules_registry import LoadFailure, load_rules
 from sre_agent.selection import Selection
+from sre_agent.sql_text import dialect_of
 
 if TYPE_CHECKING:
     import duckdb
@@ -441,7 +442,7 @@ def _connection(source: Any) -> tuple[duckdb.DuckDBPyConnection, bool]:
 
     if isinstance(source, duckdb.DuckDBPyConnection):
         return source, False
-    if getattr(source, "dialect", None) == "clickhouse":
+    if dialect_of(source) == "clickhouse":
         # A ClickHouseConnection answers the DuckDB calls the analysis makes (sre_agent.clickhouse_engine);
         # not imported here, since sqlglot is an optional install.
         return cast("duckdb.DuckDBPyConnection", source), False

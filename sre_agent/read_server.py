@@ -51,8 +51,6 @@ __all__ = ["ReadContext", "build_read_app", "serve_read"]
 class _NoWriter:
     """Stands in for the writer: this server stores nothing."""
 
-    queued_rows = 0
-
     def submit_call(self, fn: Callable[[Any], Any]) -> Any:
         raise HTTPException(
             405, "this server only reads ClickHouse (serve --read): a version's first span is its deploy marker"

@@ -18,7 +18,7 @@ from sre_agent.errors import EmptySelectionError, SelectionError
 from sre_agent.metric_view import fetch_one
 from sre_agent.rules_api import SIDES, Side
 from sre_agent.selection import Selection, format_time
-from sre_agent.sql_text import literal
+from sre_agent.sql_text import dialect_of, literal
 from sre_agent.stats import BUCKETS_PER_E, MIN_REQUESTS, ZERO_BUCKET
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def scan_relation(con: duckdb.DuckDBPyConnection) -> str:
     ``spans`` still gets what it asked for, at the view's speed. On ClickHouse
     (:mod:`sre_agent.clickhouse_engine`) ``spans`` is the only relation.
     """
-    if getattr(con, "dialect", "duckdb") != "duckdb":
+    if dialect_of(con) != "duckdb":
         return "spans"
     row = fetch_one(
         con.execute(

@@ -9,7 +9,16 @@ nothing, so every layer may use it.
 
 from __future__ import annotations
 
-__all__ = ["ident", "literal"]
+__all__ = ["dialect_of", "ident", "literal"]
+
+
+def dialect_of(con: object) -> str:
+    """The SQL engine behind a connection: ``duckdb``, or what a stand-in declares (``clickhouse``).
+
+    :class:`sre_agent.clickhouse_engine.ClickHouseConnection` answers DuckDB's calls; the few
+    places that ask DuckDB's catalog or open a second cursor ask this first.
+    """
+    return str(getattr(con, "dialect", "duckdb"))
 
 
 def literal(value: str) -> str:
