@@ -242,6 +242,8 @@ def fetch_busy_intervals(
     must round alike).
     """
 
+    if dialect_of(con) != "duckdb":
+        return _fetch_sorted_in_engine(comparison, con, bins)
     # Sorted: DISTINCT alone yields the names in a different order from run to run, and the
     # codes (hence the packed keys) must not depend on the run.
     distinct = comparison.scan_sql(f"DISTINCT {REPLICA_SQL} AS replica")
@@ -290,6 +292,38 @@ def fetch_busy_intervals(
         out.per_replica = {
             n: _sorted_pair(starts[codes == c] + origin, ends[codes == c] + origin) for n, c in out.codes.items()
         }
+    return out
+
+
+def _fetch_sorted_in_engine(
+    comparison: Comparison, con: duckdb.DuckDBPyConnection, bins: MomentBins | None
+) -> BusyIntervals:
+    """:func:`fetch_busy_intervals` where the engine sorts: one scan, one row per replica back.
+
+    On ClickHouse the starts and ends are grouped per replica and sorted there, and
+    come back as two arrays per replica: one pass over the spans and no numpy
+    sort, against three passes (names, plain and cleaned rows) and a client-side
+    sort of 10M keys. Every interval is kept (no moment-bin filter; it saved
+    transfer and sorting on the client, which the engine does here).
+    Times are absolute (epoch ns), the ``per_replica`` form.
+    """
+    origin, limit = _extent(comparison)
+    bins = bins if bins is not None else moment_bins(comparison)
+    last = origin + limit
+    # Cut like the DuckDB path: nothing busy past the horizon (and no int64 overflow of a malformed value).
+    start = f"least(start_ns + CAST(least(coalesce({QUEUE_SQL}, 0), {_HORIZON_S}) * 1e9 AS BIGINT), {last})"
+    end = f"least(start_ns + CAST(least({E2E_SQL}, {limit / 1e9}) * 1e9 AS BIGINT), {last})"
+    scan = comparison.scan_sql(f"{REPLICA_SQL} AS replica, {start} AS s, {end} AS f", f"{E2E_SQL} IS NOT NULL")
+    grouped = con.sql(
+        f"SELECT replica, list_sort(list(s)), list_sort(list(f)) FROM ({scan}) GROUP BY replica"
+    ).to_arrow_table()
+    names = [str(n) for n in grouped.column(0).to_pylist()]
+    out = BusyIntervals({name: i + 1 for i, name in enumerate(sorted(names))}, origin, limit, bins)
+    out.packed = False
+    for row, name in enumerate(names):
+        # The list values, zero-copy: 10M of them never become Python objects.
+        starts, ends = (grouped.column(i)[row].values.to_numpy(zero_copy_only=False) for i in (1, 2))
+        out.per_replica[name] = (starts.astype(np.int64, copy=False), ends.astype(np.int64, copy=False))
     return out
 
 

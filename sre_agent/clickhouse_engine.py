@@ -18,22 +18,12 @@ single machine; ``chdb:PATH``) and a ClickHouse server over HTTP through
 ``clickhouse-connect`` (``clickhouse://user:password@host:8123/db``). Both are
 optional installs (``pip install 'sre-agent[clickhouse]'``).
 
-What differs between the dialects and is handled here, not in the queries (each
-checked against DuckDB itself in tests/core/test_clickhouse_engine.py):
-
-* exact quantiles: ``quantile_cont`` is ``quantileExactInclusive`` (sqlglot would
-  write ClickHouse's sampling ``quantile``), ``quantile_disc`` ``quantileExactLow``;
-* ``agg(x) FILTER (WHERE c)`` is the ``aggIf(x, c)`` combinator, ``count`` an
-  Int64 (UInt64 has no common type with signed integers), ``bool_or``/``bool_and``
-  ``max``/``min``, a condition in a select list a ``Bool`` (not ``UInt8``);
-* a map lookup of an absent key is NULL (ClickHouse gives ``''``), ``unnest(
-  map_entries(m))`` an array join of the keys, ``IS [NOT] DISTINCT FROM`` the
-  ``isNotDistinctFrom`` function (ClickHouse takes the syntax only in a JOIN);
-* a double cast to an integer rounds half to even (ClickHouse truncates); ``lag``
-  before the first row is NULL (ClickHouse gives 0 for a value that is not Nullable);
-* NULLs of outer joins and of aggregates over no rows: the session settings below;
-* ``CREATE OR REPLACE TEMP TABLE`` drops first; a registered Arrow table is a
-  temporary table; DuckDB's catalog is not asked (``dialect`` says so).
+What differs between the dialects is respelled on the parsed query by
+:mod:`sre_agent.clickhouse_dialect` (its docstring lists it).
+Handled here: NULLs of outer joins and of aggregates over no rows (the session
+settings below); ``CREATE OR REPLACE TEMP TABLE`` drops first; a registered Arrow
+table is a temporary table; DuckDB's catalog is not asked (``dialect`` says so); a
+filter on metric names narrows the exporter's scan to those ``MetricName`` values.
 
 The relations' own SQL is ClickHouse's already; it is spliced in after sqlglot has
 written the query (for a unique placeholder table name), so that it is not parsed
@@ -56,6 +46,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
+from sre_agent.clickhouse_dialect import bind, names_wanted, respell
 from sre_agent.clickhouse_result import ClickHouseResult
 from sre_agent.clickhouse_schema import (
     ACCELERATED_PREFIX,
@@ -120,11 +111,15 @@ class ClickHouseConnection:
         #: Canonical span columns the traces table keeps as materialized columns (read as they are).
         self.accelerated = self._accelerated(traces_table)
         canonical = spans_select(traces_table, self.accelerated)
+        self._metric_tables = metric_tables or DEFAULT_METRIC_TABLES
+        self._tenant: str | None = None
+        #: Metric-point relations pre-filtered by name (:meth:`_rewrite`), by placeholder.
+        self._by_name: dict[str, str] = {}
         self._relations = {
             # The embedded store's stored parts, with nothing promoted (sre_agent.attribute_sql reads them).
             "spans": "(SELECT *, attributes AS extra_attributes, resource_attributes AS extra_resource_attributes, "
             f"toUInt64(0) AS promoted, toUInt64(0) AS promoted_resource FROM ({canonical}))",
-            "metric_points": f"({metric_points_select(metric_tables or DEFAULT_METRIC_TABLES)})",
+            "metric_points": self._metric_relation(None),
         }
         deploys = sqlglot.parse_one(_DEPLOYS_SQL, read="duckdb")
         self._relations["deploys"] = f"({self._rewrite(deploys)})"
@@ -208,13 +203,22 @@ class ClickHouseConnection:
         """
         view = self.cursor()
         quoted = _escaped(tenant)
+        view._tenant = tenant
         view._relations = {
             **self._relations,
             "spans": f"(SELECT * FROM {self._relations['spans']} WHERE tenant_id = '{quoted}')",
-            "metric_points": f"(SELECT * FROM {self._relations['metric_points']} "
-            f"WHERE coalesce(nullIf(attributes['tenant.id'], ''), resource_attributes['tenant.id']) = '{quoted}')",
+            "metric_points": view._metric_relation(None),
         }
         return view
+
+    def _metric_relation(self, names: frozenset[str] | None) -> str:
+        """The ``metric_points`` relation, only rows that may be named ``names`` when given, tenant-scoped."""
+        text = f"({metric_points_select(self._metric_tables, names)})"
+        if self._tenant is None:
+            return text
+        quoted = _escaped(self._tenant)
+        tenant = "coalesce(nullIf(attributes['tenant.id'], ''), resource_attributes['tenant.id'])"
+        return f"(SELECT * FROM {text} WHERE {tenant} = '{quoted}')"
 
     def close(self) -> None:
         """Release the backend's session or client."""
@@ -232,7 +236,7 @@ class ClickHouseConnection:
         if isinstance(tree, exp.Set):
             return []  # DuckDB session settings (its progress bar) mean nothing here
         if parameters:
-            tree = _bind(tree, parameters)
+            tree = bind(tree, parameters)
         prefix: list[str] = []
         if isinstance(tree, exp.Create) and tree.args.get("replace"):
             # CREATE OR REPLACE TEMP TABLE: ClickHouse replaces by dropping first.
@@ -244,6 +248,8 @@ class ClickHouseConnection:
         # deploys first: its own text reads spans.
         for name in ("deploys", "spans", "metric_points"):
             text = text.replace(_placeholder(name), self._relations[name])
+        for key, relation in list(self._by_name.items()):
+            text = text.replace(key, relation)
         return text
 
     def _rewrite(self, tree: exp.Expr) -> str:
@@ -253,49 +259,16 @@ class ClickHouseConnection:
             if table.db or name in local or name not in ("spans", "metric_points", "deploys"):
                 continue
             alias = table.alias or name
-            table.replace(
-                exp.Table(
-                    this=exp.to_identifier(_placeholder(name)), alias=exp.TableAlias(this=exp.to_identifier(alias))
-                )
-            )
-        # Children before parents, so that a respelled node's arguments are respelled already.
-        for node in reversed(list(tree.walk())):
-            new = _to_clickhouse(node)
-            if new is not node:
-                if node is tree:
-                    tree = new
-                else:
-                    node.replace(new)
-        text: str = tree.sql(dialect="clickhouse")
+            key = _placeholder(name)
+            names = names_wanted(table) if name == "metric_points" else None
+            if names is not None:
+                # The exporter's tables are ordered by MetricName: a filter on it skips granules, one on the
+                # canonical name (an expression over it) reads every row.
+                key = _placeholder(f"metric_points_{hash((self._tenant, names)) & 0xFFFFFFFF:08x}")
+                self._by_name.setdefault(key, self._metric_relation(names))
+            table.replace(exp.Table(this=exp.to_identifier(key), alias=exp.TableAlias(this=exp.to_identifier(alias))))
+        text: str = respell(tree).sql(dialect="clickhouse")
         return text
-
-
-#: Aggregates under ``FILTER (WHERE ...)`` by the ClickHouse name that takes the -If combinator.
-_COMBINABLE: Final[dict[type[exp.Expr], str]] = {
-    exp.Count: "count",
-    exp.Sum: "sum",
-    exp.Max: "max",
-    exp.Min: "min",
-    exp.Avg: "avg",
-    exp.AnyValue: "any",
-}
-
-
-def _if_combinator(node: exp.Filter) -> exp.Expr:
-    """``agg(x) FILTER (WHERE c)`` as ``aggIf(x, c)`` (ClickHouse takes FILTER for few aggregates)."""
-    agg, condition = node.this, node.expression.this
-    if isinstance(agg, exp.IgnoreNulls):  # DuckDB's any_value ignores NULLs; so does ClickHouse's any
-        agg = agg.this
-    if isinstance(agg, exp.Anonymous) and agg.name in ("max", "min"):  # bool_or/bool_and respelled
-        name, args = agg.name, list(agg.expressions)
-    elif type(agg) in _COMBINABLE:
-        name = _COMBINABLE[type(agg)]
-        args = [] if isinstance(agg.this, exp.Star) or agg.this is None else [agg.this]
-        if isinstance(agg, exp.Count) and isinstance(agg.this, exp.Distinct):
-            name, args = "uniqExact", list(agg.this.expressions)
-    else:
-        raise StoreError(f"no ClickHouse spelling for {agg.sql()} FILTER (WHERE ...)")
-    return _fn(f"{name}If", *args, condition)
 
 
 def _escaped(text: str) -> str:
@@ -309,161 +282,6 @@ def _quoted(name: str) -> str:
 
 def _placeholder(name: str) -> str:
     return f"__sre_agent_{name}__"
-
-
-def _unnest_map_entries(select: exp.Select) -> None:
-    """``unnest(map_entries(m), recursive := true)`` (columns key, value) as ClickHouse's array join of the keys."""
-    columns: list[exp.Expr] = []
-    for item in select.expressions:
-        call = item.this if isinstance(item, exp.Explode | exp.Unnest) else None
-        if isinstance(call, exp.Anonymous) and call.name.lower() == "map_entries":
-            the_map = call.expressions[0]
-            columns.append(exp.alias_(_fn("arrayJoin", _fn("mapKeys", the_map.copy())), "key"))
-            columns.append(exp.alias_(exp.Bracket(this=the_map.copy(), expressions=[exp.column("key")]), "value"))
-        else:
-            columns.append(item)
-    select.set("expressions", columns)
-
-
-def _arithmetic(node: exp.Expr) -> bool:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div)
-
-
-_BOOLEAN: Final = (exp.Predicate, exp.Connector, exp.Not, exp.Boolean)
-
-
-def _is_boolean(node: exp.Expr) -> bool:
-    if isinstance(node, exp.Paren):
-        return _is_boolean(node.this)
-    if isinstance(node, exp.Coalesce):
-        return _is_boolean(node.this)
-    return isinstance(node, _BOOLEAN)
-
-
-def _boolean_columns(select: exp.Select) -> None:
-    """Columns that are conditions as ``Bool``: ClickHouse gives a comparison as UInt8, DuckDB as BOOLEAN."""
-    columns: list[exp.Expr] = []
-    for item in select.expressions:
-        inner = item.this if isinstance(item, exp.Alias) else item
-        if _is_boolean(inner) and not isinstance(inner, exp.Boolean):
-            cast = exp.Cast(this=inner.copy(), to=exp.DataType.build("Nullable(Bool)", dialect="clickhouse"))
-            name = item.alias_or_name
-            columns.append(exp.alias_(cast, name) if name and isinstance(item, exp.Alias | exp.Column) else cast)
-        else:
-            columns.append(item)
-    select.set("expressions", columns)
-
-
-def _fn(name: str, *args: exp.Expr) -> exp.Expr:
-    return exp.Anonymous(this=name, expressions=list(args))
-
-
-#: Map columns: a lookup of an absent key is NULL in DuckDB, '' in ClickHouse.
-_MAPS: Final[frozenset[str]] = frozenset(
-    {"attributes", "resource_attributes", "extra_attributes", "extra_resource_attributes"}
-)
-#: DuckDB functions ClickHouse spells otherwise (sqlglot passes them through as written).
-_FUNCTIONS: Final[dict[str, str]] = {
-    "isfinite": "isFinite",
-    "isnan": "isNaN",
-    "isinf": "isInfinite",
-    # NULL when absent in DuckDB, 0 in ClickHouse: every use here coalesces it to 0.
-    "list_position": "indexOf",
-    "list_sum": "arraySum",
-}
-_BITWISE: Final[dict[type[exp.Expr], str]] = {
-    exp.BitwiseAnd: "bitAnd",
-    exp.BitwiseOr: "bitOr",
-    exp.BitwiseXor: "bitXor",
-    exp.BitwiseLeftShift: "bitShiftLeft",
-    exp.BitwiseRightShift: "bitShiftRight",
-}
-
-
-def _to_clickhouse(node: exp.Expr) -> exp.Expr:
-    """One node of a DuckDB query respelled where ClickHouse differs (see the module docstring)."""
-    kind = type(node)
-    if kind in _BITWISE:
-        return _fn(_BITWISE[kind], node.this, node.expression)
-    if isinstance(node, exp.Anonymous) and node.name.lower() in _FUNCTIONS:
-        return _fn(_FUNCTIONS[node.name.lower()], *node.expressions)
-    if isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.INTEGER_TYPES) and _arithmetic(node.this):
-        # DuckDB casts a double to an integer by rounding half to even; ClickHouse truncates.
-        return exp.Cast(this=_fn("round", node.this.copy()), to=node.to.copy())
-    if isinstance(node, exp.Lag | exp.Lead):
-        # Before the first row lag is NULL in DuckDB, but the type's default (0, '') in ClickHouse
-        # unless the value is Nullable.
-        node.set("this", _fn("toNullable", node.this))
-        return node
-    if isinstance(node, exp.NullSafeEQ):
-        # ClickHouse parses IS NOT DISTINCT FROM outside a JOIN, and then matches nothing.
-        return _fn("isNotDistinctFrom", node.this, node.expression)
-    if isinstance(node, exp.NullSafeNEQ):
-        return exp.Not(this=_fn("isNotDistinctFrom", node.this, node.expression))
-    if isinstance(node, exp.Filter):
-        combined = _if_combinator(node)
-        return _fn("toInt64", combined) if isinstance(node.this, exp.Count) else combined
-    if isinstance(node, exp.Count) and not isinstance(node.parent, exp.Filter):
-        # count is BIGINT in DuckDB, UInt64 in ClickHouse, which has no common type with Int64.
-        return _fn("toInt64", node.copy())
-    if isinstance(node, exp.LogicalOr):
-        return _fn("max", node.this)
-    if isinstance(node, exp.LogicalAnd):
-        return _fn("min", node.this)
-    if isinstance(node, exp.Select):
-        _unnest_map_entries(node)
-        _boolean_columns(node)
-        return node
-    if isinstance(node, exp.PercentileCont | exp.PercentileDisc):
-        # quantile_cont: linear between order statistics = quantileExactInclusive; quantile_disc:
-        # the order statistic at floor((n - 1) q) = quantileExactLow (both checked on random
-        # inputs against DuckDB, tests/core/test_clickhouse_engine.py).
-        q = node.expression
-        name = "ExactInclusive" if isinstance(node, exp.PercentileCont) else "ExactLow"
-        name = ("quantiles" if isinstance(q, exp.Array) else "quantile") + name
-        qs = q.expressions if isinstance(q, exp.Array) else [q]
-        return exp.ParameterizedAgg(this=name, expressions=qs, params=[node.this])
-    if isinstance(node, exp.Bracket) and isinstance(node.this, exp.Column) and node.this.name in _MAPS:
-        key = node.expressions[0]
-        return exp.If(
-            this=_fn("mapContains", node.this.copy(), key.copy()),
-            true=exp.Bracket(this=node.this.copy(), expressions=[key.copy()]),
-            false=exp.Null(),
-        )
-    return node
-
-
-def _bind(tree: exp.Expr, parameters: Sequence[Any] | Mapping[str, Any]) -> exp.Expr:
-    """``tree`` with its placeholders replaced by literals: ``?`` in written order, ``$name`` by name."""
-    placeholders = list(tree.find_all(exp.Placeholder, bfs=False))  # in the order they are written
-    if isinstance(parameters, Mapping):
-        for node in placeholders:
-            name = str(node.this or "")
-            if name not in parameters:
-                raise StoreError(f"query parameter ${name} not given")
-            node.replace(_literal(parameters[name]))
-        return tree
-    if len(placeholders) != len(parameters):
-        raise StoreError(f"query has {len(placeholders)} parameters, {len(parameters)} given")
-    for node, value in zip(placeholders, parameters, strict=True):
-        node.replace(_literal(value))
-    return tree
-
-
-def _literal(value: Any) -> exp.Expr:
-    if value is None:
-        return exp.Null()
-    if isinstance(value, bool):
-        return exp.Boolean(this=value)
-    if isinstance(value, int | float):
-        return exp.Literal.number(value)
-    if isinstance(value, str):
-        return exp.Literal.string(value)
-    if isinstance(value, list | tuple):
-        return exp.Array(expressions=[_literal(v) for v in value])
-    raise StoreError(f"cannot bind a {type(value).__name__} parameter on ClickHouse")
 
 
 def connect_clickhouse(

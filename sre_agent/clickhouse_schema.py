@@ -62,6 +62,7 @@ __all__ = [
     "DEFAULT_TRACES_TABLE",
     "acceleration_ddl",
     "metric_points_select",
+    "metric_sources",
     "spans_select",
 ]
 
@@ -194,7 +195,7 @@ FROM (
 )"""
 
 
-def metric_points_select(tables: dict[str, str] | None = None) -> str:
+def metric_points_select(tables: dict[str, str] | None = None, names: frozenset[str] | None = None) -> str:
     """A ClickHouse ``SELECT`` of canonical metric points over the exporter's metric tables.
 
     ``tables`` maps ``gauge``/``sum``/``histogram`` to table names (default
@@ -204,9 +205,11 @@ def metric_points_select(tables: dict[str, str] | None = None) -> str:
     a ``start_time_ns`` of 0 as NULL, identity columns from the resource attributes, the
     model from the point's labels then the resource's, and ``series_key`` a hash of the
     name and both maps (an identity within this store, not the receiver's spelling of it).
-    Exponential histograms and summaries are not read yet.
+    Exponential histograms and summaries are not read yet. With ``names``, only the rows
+    whose ``MetricName`` may carry one of those canonical names are read (a superset:
+    the caller still filters on ``name``).
     """
-    names = {**DEFAULT_METRIC_TABLES, **(tables or {})}
+    table_of = {**DEFAULT_METRIC_TABLES, **(tables or {})}
     trimmed = "replaceRegexpOne(MetricName, '_total$', '')"
     aliases = sorted(METRIC_NAME_ALIASES.items())
     old = ", ".join(literal(k) for k, _ in aliases)
@@ -235,7 +238,23 @@ def metric_points_select(tables: dict[str, str] | None = None) -> str:
                                    count="toInt64(Count)", sum="Sum", bounds="ExplicitBounds",
                                    buckets="arrayMap(c -> toInt64(c), BucketCounts)"),
     }  # fmt: skip
-    return "\nUNION ALL\n".join(f"SELECT {select}\nFROM {names[kind]}" for kind, select in parts.items())
+    where = ""
+    if names is not None:
+        sources = sorted(metric_sources(names))
+        where = f"\nWHERE MetricName IN ({', '.join(literal(n) for n in sources)})" if sources else "\nWHERE 0"
+    return "\nUNION ALL\n".join(f"SELECT {select}\nFROM {table_of[kind]}{where}" for kind, select in parts.items())
+
+
+def metric_sources(names: frozenset[str]) -> frozenset[str]:
+    """Every exporter ``MetricName`` that :func:`metric_points_select` may read as one of ``names``.
+
+    A canonical name comes from itself (unless it is an old name, which is mapped away)
+    or from an old name mapped to it (:data:`METRIC_NAME_ALIASES`), each with or without
+    a ``_total`` suffix.
+    """
+    stems = {old for old, new in METRIC_NAME_ALIASES.items() if new in names}
+    stems |= {name for name in names if name not in METRIC_NAME_ALIASES}
+    return frozenset(stems | {stem + "_total" for stem in stems})
 
 
 if __name__ == "__main__":

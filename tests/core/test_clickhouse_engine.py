@@ -81,6 +81,8 @@ def _same(a: Any, b: Any) -> bool:
         ),
         # list functions of the metric view (histogram buckets) and the busy-interval read
         ("SELECT list_sum([2, 3]), coalesce(list_position(['b', 'a'], s), 0) FROM t ORDER BY k", None),
+        # sorted lists per group (the busy intervals on ClickHouse; non-NULL values only)
+        ("SELECT s, list_sort(list(k * 7 % 5)) FROM t WHERE s IS NOT NULL GROUP BY s ORDER BY s", None),
     ],
 )
 def test_the_same_query_answers_alike(engines: tuple[Any, Any], query: str, parameters: list[Any] | None) -> None:
@@ -229,3 +231,42 @@ def test_a_session_without_duckdbs_null_semantics_is_refused(monkeypatch: pytest
     monkeypatch.setattr(clickhouse_connect, "get_client", lambda **kw: ChdbClient(apply_settings=False, **kw))
     with pytest.raises(StoreError, match=r"join_use_nulls=0.*readonly=2"):
         connect_clickhouse("clickhouse://reader@ch.example:8123/otel")
+
+
+def test_metric_sources_cover_every_name_that_reads_as_the_canonical_one() -> None:
+    from sre_agent.clickhouse_schema import metric_sources
+    from sre_agent.schema import METRIC_NAME_ALIASES, canonical_metric_name
+
+    old, new = next(iter(METRIC_NAME_ALIASES.items()))
+    exported = [old, old + "_total", new, new + "_total", "vllm:num_requests_running", "other_total", "x_total_total"]
+    for wanted in (new, old, "vllm:num_requests_running", "other", "x_total", "absent"):
+        sources = metric_sources(frozenset({wanted}))
+        reads_as = {m for m in exported if canonical_metric_name(m) == wanted}
+        assert reads_as <= sources, (wanted, reads_as, sources)
+    assert old not in metric_sources(frozenset({old}))  # an old name is mapped away: nothing reads as it
+
+
+def test_a_metric_name_filter_narrows_the_exporter_scan() -> None:
+    """``name = ...`` reaches the exporter's tables as ``MetricName IN (...)`` (its ORDER BY key).
+
+    That the answers stay the same is the engine-parity suite's (tests/diagnose/test_diagnose_engines.py).
+    """
+    from sre_agent.clickhouse_engine import connect_clickhouse
+
+    house = connect_clickhouse("chdb:")
+    try:
+        narrowed = house.translate(
+            "SELECT count(*) FROM metric_points m WHERE (m.name = 'a' AND time_ns > 0) OR name IN ('b', 'c')"
+        )[-1]
+        assert "MetricName IN ('a', 'a_total', 'b', 'b_total', 'c', 'c_total')" in narrowed
+        assert (
+            "MetricName IN ('d', 'd_total')" in house.translate("SELECT 1 FROM metric_points WHERE name = ?", ["d"])[-1]
+        )
+        for query in (
+            "SELECT count(*) FROM metric_points WHERE name = 'a' OR time_ns > 0",  # not every row needs a name
+            "SELECT count(*) FROM metric_points m JOIN spans s ON TRUE WHERE m.name = 'a'",  # two sources
+            "SELECT count(*) FROM metric_points m WHERE other.name = 'a'",  # another relation's column
+        ):
+            assert "MetricName IN" not in house.translate(query)[-1]
+    finally:
+        house.close()
