@@ -9,6 +9,8 @@ equal batch, and the queue-side rules (``queueing``, ``kv_pressure``,
   replica stayed put (within :data:`SAME_LOAD`).
 * :func:`kv_limited` / :func:`kv_per_running`: whether free KV blocks rather
   than a slot cap hold the running batch down, and whether the pool shrank.
+* :func:`cap_binds` / :func:`admission_limited`: whether a lower running count under a
+  backlog is a cap at all, or requests wait for the engine to take them in.
 * :func:`service_time_queue_share`: whether, at that same load, a slower step
   explains the queue.
 """
@@ -113,6 +115,35 @@ def kv_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
 
 
 #: KV share per running request must rise by this factor for the pool itself to have shrunk.
+#: Share of the candidate's backlog scrapes at one running count that makes it a cap (MetricView.cap_binds).
+CAP_BINDS: Final[float] = 0.5
+
+
+def cap_binds(metrics: MetricView) -> bool:
+    """Whether the candidate's running count under a backlog sits at one value, as under a cap.
+
+    At a running cap (``max_num_seqs``) the gauge reads the cap whenever requests wait; spread
+    below its peak, the engine admits slowly instead (a smaller token budget splits each prompt
+    over more steps; dev 1160081: budget 4096 -> 512, peak 49 -> 12, 30 % of the backlog's running
+    counts at one value; 1160188, 4096 -> 256: 32 %; max_num_seqs cuts 1140136 and 1140055: 95 %
+    and 50 %, the rest of the latter being requests the old cap admitted before a hot swap).
+    True when too few scrapes waited to tell (the peak alone then decides, as before).
+    """
+    share = metrics.cap_binds().candidate
+    return share is None or share >= CAP_BINDS
+
+
+def admission_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
+    """Whether the candidate's requests waited while the engine ran fewer than a cap would hold.
+
+    Known only from the gauges: enough scrapes with requests waiting, their running counts
+    spread (no cap binds, :func:`cap_binds`), and KV blocks not the limit (:func:`kv_limited`).
+    The engine then admits no faster than its steps take prompts in.
+    """
+    share = metrics.cap_binds().candidate
+    return share is not None and share < CAP_BINDS and not kv_limited(metrics, requests)
+
+
 POOL_SHRANK: Final[float] = 1.15
 
 

@@ -75,7 +75,7 @@ from sre_agent.rules._engine_cost import (
     prefill_length_profile,
     running_batch,
 )
-from sre_agent.rules._load import load_moved, load_per_replica
+from sre_agent.rules._load import admission_limited, load_moved, load_per_replica
 from sre_agent.rules._mechanism import (
     Z_MIN,
     clip01,
@@ -280,37 +280,60 @@ def _prefill_signature(
         cost = engine_cost(comparison, metrics, "prefill")
     except RuleSkipped:
         return None
-    return _budget_signature(cost, comparison, regression, stages, evidence) or _prefill_spread(
+    budget = _budget_signature(
+        cost, comparison=comparison, regression=regression, metrics=metrics, stages=stages, evidence=evidence
+    )
+    return budget or _prefill_spread(
         cost, metrics, comparison=comparison, regression=regression, stages=stages, evidence=evidence
     )
 
 
 def _budget_signature(
     cost: EngineCost,
+    *,
     comparison: Comparison,
     regression: Regression,
+    metrics: MetricView,
     stages: StageDecomposition,
     evidence: list[Evidence],
 ) -> Finding | None:
-    """Without the step histogram: prefill per uncached token rose for long prompts only (a smaller budget)."""
+    """Without the step histogram: prefill per uncached token rose for long prompts only (a smaller budget).
+
+    The budget also holds new requests back: each step takes fewer prompt tokens in, so at the
+    same load they wait to be admitted. The queue's share of the excess counts too when the
+    gauges show that kind of wait (requests waiting at spread running counts, no cap binding
+    and KV not full: ``_load.admission_limited``); a binding cap or a full pool is queueing's
+    and kv_pressure's (dev 1160081, SGLang budget 4096 -> 512: all of the TTFT tail excess queue time).
+    """
     profile = prefill_length_profile(cost)
     if profile is None or not profile.long_only:
         return None
     short, long = profile.short, profile.long
     at_prefill = stage_share(stages, "prefill", regression, comparison)
     kept = cost.shift.explained_share if cost.shift is not None else 1.0
-    budget_evidence = (
+    waited = (
+        stage_share(stages, "queue", regression, comparison)
+        if admission_limited(metrics, comparison.request_counts)
+        else 0.0
+    )
+    budget_evidence: tuple[Evidence, ...] = (
         Evidence("prefill_s_per_uncached_token_change_long", 0.0, rnd(long.rise),
                  f"prompts over {profile.long_tokens:.0f} uncached tokens, at equal batch; z = {long.z:.1f}"),
         Evidence("prefill_s_per_uncached_token_change_short", 0.0, rnd(short.rise),
                  f"prompts up to {profile.short_tokens:.0f} uncached tokens, at equal batch; z = {short.z:.1f}"),
     )  # fmt: skip
+    if waited > 0:
+        binds = metrics.cap_binds()
+        budget_evidence += (
+            Evidence("backlog_scrapes_at_one_running_count", rnd(binds.baseline), rnd(binds.candidate),
+                     f"spread, no cap: requests wait to be admitted ({waited:.0%} of the tail excess is queue time)"),
+        )  # fmt: skip
     return Finding(
         cause="batch_composition",
         title=f"Prefill per uncached token rose {long.rise:.0%} for prompts over {profile.long_tokens:.0f} "
         f"uncached tokens and {short.rise:.0%} up to {profile.short_tokens:.0f}, at the same load: "
-        "a smaller step budget splits long prompts",
-        explained=latency_share(regression, at_prefill * kept),
+        "a smaller step budget splits long prompts" + (" and admits requests slower" if waited > 0 else ""),
+        explained=latency_share(regression, at_prefill * kept + waited),
         confidence=BUDGET_CONFIDENCE * clip01(long.rise / FULL_BUDGET_RISE),
         stage="prefill",
         evidence=(*budget_evidence, *evidence),

@@ -59,7 +59,7 @@ from typing import Final
 
 from sre_agent.compare import SIDES, Comparison
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._load import kv_limited, pool_shrank
+from sre_agent.rules._load import cap_binds, kv_limited, pool_shrank
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules._replica_scope import MIN_PEERS, REST_SHARE
 from sre_agent.rules_api import Evidence, Finding, MetricEstimate, Regression, RuleSkipped, SidePair
@@ -234,8 +234,10 @@ def engine_metrics(
     # under a backlog: a peak 9 -> 8 with 0.19 -> 0.23 waiting led a dependency slowdown (1150149).
     peak = running_max.ratio if not spans or backlog else None
     lower_cap = min(r for r in (peak, cap_ratio, 1.0) if r is not None)
+    # Only a cap that binds (spread below its peak, the engine admits slowly: _load.cap_binds).
     cap_fell = (
         lower_cap <= 1 - MIN_FALL
+        and cap_binds(metrics)
         and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
         and not kv_limited(metrics, {"baseline": int(counts.baseline), "candidate": int(counts.candidate)})
     )

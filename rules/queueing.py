@@ -27,7 +27,7 @@ import polars as pl
 from sre_agent.compare import Comparison
 from sre_agent.decompose import StageDecomposition, queue_drivers, replicas_expr
 from sre_agent.metric_view import MetricView
-from sre_agent.rules._load import kv_limited
+from sre_agent.rules._load import cap_binds, kv_limited
 from sre_agent.rules._mechanism import per_replica, wide_enough
 from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
@@ -106,9 +106,11 @@ def queueing(
     # A lower cap holds requests back only if they queue: the waiting gauge rose by 10 % or more and
     # queue time carries part of the tail excess (dev 1100070: peak running 10 -> 9, waiting 0.072
     # -> 0.075, the tail's queue time fell; one replica's slower decode read as capacity at 0.9).
+    # And only a cap that binds (spread below its peak, the engine admits slowly: _load.cap_binds).
     if (
         running_max.ratio is not None
         and running_max.ratio <= 1 - MIN_CHANGE
+        and cap_binds(metrics)
         and queue_share > 0
         and (waiting.candidate or 0.0) >= (1 + MIN_CHANGE) * (waiting.baseline or 0.0)
         and (waiting.candidate or 0.0) > 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
+
 from sre_agent.histogram_delta import HistogramDelta, time_blocks
 from sre_agent.rules_api import SIDES, SidePair
 from sre_agent.schema import METRIC_SIGNALS
@@ -200,28 +202,51 @@ class MetricView:
         waited long enough to show a cap). The median, so that a scrape at a hot swap (the
         old cap's requests still running) does not stand for the new cap.
         """
-        return self._memo(("running_under_backlog",), self._running_under_backlog)
+        return self._memo(("running_under_backlog",), lambda: self._of_backlog(lambda v: float(np.median(v))))
 
-    def _running_under_backlog(self) -> SidePair:
+    def cap_binds(self) -> SidePair:
+        """Share of the backlog scrapes (as :meth:`running_under_backlog`) that read one running count, 0..1.
+
+        A cap on running requests (``max_num_seqs``) holds the gauge at the cap whenever requests
+        wait, so most such scrapes read the same number; an engine that admits slowly (a small
+        token budget splitting prompts over many steps) queues requests at whatever it happens
+        to run, spread below its peak. The count is the lower quartile, since at a hot swap the
+        requests the old cap admitted only add above the new one; "reading" it is within 10 %
+        of it, or 1 request. ``None`` as for :meth:`running_under_backlog`.
+        """
+
+        def share(values: np.ndarray) -> float:
+            floor = float(np.quantile(values, 0.25))
+            return float(np.mean(np.abs(values - floor) <= max(1.0, 0.1 * floor)))
+
+        return self._memo(("cap_binds",), lambda: self._of_backlog(share))
+
+    def _of_backlog(self, summary: Callable[[np.ndarray], float]) -> SidePair:
+        key = ("backlog_running",)
+        if key not in self._cache:
+            self._cache[key] = self._backlog_running()
+        values: list[np.ndarray] = self._cache[key]
+        out = [summary(v) if v.size >= MIN_BACKLOG_SCRAPES else None for v in values]
+        return SidePair(out[0], out[1])
+
+    def _backlog_running(self) -> list[np.ndarray]:
+        """Per side, the running gauge's values at the scrapes where the same instance had requests waiting."""
         running, waiting = self.name_for("running_requests"), self.name_for("waiting_requests")
         if running is None or waiting is None:
-            return SidePair(None, None)
+            return [np.zeros(0), np.zeros(0)]
         instance = "coalesce(service_instance, host_name, series_key)"
-        out: list[float | None] = []
+        out: list[np.ndarray] = []
         for side in SIDES:
-            row = fetch_one(
-                self._con.execute(
-                    f"""SELECT count(*), quantile_cont(r.value, 0.5) FROM
-                          (SELECT {instance} AS i, time_ns, value FROM metric_points
-                           WHERE {self._where(side, running)} AND isfinite(value)) r
-                        JOIN (SELECT {instance} AS i, time_ns, value FROM metric_points
-                              WHERE {self._where(side, waiting)} AND value > 0) w
-                          ON r.i = w.i AND r.time_ns = w.time_ns"""
-                )
-            )
-            enough = row is not None and row[0] is not None and int(row[0]) >= MIN_BACKLOG_SCRAPES
-            out.append(float(row[1]) if enough and row is not None and row[1] is not None else None)
-        return SidePair(out[0], out[1])
+            found = self._con.execute(
+                f"""SELECT r.value FROM
+                      (SELECT {instance} AS i, time_ns, value FROM metric_points
+                       WHERE {self._where(side, running)} AND isfinite(value)) r
+                    JOIN (SELECT {instance} AS i, time_ns, value FROM metric_points
+                          WHERE {self._where(side, waiting)} AND value > 0) w
+                      ON r.i = w.i AND r.time_ns = w.time_ns"""
+            ).fetchall()
+            out.append(np.array([float(row[0]) for row in found], dtype=float))
+        return out
 
     def series_count(self, signal: str) -> SidePair:
         """Distinct series (usually replicas) reporting the signal on each side (none is ``None``)."""
