@@ -355,8 +355,8 @@ def per_replica(
     ``capacity`` term although each replica carries the same load. Here the two are netted into
     the offered load per replica (:func:`sre_agent.decompose.offered_load_terms`). An arrival-rate
     change within the spread of per-slice arrivals (:attr:`Comparison.arrival_change_z` below
-    :data:`LOAD_Z`) counts as none, unless ``within_bursts`` (its point estimate counts then, for a
-    caller left with no other driver).
+    :data:`LOAD_Z`) is no ``load`` driver, unless ``within_bursts`` (for a caller left with no other
+    driver), but it still nets against the replicas.
     """
     counts, seconds = comparison.request_counts, comparison.window_seconds()
     z = None if within_bursts else comparison.arrival_change_z
@@ -372,7 +372,13 @@ def per_replica(
         return dict(drivers)
     log_rate = math.log((counts["candidate"] / seconds["candidate"]) / (counts["baseline"] / seconds["baseline"]))
     out = {k: v for k, v in drivers.items() if k not in ("load", "capacity")}
-    out.update(offered_load_terms(0.0 if bursty else log_rate, math.log(r["baseline"] / r["candidate"])))
+    terms = offered_load_terms(log_rate, math.log(r["baseline"] / r["candidate"]))
+    if bursty:
+        # Within the bursts the rate is no driver of its own, but it still nets against the
+        # replicas: a canary on 1 of 3 replicas with a third of bursty traffic (dev 1160000:
+        # 3.92 -> 1.96 req/s, z = -2.5; replicas 2 -> 1) carries the same load per replica.
+        terms.pop("load", None)
+    out.update(terms)
     return out
 
 

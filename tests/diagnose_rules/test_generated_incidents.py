@@ -399,6 +399,15 @@ _MECHANISM_CASES = [
     pytest.param(
         1150149, "dependency", "vllm-v1", "Dependency span 'retrieval'", id="peak-without-backlog-beside-spans"
     ),
+    # A smaller token budget (SGLang 4096 -> 512) admits slowly: the peak fell 49 -> 12 and all of
+    # the TTFT tail excess was queue time, read as a lower running cap. Requests waited at running
+    # counts spread below the peak (a third at one value, where a cap reads its cap), so no cap binds
+    # and the queue is the budget's, beside its long-prompt prefill signature.
+    pytest.param(1160081, "batch_composition", "sglang", "admits requests slower", id="budget-cut-not-a-cap"),
+    # A canary on 1 of 3 replicas with a third of bursty traffic (3.9 -> 2.0 req/s, z = -2.5, within
+    # the bursts) carries the same load per replica; the rate still nets against the replicas, so
+    # "replicas 2 -> 1" is no capacity loss (chunked prefill turned off on the canary).
+    pytest.param(1160000, "batch_composition", "sglang", "", id="canary-share-nets-bursty-rate"),
 ]
 
 
