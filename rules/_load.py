@@ -122,11 +122,12 @@ CAP_BINDS: Final[float] = 0.5
 def cap_binds(metrics: MetricView) -> bool:
     """Whether the candidate's running count under a backlog sits at one value, as under a cap.
 
-    At a running cap (``max_num_seqs``) the gauge reads the cap whenever requests wait; spread
+    At a running cap (``max_num_seqs``) the gauge reads the cap while a queue waits; spread
     below its peak, the engine admits slowly instead (a smaller token budget splits each prompt
-    over more steps; dev 1160081: budget 4096 -> 512, peak 49 -> 12, 30 % of the backlog's running
-    counts at one value; 1160188, 4096 -> 256: 32 %; max_num_seqs cuts 1140136 and 1140055: 95 %
-    and 50 %, the rest of the latter being requests the old cap admitted before a hot swap).
+    over more steps; dev 1160081: budget 4096 -> 512, peak 49 -> 12, 30 % of the queued scrapes'
+    running counts at one value; 1160188, 4096 -> 256: 35 %; 1160080: 30 %; max_num_seqs cuts
+    1140136, 1160283 and 1140055: 95 %, 75 % and 50 %, the rest of the last being requests the old
+    cap admitted before a hot swap).
     True when too few scrapes waited to tell (the peak alone then decides, as before).
     """
     share = metrics.cap_binds().candidate

@@ -30,6 +30,8 @@ __all__ = ["HistogramDelta", "MetricView", "fetch_one"]
 
 #: Scrapes with requests waiting that :meth:`MetricView.running_under_backlog` needs on a side.
 MIN_BACKLOG_SCRAPES: Final[int] = 2
+#: Requests waiting at a scrape that make a queue for :meth:`MetricView.cap_binds` (one may just have arrived).
+QUEUED: Final[float] = 2.0
 
 
 def fetch_one(result: duckdb.DuckDBPyConnection) -> Any:
@@ -202,50 +204,56 @@ class MetricView:
         waited long enough to show a cap). The median, so that a scrape at a hot swap (the
         old cap's requests still running) does not stand for the new cap.
         """
-        return self._memo(("running_under_backlog",), lambda: self._of_backlog(lambda v: float(np.median(v))))
+        return self._memo(("running_under_backlog",), lambda: self._of_backlog(lambda v: float(np.median(v[:, 0]))))
 
     def cap_binds(self) -> SidePair:
-        """Share of the backlog scrapes (as :meth:`running_under_backlog`) that read one running count, 0..1.
+        """Share of the scrapes with a queue (2+ waiting) that read one running count, 0..1.
 
-        A cap on running requests (``max_num_seqs``) holds the gauge at the cap whenever requests
-        wait, so most such scrapes read the same number; an engine that admits slowly (a small
+        A cap on running requests (``max_num_seqs``) holds the gauge at the cap while a queue
+        waits, so most such scrapes read the same number; an engine that admits slowly (a small
         token budget splitting prompts over many steps) queues requests at whatever it happens
-        to run, spread below its peak. The count is the lower quartile, since at a hot swap the
+        to run, spread below its peak. One waiting request is left out: it may have arrived since
+        the last step, at any running count (dev 1160283, cap 11: single waits at 4-10 running,
+        every queue of 4-7 at 11). The count is the lower quartile, since at a hot swap the
         requests the old cap admitted only add above the new one; "reading" it is within 10 %
-        of it, or 1 request. ``None`` as for :meth:`running_under_backlog`.
+        of it, or 1 request. ``None`` for a side with fewer than :data:`MIN_BACKLOG_SCRAPES` such scrapes.
         """
 
-        def share(values: np.ndarray) -> float:
+        def share(pairs: np.ndarray) -> float | None:
+            values = pairs[pairs[:, 1] >= QUEUED, 0]
+            if values.size < MIN_BACKLOG_SCRAPES:
+                return None
             floor = float(np.quantile(values, 0.25))
             return float(np.mean(np.abs(values - floor) <= max(1.0, 0.1 * floor)))
 
         return self._memo(("cap_binds",), lambda: self._of_backlog(share))
 
-    def _of_backlog(self, summary: Callable[[np.ndarray], float]) -> SidePair:
+    def _of_backlog(self, summary: Callable[[np.ndarray], float | None]) -> SidePair:
+        """``summary`` of each side's (running, waiting) rows at the scrapes with requests waiting."""
         key = ("backlog_running",)
         if key not in self._cache:
             self._cache[key] = self._backlog_running()
         values: list[np.ndarray] = self._cache[key]
-        out = [summary(v) if v.size >= MIN_BACKLOG_SCRAPES else None for v in values]
+        out = [summary(v) if len(v) >= MIN_BACKLOG_SCRAPES else None for v in values]
         return SidePair(out[0], out[1])
 
     def _backlog_running(self) -> list[np.ndarray]:
-        """Per side, the running gauge's values at the scrapes where the same instance had requests waiting."""
+        """Per side, (running, waiting) at the scrapes where the same instance had requests waiting, n x 2."""
         running, waiting = self.name_for("running_requests"), self.name_for("waiting_requests")
         if running is None or waiting is None:
-            return [np.zeros(0), np.zeros(0)]
+            return [np.zeros((0, 2)), np.zeros((0, 2))]
         instance = "coalesce(service_instance, host_name, series_key)"
         out: list[np.ndarray] = []
         for side in SIDES:
             found = self._con.execute(
-                f"""SELECT r.value FROM
+                f"""SELECT r.value, w.value FROM
                       (SELECT {instance} AS i, time_ns, value FROM metric_points
                        WHERE {self._where(side, running)} AND isfinite(value)) r
                     JOIN (SELECT {instance} AS i, time_ns, value FROM metric_points
                           WHERE {self._where(side, waiting)} AND value > 0) w
                       ON r.i = w.i AND r.time_ns = w.time_ns"""
             ).fetchall()
-            out.append(np.array([float(row[0]) for row in found], dtype=float))
+            out.append(np.array([(float(r), float(w)) for r, w in found], dtype=float).reshape(-1, 2))
         return out
 
     def series_count(self, signal: str) -> SidePair:

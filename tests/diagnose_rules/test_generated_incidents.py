@@ -404,6 +404,9 @@ _MECHANISM_CASES = [
     # counts spread below the peak (a third at one value, where a cap reads its cap), so no cap binds
     # and the queue is the budget's, beside its long-prompt prefill signature.
     pytest.param(1160081, "batch_composition", "sglang", "admits requests slower", id="budget-cut-not-a-cap"),
+    # ...while a cap still binds when single requests wait below it: max_num_seqs 128 -> 11, one
+    # request waiting at 4-10 running (it arrived since the last step), every queue of 4-7 at 11.
+    pytest.param(1160283, "capacity", "gateway-spans+metrics", "Capacity fell", id="cap-binds-beside-single-waits"),
     # A canary on 1 of 3 replicas with a third of bursty traffic (3.9 -> 2.0 req/s, z = -2.5, within
     # the bursts) carries the same load per replica; the rate still nets against the replicas, so
     # "replicas 2 -> 1" is no capacity loss (chunked prefill turned off on the canary).
