@@ -10,18 +10,17 @@ canary store spell keys the same way without a comparison.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sre_agent.attribute_sql import entries_sql, lookup_sql
 from sre_agent.metric_view import fetch_one
-from sre_agent.resolve import service_sql
+from sre_agent.resolve import Filters, service_sql
 from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
 from sre_agent.sql_text import literal
 
 if TYPE_CHECKING:
     import duckdb
 
-    from sre_agent.selection import Selection
 
 __all__ = [
     "MAX_DIMENSION_VALUES",
@@ -84,10 +83,18 @@ def key_sql(key: str, maps: tuple[str, ...] = ("attributes", "resource_attribute
     return sources[0] if len(sources) == 1 else f"coalesce({', '.join(sources)})"
 
 
-def filter_sql(selection: Selection) -> str:
-    """The WHERE fragment for ``--service`` and ``--where`` (always a valid boolean expression)."""
-    parts = [service_sql(selection)]
-    parts.extend(f"{key_sql(key)} = {literal(value)}" for key, value in selection.where)
+def filter_sql(selection: Filters, params: dict[str, Any] | None = None) -> str:
+    """The WHERE fragment for ``--service`` and ``--where`` (always a valid boolean expression).
+
+    Values are literals, or with ``params`` named parameters added to it (``$service``, ``$w0``, ...).
+    """
+    parts = [service_sql(selection, params)]
+    for i, (key, value) in enumerate(selection.where):
+        if params is None:
+            parts.append(f"{key_sql(key)} = {literal(value)}")
+        else:
+            params[f"w{i}"] = value
+            parts.append(f"{key_sql(key)} = $w{i}")
     return " AND ".join(parts)
 
 

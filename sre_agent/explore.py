@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from sre_agent.attribute_keys import key_sql
+from sre_agent.attribute_keys import filter_sql
 from sre_agent.compare import resolve_windows
 from sre_agent.errors import SelectionError, StoreError
 from sre_agent.resolve import SideWindow
@@ -169,31 +169,14 @@ def versions(cur: Cursor, service: str | None = None) -> list[VersionInfo]:
 # ----------------------------------------------------------------- SQL helpers
 
 
-def _side_condition(side: SideWindow, params: dict[str, Any]) -> str:
-    prefix = side.side[0]
-    params[f"{prefix}_start"] = side.start_ns
-    params[f"{prefix}_end"] = side.end_ns
-    cond = f"start_ns >= ${prefix}_start AND start_ns < ${prefix}_end"
-    if side.version is not None:
-        params[f"{prefix}_version"] = side.version
-        cond += f" AND service_version = ${prefix}_version"
-    return cond
-
-
 def _filters(scope: Scope, params: dict[str, Any]) -> list[str]:
-    clauses = ["is_engine"]
-    if scope.service is not None:
-        params["service"] = scope.service
-        clauses.append("service_name = $service")
-    for i, (key, value) in enumerate(scope.where):
-        params[f"w{i}"] = value
-        clauses.append(f"{key_sql(key)} = $w{i}")
-    return clauses
+    """Engine spans under the scope's ``--service`` and ``--where`` (the diagnosis's own spelling)."""
+    return ["is_engine", filter_sql(scope, params)]
 
 
 def _side_where(scope: Scope, side: SideWindow, params: dict[str, Any]) -> str:
     """The WHERE clause of one side: its window (zone maps prune the rest), version and filters."""
-    return " AND ".join([*_filters(scope, params), _side_condition(side, params)])
+    return " AND ".join([*_filters(scope, params), side.predicate(params)])
 
 
 def _per_side(scope: Scope, params: dict[str, Any], select: str, tail: str = "") -> str:
@@ -211,8 +194,8 @@ def _per_side(scope: Scope, params: dict[str, Any], select: str, tail: str = "")
 
 def _scoped(scope: Scope, params: dict[str, Any]) -> tuple[str, str]:
     """``(side_expr, where_sql)``: a CASE naming each row's side, and the WHERE clause for both."""
-    b = _side_condition(scope.baseline, params)
-    c = _side_condition(scope.candidate, params)
+    b = scope.baseline.predicate(params)
+    c = scope.candidate.predicate(params)
     # Candidate wins where windows overlap (version comparisons over the same span of time).
     side_expr = f"CASE WHEN {c} THEN 'candidate' WHEN {b} THEN 'baseline' END"
     return side_expr, " AND ".join([*_filters(scope, params), f"(({b}) OR ({c}))"])

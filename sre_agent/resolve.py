@@ -12,7 +12,7 @@ the time both served. A ``--service`` that matches nothing is an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 from sre_agent.errors import EmptySelectionError, SelectionError
 from sre_agent.metric_view import fetch_one
@@ -86,9 +86,24 @@ def scan_relation(con: duckdb.DuckDBPyConnection) -> str:
     return SCAN
 
 
-def service_sql(selection: Selection) -> str:
-    """The WHERE fragment for ``--service`` alone (``TRUE`` without it)."""
-    return "TRUE" if selection.service is None else f"service_name = {literal(selection.service)}"
+class Filters(Protocol):
+    """What narrows both sides alike: a :class:`~sre_agent.selection.Selection` or the console's scope."""
+
+    @property
+    def service(self) -> str | None: ...
+
+    @property
+    def where(self) -> tuple[tuple[str, str], ...]: ...
+
+
+def service_sql(selection: Filters, params: dict[str, Any] | None = None) -> str:
+    """The WHERE fragment for ``--service`` alone (``TRUE`` without it); ``$service`` with ``params``."""
+    if selection.service is None:
+        return "TRUE"
+    if params is None:
+        return f"service_name = {literal(selection.service)}"
+    params["service"] = selection.service
+    return "service_name = $service"
 
 
 def describe_where(selection: Selection) -> str:
@@ -155,11 +170,22 @@ class SideWindow:
         """Window length in seconds."""
         return (self.end_ns - self.start_ns) / _NS
 
-    def predicate(self) -> str:
-        """SQL boolean selecting this side's rows (on ``start_ns`` and ``service_version``)."""
-        sql = f"start_ns >= {self.start_ns} AND start_ns < {self.end_ns}"
-        if self.version is not None:
-            sql += f" AND service_version = {literal(self.version)}"
+    def predicate(self, params: dict[str, Any] | None = None) -> str:
+        """SQL boolean selecting this side's rows (on ``start_ns`` and ``service_version``).
+
+        Values are literals, or with ``params`` named parameters added to it (``$b_start``,
+        ``$b_end``, ``$b_version``; ``c_`` for the candidate), for the queries that bind them.
+        """
+        start, end, version = self.start_ns, self.end_ns, self.version
+        if params is None:
+            sql = f"start_ns >= {start} AND start_ns < {end}"
+            return sql if version is None else f"{sql} AND service_version = {literal(version)}"
+        prefix = self.side[0]
+        params[f"{prefix}_start"], params[f"{prefix}_end"] = start, end
+        sql = f"start_ns >= ${prefix}_start AND start_ns < ${prefix}_end"
+        if version is not None:
+            params[f"{prefix}_version"] = version
+            sql += f" AND service_version = ${prefix}_version"
         return sql
 
     def describe(self, selection: Selection) -> dict[str, Any]:
