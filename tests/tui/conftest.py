@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_helpers import FixtureReportSource
+from tui_helpers import REPLAY_SCALE, REPLAY_SCENARIO, FixtureReportSource
 from tui_synth import build_store
 
 # The console's remote tests start `sre-agent serve` with the receiver suite's harness.
@@ -18,10 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
 from receiver_harness import ServeProcess, start_serve
 
 from sre_agent.tui.app import IncidentApp
-
-# The replayed incident: the bundled scenario whose expected cause is prefix_cache, at 30 % of its length.
-REPLAY_SCENARIO = "prefix_cache_disabled"
-REPLAY_SCALE = "0.3"
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPLAY_SCALE, REPLAY_SCENARIO
 from exporter_layout import differences, load_otlp_json_lines
 from test_tui_tmux import start_session, tmux, wait_for
-from tui_helpers import wait_until
+from tui_helpers import REPLAY_SCALE, REPLAY_SCENARIO, wait_until
 
 from sre_agent.config import Config
 from sre_agent.explore_api import to_json_dict

@@ -19,6 +19,10 @@ from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
 from sre_agent.tui.source import DiagnosisUnavailableError, LocalSource
 
+#: The replayed incident: the bundled scenario whose expected cause is prefix_cache, at 30 % of its length.
+REPLAY_SCENARIO = "prefix_cache_disabled"
+REPLAY_SCALE = "0.3"
+
 READY_TIMEOUT_S = 60.0
 
 
