@@ -766,9 +766,9 @@ def replay_into_store(incident: Incident, db: str | Path) -> tuple[dict[str, Any
 
     The in-process twin of :func:`write_incident` + ``sre-agent ingest`` for tests.
     """
+    from sre_agent.analysis.selection import Selection
     from sre_agent.replays.outputs import StoreOutput
     from sre_agent.replays.replay import epoch_ns
-    from sre_agent.selection import Selection
 
     result = replay(incident.scenario, ShapedOutput(StoreOutput.open(db), incident.shape))
     info = incident.describe()

@@ -427,13 +427,13 @@ class StoreOutput:
     """Straight into a DuckDB store, through the same decoding path as ``sre-agent ingest``.
 
     The SDK objects go through the SDK's OTLP protobuf encoder and the
-    ingest decoder (``sre_agent.otlp``), so what lands in the store is exactly
+    ingest decoder (``sre_agent.ingest.otlp``), so what lands in the store is exactly
     what a receiver would have stored. ``rejected`` counts items the decoder
     refused (a replay should produce none).
     """
 
     def __init__(self, store: Any) -> None:
-        from sre_agent.normalise import Normaliser
+        from sre_agent.ingest.normalise import Normaliser
 
         self.store = store
         self.normaliser = Normaliser(hash_key=store.hash_key)
@@ -448,7 +448,7 @@ class StoreOutput:
     @classmethod
     def open(cls, path: str | Path) -> StoreOutput:
         """Open (or create) the store file at ``path``; :meth:`shutdown` closes it."""
-        from sre_agent.store import Store
+        from sre_agent.store.embedded import Store
 
         out = cls(Store.open(path))
         out._owns = True
@@ -460,7 +460,7 @@ class StoreOutput:
         """Encode, decode and append a batch of spans."""
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-        from sre_agent.otlp import spans_from_proto
+        from sre_agent.ingest.otlp import spans_from_proto
 
         if not spans:
             return
@@ -472,7 +472,7 @@ class StoreOutput:
         """Encode, decode and append one scrape."""
         from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 
-        from sre_agent.otlp import metrics_from_proto
+        from sre_agent.ingest.otlp import metrics_from_proto
 
         if not data.resource_metrics:
             return

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sre_agent.analysis.rules_api import CAUSES as RULE_CAUSES
 from sre_agent.errors import ScenarioError
 from sre_agent.replays.costmodel import PROFILES
 from sre_agent.replays.engine import EngineConfig
 from sre_agent.replays.gateway import LatencyDist, RetryPolicy
 from sre_agent.replays.telemetry import ATTRIBUTE_SETS
 from sre_agent.replays.workload import Route, Tenant
-from sre_agent.rules_api import CAUSES as RULE_CAUSES
 
 __all__ = [
     "CAUSES",

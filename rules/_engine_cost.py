@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Final, Literal
 import numpy as np
 import polars as pl
 
-from sre_agent.busy import moment_at, moments
-from sre_agent.compare import SIDES
+from sre_agent.analysis.busy import moment_at, moments
+from sre_agent.analysis.compare import SIDES
+from sre_agent.analysis.rules_api import Evidence, SidePair
 from sre_agent.rules._load import SAME_LOAD
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
@@ -41,11 +42,10 @@ from sre_agent.rules._mechanism import (
     side,
     significance,
 )
-from sre_agent.rules_api import Evidence, SidePair
 
 if TYPE_CHECKING:
-    from sre_agent.compare import Comparison
-    from sre_agent.metric_view import MetricView
+    from sre_agent.analysis.compare import Comparison
+    from sre_agent.analysis.metric_view import MetricView
     from sre_agent.rules._steps import BatchShape
 
 #: Width (ratio) of a running-batch bucket: narrow enough that load-driven batch growth stays visible.

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Final
 
 import polars as pl
 
-from sre_agent.compare import SIDES
-from sre_agent.decompose import replicas_expr
+from sre_agent.analysis.compare import SIDES
+from sre_agent.analysis.decompose import replicas_expr
+from sre_agent.analysis.rules_api import Evidence, Regression, SidePair
 from sre_agent.rules._mechanism import LOAD_Z, PER_TOKEN_METRICS, per_request, rnd, side_means, tail_shares
-from sre_agent.rules_api import Evidence, Regression, SidePair
 
 if TYPE_CHECKING:
-    from sre_agent.compare import Comparison
-    from sre_agent.decompose import StageDecomposition
-    from sre_agent.metric_view import MetricView
+    from sre_agent.analysis.compare import Comparison
+    from sre_agent.analysis.decompose import StageDecomposition
+    from sre_agent.analysis.metric_view import MetricView
 
 #: Relative change of offered load per replica still counted as the same load.
 SAME_LOAD: Final[float] = 0.10

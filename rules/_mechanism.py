@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Final
 
 import polars as pl
 
-from sre_agent.compare import LATENCIES, SIDES
-from sre_agent.decompose import MIN_TAIL, offered_load_terms, replicas_expr, stage_decomposition
-from sre_agent.rules_api import Regression, RuleSkipped, SidePair
+from sre_agent.analysis.compare import LATENCIES, SIDES
+from sre_agent.analysis.decompose import MIN_TAIL, offered_load_terms, replicas_expr, stage_decomposition
+from sre_agent.analysis.rules_api import Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
-    from sre_agent.compare import Comparison
-    from sre_agent.decompose import StageDecomposition
-    from sre_agent.metric_view import MetricView
+    from sre_agent.analysis.compare import Comparison
+    from sre_agent.analysis.decompose import StageDecomposition
+    from sre_agent.analysis.metric_view import MetricView
 
 #: Headline metrics measured per output token: wholly decode-stage, engine time.
 PER_TOKEN_METRICS: Final[tuple[str, ...]] = ("tpot", "itl")
@@ -152,7 +152,7 @@ def tail_shares(stages: StageDecomposition, regression: Regression, comparison: 
     """
     if stages.shares or not regression.significant or regression.quantile <= 0.9:
         return stages.shares
-    from sre_agent.decompose import stage_decomposition
+    from sre_agent.analysis.decompose import stage_decomposition
 
     return stage_decomposition(comparison, replace(regression, quantile=0.9)).shares
 
@@ -353,7 +353,7 @@ def per_replica(
     more arrivals to ``load`` and fewer replicas to ``capacity`` separately and drops falls, so a
     version pair where the canary serves 1 of 3 replicas with a third of the traffic would get a
     ``capacity`` term although each replica carries the same load. Here the two are netted into
-    the offered load per replica (:func:`sre_agent.decompose.offered_load_terms`). An arrival-rate
+    the offered load per replica (:func:`sre_agent.analysis.decompose.offered_load_terms`). An arrival-rate
     change within the spread of per-slice arrivals (:attr:`Comparison.arrival_change_z` below
     :data:`LOAD_Z`) is no ``load`` driver, unless ``within_bursts`` (for a caller left with no other
     driver), but it still nets against the replicas.

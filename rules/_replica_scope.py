@@ -14,11 +14,11 @@ from typing import Final
 
 import polars as pl
 
-from sre_agent.compare import SIDES
+from sre_agent.analysis.compare import SIDES
+from sre_agent.analysis.rules_api import Evidence
 from sre_agent.rules._engine_cost import MIN_COVERAGE, MIN_SLOWDOWN, ConditionalShift, EngineCost, conditional_log_shift
 from sre_agent.rules._load import SAME_LOAD
 from sre_agent.rules._mechanism import MIN_BUCKET, Z_MIN, rnd
-from sre_agent.rules_api import Evidence
 
 #: The other replicas' rise may be at most this share of the slowed one's for the slowdown to be its own.
 REST_SHARE: Final[float] = 1 / 3

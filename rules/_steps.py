@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 import polars as pl
 
-from sre_agent.busy import replica_expr
-from sre_agent.compare import SIDES
+from sre_agent.analysis.busy import replica_expr
+from sre_agent.analysis.compare import SIDES
+from sre_agent.analysis.rules_api import Evidence, RuleSkipped, SidePair
 from sre_agent.rules._engine_cost import EngineCost, engine_cost
 from sre_agent.rules._mechanism import metric_hit_rate, per_request, rnd, side
-from sre_agent.rules_api import Evidence, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
-    from sre_agent.compare import Comparison
-    from sre_agent.metric_view import HistogramDelta, MetricView
+    from sre_agent.analysis.compare import Comparison
+    from sre_agent.analysis.metric_view import HistogramDelta, MetricView
 
 #: The p99 tokens per step (work-adjusted) must move by this factor to call the batch shape changed.
 BATCH_SHAPE_FACTOR: Final[float] = 1.5

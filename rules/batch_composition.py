@@ -65,9 +65,10 @@ from typing import Final, Literal
 
 import polars as pl
 
-from sre_agent.compare import Comparison
-from sre_agent.decompose import StageDecomposition
-from sre_agent.metric_view import MetricView
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import StageDecomposition
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 from sre_agent.rules._engine_cost import (
     MIN_SLOWDOWN,
     EngineCost,
@@ -88,7 +89,6 @@ from sre_agent.rules._mechanism import (
     tail_shares,
 )
 from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape, decode_step_mix, median_step
-from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 
 #: Arrival-rate change beyond which batch changes are load's doing.
 MAX_RATE_CHANGE: Final[float] = 0.15

@@ -54,15 +54,15 @@ from typing import Final
 
 import polars as pl
 
-from sre_agent.compare import Comparison
-from sre_agent.decompose import StageDecomposition
-from sre_agent.metric_view import MetricView
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import StageDecomposition
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression, run_late
 from sre_agent.rules._engine_cost import assess_slowdown, engine_cost
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, side_means, stage_share
 from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step
-from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 #: How far the median inter-token step must outgrow the running batch to be a slower step.
 STEP_BEYOND_BATCH: Final[float] = 1.15

@@ -38,7 +38,8 @@ from typing import Final
 
 import polars as pl
 
-from sre_agent.compare import Comparison
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
 from sre_agent.rules._mechanism import (
     clip01,
     confined_slice,
@@ -50,7 +51,6 @@ from sre_agent.rules._mechanism import (
     windows_overlap,
     z_change,
 )
-from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
 
 #: Smallest relative rise of a group's mean duration.
 MIN_RISE: Final[float] = 0.20

@@ -57,12 +57,12 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from sre_agent.compare import SIDES, Comparison
-from sre_agent.metric_view import MetricView
+from sre_agent.analysis.compare import SIDES, Comparison
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.rules_api import Evidence, Finding, MetricEstimate, Regression, RuleSkipped, SidePair
 from sre_agent.rules._load import cap_binds, kv_limited, pool_shrank
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules._replica_scope import MIN_PEERS, REST_SHARE
-from sre_agent.rules_api import Evidence, Finding, MetricEstimate, Regression, RuleSkipped, SidePair
 
 #: Relative change of arrivals (or of mean ITL) that counts as a rise.
 MIN_RISE: Final[float] = 0.15

@@ -53,7 +53,8 @@ from typing import Final
 
 import polars as pl
 
-from sre_agent.compare import Comparison
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
     SERVING_DIMENSIONS,
@@ -67,8 +68,7 @@ from sre_agent.rules._mechanism import (
     windows_overlap,
     z_change,
 )
-from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
-from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES
+from sre_agent.store.schema import SPAN_ATTRIBUTE_SOURCES
 
 #: Smallest absolute rise of a share.
 MIN_RISE: Final[float] = 0.01

@@ -55,12 +55,12 @@ from typing import Final
 
 import polars as pl
 
-from sre_agent.compare import Comparison
-from sre_agent.decompose import StageDecomposition
-from sre_agent.metric_view import MetricView
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import StageDecomposition
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 from sre_agent.rules._load import kv_per_running, pool_shrank
 from sre_agent.rules._mechanism import clip01, engine_share, latency_share, rnd, significance, tail_shares
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 
 #: Counter over-dispersion: preemptions arrive in bursts, not one by one.
 DISPERSION: Final[float] = 2.0

@@ -44,9 +44,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from sre_agent.compare import Comparison
-from sre_agent.decompose import StageDecomposition
-from sre_agent.metric_view import MetricView
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import StageDecomposition
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression, run_late
 from sre_agent.rules._engine_cost import (
     MIN_SLOWDOWN,
     assess_slowdown,
@@ -57,7 +58,6 @@ from sre_agent.rules._load import load_moved, load_per_replica, service_time_que
 from sre_agent.rules._mechanism import PER_TOKEN_METRICS, Z_MIN, latency_share, rnd, stage_share
 from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import batch_shape, decode_step_mix
-from sre_agent.rules_api import Evidence, Finding, Regression, run_late
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
 LONG_ONLY_DAMPING: Final[float] = 0.4

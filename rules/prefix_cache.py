@@ -50,9 +50,10 @@ from typing import Final
 
 import polars as pl
 
-from sre_agent.compare import Comparison
-from sre_agent.decompose import StageDecomposition
-from sre_agent.metric_view import MetricView
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import StageDecomposition
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair
 from sre_agent.rules._load import service_time_queue_share
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
@@ -68,7 +69,6 @@ from sre_agent.rules._mechanism import (
     significance,
     z_change,
 )
-from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair
 
 #: Smallest drop of the hit rate (absolute, fraction of prompt tokens) worth a finding.
 MIN_DROP: Final[float] = 0.05

@@ -24,12 +24,12 @@ import math
 
 import polars as pl
 
-from sre_agent.compare import Comparison
-from sre_agent.decompose import StageDecomposition, queue_drivers, replicas_expr
-from sre_agent.metric_view import MetricView
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import StageDecomposition, queue_drivers, replicas_expr
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression, SidePair
 from sre_agent.rules._load import cap_binds, kv_limited
 from sre_agent.rules._mechanism import per_replica, wide_enough
-from sre_agent.rules_api import Evidence, Finding, Regression, SidePair
 
 #: Relative change below which a driver is treated as unchanged (10 %).
 MIN_CHANGE = 0.10

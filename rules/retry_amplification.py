@@ -40,7 +40,8 @@ from typing import Final
 
 import polars as pl
 
-from sre_agent.compare import Comparison
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
 from sre_agent.rules._mechanism import (
     clip01,
     latency_share,
@@ -51,7 +52,6 @@ from sre_agent.rules._mechanism import (
     windows_overlap,
     z_change,
 )
-from sre_agent.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped
 
 #: Smallest rise of attempts per logical request.
 MIN_RISE: Final[float] = 0.02

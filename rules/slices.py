@@ -4,7 +4,7 @@ Mechanism: a fault confined to one replica (a bad GPU, a noisy neighbour, a
 misconfigured pod) or one kind of request makes that slice's requests slow
 while the rest stay as they were; the candidate's excess slow requests then
 concentrate in the slice far beyond its share of traffic
-(:mod:`sre_agent.localise`). Why the slice is slow is read from the same
+(:mod:`sre_agent.analysis.localise`). Why the slice is slow is read from the same
 stage decomposition restricted to the slice; a slice that did not get slower
 itself but grew its share of traffic is a mix change instead.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from sre_agent.compare import Comparison
-from sre_agent.decompose import queue_drivers, stage_decomposition, stage_drivers
-from sre_agent.localise import Localisation
-from sre_agent.rules_api import Evidence, Finding, Regression
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import queue_drivers, stage_decomposition, stage_drivers
+from sre_agent.analysis.localise import Localisation
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression
 
 #: A slice-level stage explanation is localisation plus a stage, not a mechanism: damp it.
 SLICE_CONFIDENCE = 0.6

@@ -24,14 +24,14 @@ from typing import Final, Literal
 
 import polars as pl
 
-from sre_agent.compare import Comparison
-from sre_agent.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
-from sre_agent.metric_view import MetricView
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped
 from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost
 from sre_agent.rules._mechanism import per_replica, rnd, side_means, wide_enough
 from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import decode_step_mix
-from sre_agent.rules_api import Evidence, Finding, Regression, RuleSkipped
 
 #: The drivers of the offered load per replica.
 _OFFERED: Final[frozenset[str]] = frozenset({"load", "capacity"})

@@ -23,8 +23,8 @@ import math
 import numpy as np
 import polars as pl
 
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression
 from sre_agent.rules._mechanism import SERVING_DIMENSIONS
-from sre_agent.rules_api import Evidence, Finding, Regression
 
 #: Total-variation distance of a categorical attribute's shares that counts as a mix shift.
 MIN_SHIFT = 0.03

@@ -16,38 +16,38 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "BadPayloadError": "sre_agent.errors",
-    "CAUSES": "sre_agent.rules_api",
-    "CanarySpec": "sre_agent.canary_spec",
-    "Comparison": "sre_agent.compare",
+    "CAUSES": "sre_agent.analysis.rules_api",
+    "CanarySpec": "sre_agent.canary.spec",
+    "Comparison": "sre_agent.analysis.compare",
     "Config": "sre_agent.config",
     "ConfigError": "sre_agent.errors",
-    "Deploy": "sre_agent.store",
-    "Evidence": "sre_agent.rules_api",
-    "FileResult": "sre_agent.files",
-    "Finding": "sre_agent.rules_api",
+    "Deploy": "sre_agent.store.embedded",
+    "Evidence": "sre_agent.analysis.rules_api",
+    "FileResult": "sre_agent.ingest.files",
+    "Finding": "sre_agent.analysis.rules_api",
     "IngestError": "sre_agent.errors",
     "InsufficientDataError": "sre_agent.errors",
-    "Normaliser": "sre_agent.normalise",
+    "Normaliser": "sre_agent.ingest.normalise",
     "OverloadedError": "sre_agent.errors",
     "PayloadTooLargeError": "sre_agent.errors",
     "PolicyEngine": "sre_agent.policy.client",
     "PolicyError": "sre_agent.errors",
     "RemoteError": "sre_agent.errors",
-    "Report": "sre_agent.report",
+    "Report": "sre_agent.analysis.report",
     "RetryBudget": "sre_agent.policy.budget",
     "ScenarioError": "sre_agent.errors",
-    "Selection": "sre_agent.selection",
+    "Selection": "sre_agent.analysis.selection",
     "SelectionError": "sre_agent.errors",
     "SreAgentError": "sre_agent.errors",
-    "Store": "sre_agent.store",
+    "Store": "sre_agent.store.embedded",
     "StoreError": "sre_agent.errors",
     "StoreLockedError": "sre_agent.errors",
-    "StoreMetricExporter": "sre_agent.exporter",
-    "StoreSpanExporter": "sre_agent.exporter",
+    "StoreMetricExporter": "sre_agent.ingest.exporter",
+    "StoreSpanExporter": "sre_agent.ingest.exporter",
     "UsageError": "sre_agent.errors",
-    "Window": "sre_agent.selection",
-    "diagnose": "sre_agent.diagnosis",
-    "ingest_files": "sre_agent.files",
+    "Window": "sre_agent.analysis.selection",
+    "diagnose": "sre_agent.analysis.diagnosis",
+    "ingest_files": "sre_agent.ingest.files",
     "load_config": "sre_agent.config",
 }
 
@@ -90,10 +90,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from sre_agent.canary_spec import CanarySpec
-    from sre_agent.compare import Comparison
+    from sre_agent.analysis.compare import Comparison
+    from sre_agent.analysis.diagnosis import diagnose
+    from sre_agent.analysis.report import Report
+    from sre_agent.analysis.rules_api import CAUSES, Evidence, Finding
+    from sre_agent.analysis.selection import Selection, Window
+    from sre_agent.canary.spec import CanarySpec
     from sre_agent.config import Config, load_config
-    from sre_agent.diagnosis import diagnose
     from sre_agent.errors import (
         BadPayloadError,
         ConfigError,
@@ -110,15 +113,12 @@ if TYPE_CHECKING:
         StoreLockedError,
         UsageError,
     )
-    from sre_agent.exporter import StoreMetricExporter, StoreSpanExporter
-    from sre_agent.files import FileResult, ingest_files
-    from sre_agent.normalise import Normaliser
+    from sre_agent.ingest.exporter import StoreMetricExporter, StoreSpanExporter
+    from sre_agent.ingest.files import FileResult, ingest_files
+    from sre_agent.ingest.normalise import Normaliser
     from sre_agent.policy.budget import RetryBudget
     from sre_agent.policy.client import PolicyEngine
-    from sre_agent.report import Report
-    from sre_agent.rules_api import CAUSES, Evidence, Finding
-    from sre_agent.selection import Selection, Window
-    from sre_agent.store import Deploy, Store
+    from sre_agent.store.embedded import Deploy, Store
 
 
 def __getattr__(name: str) -> Any:

@@ -28,7 +28,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 
-from sre_agent.clickhouse_schema import DEFAULT_METRIC_TABLES
+from sre_agent.store.clickhouse_schema import DEFAULT_METRIC_TABLES
 
 #: The exporter's traces table, from the documented columns (indexes and TTL left out: they do
 #: not change what a query reads).
@@ -380,7 +380,7 @@ def duckdb_to_exporter(store: Path, target: Path) -> None:
     import duckdb
     from chdb import session
 
-    from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES
+    from sre_agent.store.schema import SPAN_ATTRIBUTE_SOURCES
 
     scratch = target.with_name(target.name + ".scratch")
     scratch.mkdir(exist_ok=True)

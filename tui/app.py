@@ -32,10 +32,10 @@ from textual.message import Message
 from textual.widgets import DataTable, Static, TabbedContent, TabPane
 from textual.worker import Worker
 
+from sre_agent.analysis.explore import DEFAULT_SLOS, LATENCY_METRICS, Overview, Tile
+from sre_agent.analysis.explore_slices import SliceRow
+from sre_agent.analysis.selection import Selection
 from sre_agent.errors import RemoteError, SreAgentError
-from sre_agent.explore import DEFAULT_SLOS, LATENCY_METRICS, Overview, Tile
-from sre_agent.explore_slices import SliceRow
-from sre_agent.selection import Selection
 from sre_agent.tui.findings import FindingsTree, finding_markdown, finding_title, regression_line, report_markdown
 from sre_agent.tui.messages import (
     DrilldownLoaded,

@@ -11,9 +11,9 @@ from typing import Any
 
 from textual.message import Message
 
-from sre_agent.explore import Exemplar, Overview, StageBreakdown, Timeline, WaterfallSpan
-from sre_agent.explore_slices import SliceRow
-from sre_agent.selection import Selection
+from sre_agent.analysis.explore import Exemplar, Overview, StageBreakdown, Timeline, WaterfallSpan
+from sre_agent.analysis.explore_slices import SliceRow
+from sre_agent.analysis.selection import Selection
 
 __all__ = [
     "DrilldownLoaded",

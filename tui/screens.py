@@ -15,9 +15,9 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from sre_agent.analysis.explore import VersionInfo
+from sre_agent.analysis.selection import Selection, parse_duration, parse_time
 from sre_agent.errors import SreAgentError
-from sre_agent.explore import VersionInfo
-from sre_agent.selection import Selection, parse_duration, parse_time
 
 __all__ = ["ComparisonScreen", "ErrorScreen", "HelpScreen", "versions_text"]
 

@@ -20,13 +20,13 @@ from typing import Any, Protocol
 
 import httpx
 
-from sre_agent import explore, explore_slices
+from sre_agent.analysis import explore, explore_slices
+from sre_agent.analysis.explore import Exemplar, Overview, StageBreakdown, Timeline, VersionInfo, WaterfallSpan
+from sre_agent.analysis.explore_slices import SliceRow
+from sre_agent.analysis.selection import Selection
+from sre_agent.api.explore_routes import from_json_dict, selection_to_query
 from sre_agent.config import Config
 from sre_agent.errors import SreAgentError, StoreError
-from sre_agent.explore import Exemplar, Overview, StageBreakdown, Timeline, VersionInfo, WaterfallSpan
-from sre_agent.explore_api import from_json_dict, selection_to_query
-from sre_agent.explore_slices import SliceRow
-from sre_agent.selection import Selection
 
 __all__ = ["DataSource", "DiagnosisUnavailableError", "LocalSource", "RemoteSource"]
 
@@ -100,11 +100,11 @@ class LocalSource:
     def _cursor(self) -> Any:
         with self._lock:
             if self._store is None and self._clickhouse is not None:
-                from sre_agent.sources import open_connection
+                from sre_agent.store.sources import open_connection
 
                 self._store = open_connection(self._clickhouse)
             elif self._store is None:
-                from sre_agent.store import Store
+                from sre_agent.store.embedded import Store
 
                 self._store = Store.open(self.path, read_only=True)
             cursor = self._store.cursor()
@@ -168,12 +168,12 @@ class LocalSource:
         The engine is CPU-heavy Python (estimates, rules); in a thread it would
         hold the GIL and make every key press wait, in a process it cannot.
         """
-        if importlib.util.find_spec("sre_agent.diagnosis") is None:
+        if importlib.util.find_spec("sre_agent.analysis.diagnosis") is None:
             raise DiagnosisUnavailableError("the diagnose engine is not installed")
         if self._clickhouse is not None:
             # In this process: the work is ClickHouse's (it leaves the GIL), and one process
             # may hold a chdb directory, so a child could not open it.
-            from sre_agent.diagnosis import diagnose
+            from sre_agent.analysis.diagnosis import diagnose
 
             return dict(diagnose(self._cursor(), selection).to_dict())
         request = json.dumps({"path": self.path, "selection": selection.to_dict()})
@@ -225,7 +225,7 @@ def diagnose_child() -> None:
         request = json.loads(sys.stdin.read())
         selection = Selection.from_dict(request["selection"])
         try:
-            from sre_agent.diagnosis import diagnose
+            from sre_agent.analysis.diagnosis import diagnose
         except ImportError as exc:
             answer = ["unavailable", f"the diagnose engine cannot load: {exc}"]
         else:
@@ -265,7 +265,7 @@ class RemoteSource:
         """Nothing to prepare: the first request connects."""
 
     def _status(self) -> dict[str, Any]:
-        from sre_agent.client import get_json
+        from sre_agent.api.client import get_json
 
         return get_json(self.config, "/api/v1/status", client=self._client, timeout_s=self._timeout_s)
 
@@ -282,7 +282,7 @@ class RemoteSource:
         return sorted(out, key=lambda v: (v.first, v.service or "", v.version))
 
     def _get(self, name: str, selection: Selection | None, **extra: Any) -> dict[str, Any]:
-        from sre_agent.client import get_json
+        from sre_agent.api.client import get_json
 
         params: list[tuple[str, str]] = selection_to_query(selection) if selection else []
         for key, value in extra.items():
@@ -319,7 +319,7 @@ class RemoteSource:
         return [from_json_dict(WaterfallSpan, row) for row in body["spans"]]
 
     def diagnose(self, selection: Selection) -> dict[str, Any]:
-        from sre_agent.client import post_json
+        from sre_agent.api.client import post_json
         from sre_agent.errors import RemoteError
 
         try:

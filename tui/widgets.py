@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from sre_agent.explore import STAGES, Overview, StageBreakdown, Tile, Timeline, WaterfallSpan
+from sre_agent.analysis.explore import STAGES, Overview, StageBreakdown, Tile, Timeline, WaterfallSpan
 
 __all__ = [
     "RateTile",

@@ -6,9 +6,9 @@ import argparse
 import dataclasses
 from typing import Any
 
+from sre_agent.analysis.selection import Selection, parse_duration, parse_time, parse_window
 from sre_agent.config import STORE_PREFIXES, Config, load_config
 from sre_agent.errors import UsageError
-from sre_agent.selection import Selection, parse_duration, parse_time, parse_window
 
 __all__ = [
     "add_format_option",

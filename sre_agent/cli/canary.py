@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Evaluate the gate locally (``--db``) or through a server (``--url``) and print the verdict."""
-    from sre_agent.canary import CanarySpec, Verdict, evaluate, render, verdict_from_dict
+    from sre_agent.canary.verdict import CanarySpec, Verdict, evaluate, render, verdict_from_dict
 
     selection = selection_from_args(args)
     spec = CanarySpec.from_strings(
@@ -137,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     result: Verdict
     if config.url:
-        from sre_agent.client import post_json
+        from sre_agent.api.client import post_json
 
         payload: dict[str, Any] = {
             "selection": selection.to_dict(),
@@ -147,8 +147,8 @@ def _run(args: argparse.Namespace) -> int:
         }
         result = verdict_from_dict(post_json(config, "/api/v1/canary", payload))
     else:
-        from sre_agent.sources import open_source
-        from sre_agent.store import Store
+        from sre_agent.store.embedded import Store
+        from sre_agent.store.sources import open_source
 
         with open_source(config) as source:
             result = evaluate(source.connection if isinstance(source, Store) else source, selection, spec)

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from sre_agent.replays.outputs import StoreOutput
     from sre_agent.replays.replay import epoch_ns, replay
     from sre_agent.replays.scenario import load_scenario
-    from sre_agent.store import Store
+    from sre_agent.store.embedded import Store
 
     scenario = load_scenario(DEMO_SCENARIO)
     if args.scale != 1.0:
@@ -185,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _diagnosis(store: Any, deploy_ns: int, window_ns: int, fmt: str) -> str:
-    from sre_agent.diagnosis import diagnose
-    from sre_agent.selection import Selection
+    from sre_agent.analysis.diagnosis import diagnose
+    from sre_agent.analysis.selection import Selection
 
     report = diagnose(store, Selection(mode="deploy_at", deploy_at_ns=deploy_ns, window_ns=window_ns))
     rendered: str = report.render(fmt)  # type: ignore[arg-type]

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if config.url:
         import json
 
-        from sre_agent.client import post_json
+        from sre_agent.api.client import post_json
         from sre_agent.errors import RemoteError, UsageError
 
         payload: dict[str, Any] = {"selection": selection.to_dict()}
@@ -71,13 +71,13 @@ def run(args: argparse.Namespace) -> int:
         if args.format == "json":
             print(json.dumps(data, indent=2))
         else:
-            from sre_agent.report import render_dict
+            from sre_agent.analysis.report import render_dict
 
             print(render_dict(data, args.format), end="")
         return 0
-    from sre_agent.diagnosis import diagnose
+    from sre_agent.analysis.diagnosis import diagnose
     from sre_agent.errors import SelectionError, UsageError
-    from sre_agent.sources import open_source
+    from sre_agent.store.sources import open_source
 
     with open_source(config) as source:
         try:

@@ -58,9 +58,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Ingest the files; returns the exit code."""
-    from sre_agent.files import ingest_files
-    from sre_agent.normalise import Normaliser
-    from sre_agent.store import Store
+    from sre_agent.ingest.files import ingest_files
+    from sre_agent.ingest.normalise import Normaliser
+    from sre_agent.store.embedded import Store
 
     config = config_from_args(args, keep_content=args.keep_content)
     if config.max_body_bytes < 1:
@@ -89,7 +89,7 @@ def _send(files: list[str], config: Any) -> list[Any]:
     """Send the files to a running server (``--url``)."""
     import httpx
 
-    from sre_agent.remote_ingest import send_files
+    from sre_agent.ingest.remote import send_files
 
     headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
     with httpx.Client(base_url=config.url, headers=headers, timeout=120.0) as client, _ProgressBar(files) as progress:

@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["register"]
 
 EPILOG = """Rules register under the entry-point group "sre_agent.rules" (built-in and
-third-party alike); see sre_agent.rules_api for how to write one.
+third-party alike); see sre_agent.analysis.rules_api for how to write one.
 
 examples:
   sre-agent rules
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the registry in order; with ``--check`` also load every rule."""
-    from sre_agent.rules_registry import list_rules, load_rules
+    from sre_agent.analysis.rules_registry import list_rules, load_rules
 
     infos = list_rules()
     failures = {f.name: f.error for f in load_rules()[1]} if args.check else {}

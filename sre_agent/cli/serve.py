@@ -95,8 +95,8 @@ def _run_read(args: argparse.Namespace, config: Any) -> int:
         raise UsageError(f"--read {args.read!r}: use chdb:PATH or clickhouse://user@host:8123/db")
     if args.db is not None or args.scrape or args.decode_workers:
         raise UsageError("--read serves only the API: --db, --scrape and --decode-workers do not apply")
-    from sre_agent.read_server import serve_read
-    from sre_agent.server import ServeAddresses
+    from sre_agent.api.read_server import serve_read
+    from sre_agent.api.server import ServeAddresses
 
     def announce(addresses: ServeAddresses) -> None:
         print(f"sre-agent serve: reading {addresses.db} (API only, no receivers)", file=sys.stderr)
@@ -121,7 +121,7 @@ def _seconds(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; exit 0 on a clean shutdown, 1 on a startup error."""
-    from sre_agent.server import ServeAddresses, serve
+    from sre_agent.api.server import ServeAddresses, serve
 
     try:
         targets = scrape_targets(args.scrape, "--scrape") if args.scrape else None

@@ -11,10 +11,10 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
+from sre_agent.analysis.explore import DEFAULT_SLOS
+from sre_agent.analysis.selection import parse_duration
 from sre_agent.cli._common import add_selection_options, add_store_options, config_from_args, selection_from_args
 from sre_agent.errors import SreAgentError, UsageError
-from sre_agent.explore import DEFAULT_SLOS
-from sre_agent.selection import parse_duration
 
 if TYPE_CHECKING:
     from sre_agent.tui.source import DataSource

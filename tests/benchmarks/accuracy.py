@@ -58,8 +58,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sre_agent.analysis.rules_api import CAUSES
 from sre_agent.replays.incidents import generate, write_incident
-from sre_agent.rules_api import CAUSES
 
 #: Causes whose slice is right although the truth names none (see false_scope above).
 UNLABELLED_SLICE_CAUSES = frozenset({"traffic_mix", "retry_amplification"})

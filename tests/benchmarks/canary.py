@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from sre_agent.canary import evaluate
-from sre_agent.canary_spec import CanarySpec
-from sre_agent.selection import Selection
-from sre_agent.store import Store
+from sre_agent.analysis.selection import Selection
+from sre_agent.canary.spec import CanarySpec
+from sre_agent.canary.verdict import evaluate
+from sre_agent.store.embedded import Store
 
 NS = 1_000_000_000
 T0 = 1_780_000_000 * NS

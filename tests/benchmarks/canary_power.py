@@ -32,7 +32,7 @@ Method
 4. A/A false fail: any poll answered ``fail``. A/A pass: no poll failed and
    the last poll answered ``pass``. A/B fail: any poll answered ``fail``.
 
-The gate runs as :func:`sre_agent.canary.summarise` + :func:`judge`, the pure
+The gate runs as :func:`sre_agent.canary.verdict.summarise` + :func:`judge`, the pure
 mirror of the store path (``tests/canary/test_canary_power.py`` checks that
 the store computes the same summaries).
 """
@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sre_agent.canary import judge, summarise
-from sre_agent.canary_spec import CanarySpec
-from sre_agent.exceedance import TIME_BLOCKS
+from sre_agent.analysis.exceedance import TIME_BLOCKS
+from sre_agent.canary.spec import CanarySpec
+from sre_agent.canary.verdict import judge, summarise
 
 BLOCK = 50
 POLLS = 10

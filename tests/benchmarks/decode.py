@@ -3,7 +3,7 @@
 Builds ``--spans`` vLLM V1-shaped ``llm_request`` spans with 20 attributes each
 (telemetry.md 1.3: distinct ids and request ids, varying latencies and token
 counts, a handful of models and tenants) in requests of ``--batch`` spans,
-serialises them, then times :func:`sre_agent.otlp.decode_traces` over all
+serialises them, then times :func:`sre_agent.ingest.otlp.decode_traces` over all
 bodies (after one warm-up pass, as a long-running receiver is warm). Reports
 process CPU time (stable on a shared machine) and wall time. Also times the
 bare upb parse of the same bodies for reference. The last line is::
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_traces
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
 
@@ -131,9 +131,9 @@ def _touch_attributes(body: bytes) -> int:
 
 def breakdown(bodies: list[bytes], spans: int, normaliser: Normaliser) -> None:
     """Print the CPU cost of each decode stage, microseconds per span."""
-    from sre_agent import _spans
-    from sre_agent._attrs import decode_attributes
-    from sre_agent.otlp import _lite_request_class
+    from sre_agent.ingest import spans as _spans
+    from sre_agent.ingest.attrs import decode_attributes
+    from sre_agent.ingest.otlp import _lite_request_class
 
     lite = _lite_request_class()
     stages = {

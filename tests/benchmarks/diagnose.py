@@ -18,10 +18,10 @@ with the promoted attributes in their columns; schema.py, "Stored layout").
 ``--engine chdb [--accelerated]`` reads the same spans and metric points from ClickHouse in-process (chdb),
 in the OTel Collector ClickHouse exporter's tables and row layout (``otel_traces`` with every
 attribute a string in ``SpanAttributes``/``ResourceAttributes``, ``otel_metrics_gauge``/``_sum``;
-tests/exporter_layout.py), through :mod:`sre_agent.clickhouse_engine`; the bare p99 is then
+tests/exporter_layout.py), through :mod:`sre_agent.store.clickhouse`; the bare p99 is then
 ClickHouse's own exact p99 of the span ``Duration`` per window over that table. ``--accelerated``
 also keeps the canonical columns as materialized columns
-(:func:`sre_agent.clickhouse_schema.acceleration_ddl`), in a layout of its own.
+(:func:`sre_agent.store.clickhouse_schema.acceleration_ddl`), in a layout of its own.
 
 ``--phases`` also prints, after the timed runs, the process CPU of each step
 of one diagnosis run serially (no background read), so the parts can be attributed.
@@ -43,8 +43,8 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: exporter_layout
 
-from sre_agent import schema
-from sre_agent.selection import Selection
+from sre_agent.analysis.selection import Selection
+from sre_agent.store import schema
 
 T0_NS = 1_790_000_000 * 1_000_000_000
 HOUR_NS = 3600 * 1_000_000_000
@@ -161,9 +161,9 @@ def phases(con: duckdb.DuckDBPyConnection, selection: Selection) -> None:
     """Print process CPU (user and system, s) of each step of one serial diagnosis."""
     import resource
 
-    from sre_agent import diagnosis
-    from sre_agent.compare import Comparison
-    from sre_agent.rules_registry import load_rules
+    from sre_agent.analysis import diagnosis
+    from sre_agent.analysis.compare import Comparison
+    from sre_agent.analysis.rules_registry import load_rules
 
     def cpu() -> tuple[float, float]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -253,7 +253,7 @@ def main() -> int:
 def run_chdb(duck: Path, args: argparse.Namespace) -> int:
     """The benchmark on chdb over the exporter's tables (see the module docstring)."""
     from sre_agent import diagnose
-    from sre_agent.clickhouse_engine import connect_clickhouse
+    from sre_agent.store.clickhouse import connect_clickhouse
 
     target = duck.with_name(duck.stem + ("-accelerated" if args.accelerated else "") + ".chdb")
     if not target.exists():
@@ -264,7 +264,7 @@ def run_chdb(duck: Path, args: argparse.Namespace) -> int:
         if args.accelerated:
             from chdb import session
 
-            from sre_agent.clickhouse_schema import acceleration_ddl
+            from sre_agent.store.clickhouse_schema import acceleration_ddl
 
             db = session.Session(str(target))
             for statement in acceleration_ddl():

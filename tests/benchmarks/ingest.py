@@ -199,7 +199,7 @@ def _remaining_as_json(rows: pa.Table) -> pa.Table:
 
     import pyarrow as pa
 
-    from sre_agent.schema import SPAN_ATTRIBUTE_SOURCES
+    from sre_agent.store.schema import SPAN_ATTRIBUTE_SOURCES
 
     mapped = {key for keys in SPAN_ATTRIBUTE_SOURCES.values() for key in keys}
     for name in ("attributes", "resource_attributes"):
@@ -221,9 +221,9 @@ def store_floors_us_per_span(batch: int, requests: int, commit: int) -> dict[str
     import duckdb
     import pyarrow as pa
 
-    from sre_agent._span_rows import to_span_rows
-    from sre_agent.normalise import Normaliser
-    from sre_agent.otlp import build_spans, collect_traces, decode_traces
+    from sre_agent.ingest.normalise import Normaliser
+    from sre_agent.ingest.otlp import build_spans, collect_traces, decode_traces
+    from sre_agent.store.span_rows import to_span_rows
 
     factory = PayloadFactory(batch)
     normaliser = Normaliser(hash_key=b"floor")
@@ -267,7 +267,7 @@ def store_floors_us_per_span(batch: int, requests: int, commit: int) -> dict[str
             con.close()
     # The duplicate check the store must run on every commit (idempotence on trace and span id),
     # timed as Store.append_spans re-appending stored rows: only the check runs then.
-    from sre_agent.store import Store
+    from sre_agent.store.embedded import Store
 
     scratch = tempfile.TemporaryDirectory(prefix="sre-agent-floor-")
     with scratch, Store.open(Path(scratch.name) / "d.duckdb") as store:

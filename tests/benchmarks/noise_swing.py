@@ -9,7 +9,7 @@ swing shared by every request. Each deploy is diagnosed through the library path
 - a 1.3x decode slowdown with the swing (seeds 1..20): how many are found as ``decode_slowdown``;
 - a 1.2x decode slowdown without the swing (seeds 1..20): how many are found.
 
-``--scales`` replaces :data:`sre_agent.stats.BLOCK_SCALES` for the run (to compare block lengths).
+``--scales`` replaces :data:`sre_agent.analysis.stats.BLOCK_SCALES` for the run (to compare block lengths).
 The last line is ``noise_swing: healthy_flagged=F/40 slowed_found=S/20 plain_found=P/20 scales=..``.
 
 Run: ``python tests/benchmarks/noise_swing.py [--scales 1,2,4,8]``
@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagnose"))
 
 from synth import Options, Side, build_store
 
-from sre_agent import stats
-from sre_agent.diagnosis import diagnose
-from sre_agent.selection import Selection
+from sre_agent.analysis import stats
+from sre_agent.analysis.diagnosis import diagnose
+from sre_agent.analysis.selection import Selection
 
 #: The item-11 stack (tests/diagnose/test_diagnose_noise.py uses the same).
 NOISY = {"rate_rps": 4.8, "duration_s": 420.0, "replicas": 2, "tpot_drift": 0.12, "tpot_drift_s": 60.0}

@@ -2,7 +2,7 @@
 
 Prefills ``--prefill`` spans (cheap rows generated in SQL, in time order), then
 appends ``--batches`` batches of ``--batch`` vLLM-shaped spans decoded by
-:func:`sre_agent.otlp.decode_traces` (20 span attributes, 5 resource
+:func:`sre_agent.ingest.otlp.decode_traces` (20 span attributes, 5 resource
 attributes) through :meth:`Store.append_spans`, and finally re-appends the
 last batch to time the all-duplicates path. Wall time (DuckDB uses every
 core). The last line is::
@@ -20,7 +20,7 @@ These are the storage floors behind the end-to-end ingest figure.
 ``--checkpoint`` first appends ``--checkpoint-spans`` spans in commits of
 ``--floor-batch`` (the size a loaded receiver commits) into two fresh stores,
 one with DuckDB's default checkpoint threshold (16 MB of log) and one with the
-store's (:data:`sre_agent.store.CHECKPOINT_THRESHOLD`), alternating commits,
+store's (:data:`sre_agent.store.embedded.CHECKPOINT_THRESHOLD`), alternating commits,
 and prints each one's wall time per span by quarter of the run, its commits'
 p99 and longest (a commit that triggers a checkpoint waits for it) and the
 final checkpoint: the automatic checkpoints' share of a busy writer's time.
@@ -50,9 +50,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
-from sre_agent.store import CHECKPOINT_THRESHOLD, Store
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_traces
+from sre_agent.store.embedded import CHECKPOINT_THRESHOLD, Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -274,7 +274,7 @@ def replay(tables: list[pa.Table], spans: int) -> None:
         with open(batches, "wb") as out:
             pickle.dump([data.slice(i, 4096) for i in range(0, data.num_rows, 4096)], out)
         child = (
-            "import os, pickle, sys; from sre_agent.store import Store; s = Store.open(sys.argv[1]); "
+            "import os, pickle, sys; from sre_agent.store.embedded import Store; s = Store.open(sys.argv[1]); "
             "[s.append_spans(b) for b in pickle.load(open(sys.argv[2], 'rb'))]; os._exit(0)"
         )
         subprocess.run([sys.executable, "-c", child, path, batches], check=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from sre_agent.schema import spans_arrow_schema
-from sre_agent.store import Store
+from sre_agent.store.embedded import Store
+from sre_agent.store.schema import spans_arrow_schema
 
 NS = 1_000_000_000
 T0 = 1_780_000_000 * NS

@@ -4,7 +4,7 @@ Each store of the verdict suite (a regressed version with findings, an unchanged
 low traffic, vLLM's ITL histogram, SGLang-like spans without e2e and with malformed
 TTFTs) is also laid out in the OTel Collector ClickHouse exporter's tables in chdb
 (``exporter_layout.duckdb_to_exporter``) and evaluated there through
-:mod:`sre_agent.clickhouse_engine`; the verdicts must be the same, floats to 1e-9.
+:mod:`sre_agent.store.clickhouse`; the verdicts must be the same, floats to 1e-9.
 Opt-in: ``-m clickhouse``.
 """
 
@@ -21,11 +21,11 @@ from canary_synth import T0, Profile, spans_table, version_pair_store, write_sto
 from exporter_layout import differences, duckdb_to_exporter
 from test_canary_verdict import VERSIONS, _itl_histograms
 
-from sre_agent.canary import evaluate
-from sre_agent.canary_spec import CanarySpec
+from sre_agent.analysis.selection import Selection
+from sre_agent.canary.spec import CanarySpec
+from sre_agent.canary.verdict import evaluate
 from sre_agent.errors import CannotEvaluateError
-from sre_agent.selection import Selection
-from sre_agent.store import Store
+from sre_agent.store.embedded import Store
 
 pytestmark = pytest.mark.clickhouse
 
@@ -73,7 +73,7 @@ CASES: dict[str, tuple[Callable[[Path], None], list[str], list[str], dict[str, A
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_same_verdict_from_both_engines(case: str, tmp_path: Path) -> None:
-    from sre_agent.clickhouse_engine import connect_clickhouse
+    from sre_agent.store.clickhouse import connect_clickhouse
 
     build, slos, regressions, options = CASES[case]
     db, house = tmp_path / "store.duckdb", tmp_path / "otel-chdb"

@@ -1,4 +1,4 @@
-"""The share and quantile-ratio tests behind every canary check (sre_agent.exceedance)."""
+"""The share and quantile-ratio tests behind every canary check (sre_agent.analysis.exceedance)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from sre_agent.exceedance import (
+from sre_agent.analysis.exceedance import (
     ShareCounts,
     boundary_radius,
     crosses,

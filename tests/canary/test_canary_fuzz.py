@@ -17,8 +17,8 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sre_agent.api.server import build_app, open_context
 from sre_agent.config import Config
-from sre_agent.server import build_app, open_context
 
 KEYS = (
     "baseline_version", "candidate_version", "baseline", "candidate", "deploy_at", "window", "since_last_deploy",

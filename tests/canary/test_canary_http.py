@@ -19,8 +19,8 @@ import httpx
 import pytest
 from receiver_harness import ServeProcess, start_serve
 
-from sre_agent.canary import Verdict
-from sre_agent.canary_api import EvaluationStore
+from sre_agent.api.canary_routes import EvaluationStore
+from sre_agent.canary.verdict import Verdict
 from sre_agent.cli import main
 
 ARGO_TIMEOUT_S = 10.0  # Argo Rollouts web metric default timeoutSeconds

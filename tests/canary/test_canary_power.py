@@ -1,7 +1,7 @@
 """The gate's summaries on a real store equal the pure mirror, and the mirror's power and validity on replays.
 
 The power benchmark (``tests/benchmarks/canary_power.py``) runs the pure
-mirror (:func:`sre_agent.canary.summarise`) for speed; the first test is what
+mirror (:func:`sre_agent.canary.verdict.summarise`) for speed; the first test is what
 makes its figures speak for the store path.
 """
 
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from canary_synth import Profile, version_pair_store
 
-from sre_agent._canary_store import gather
-from sre_agent.canary import judge, summarise
-from sre_agent.canary_spec import CanarySpec
-from sre_agent.exceedance import block_of
-from sre_agent.selection import Selection
-from sre_agent.store import Store
+from sre_agent.analysis.exceedance import block_of
+from sre_agent.analysis.selection import Selection
+from sre_agent.canary.gather import gather
+from sre_agent.canary.spec import CanarySpec
+from sre_agent.canary.verdict import judge, summarise
+from sre_agent.store.embedded import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import canary_power

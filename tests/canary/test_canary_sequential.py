@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from sre_agent.sequential import (
+from sre_agent.canary.sequential import (
     histogram_quantile_cs,
     point_rank,
     quantile_cs_ranks,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sre_agent.canary_api import request_from_params
-from sre_agent.canary_spec import CanarySpec, parse_max_regression, parse_slo
+from sre_agent.api.canary_routes import request_from_params
+from sre_agent.canary.spec import CanarySpec, parse_max_regression, parse_slo
 from sre_agent.errors import ConfigError, UsageError
 
 

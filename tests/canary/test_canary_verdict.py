@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 from canary_synth import NS, T0, Profile, spans_table, version_pair_store, write_store
 
-from sre_agent.canary import SideStats, evaluate, judge, render, summarise, verdict_from_dict
-from sre_agent.canary_spec import CanarySpec
+from sre_agent.analysis.selection import Selection
+from sre_agent.canary.sequential import point_rank
+from sre_agent.canary.spec import CanarySpec
+from sre_agent.canary.verdict import SideStats, evaluate, judge, render, summarise, verdict_from_dict
 from sre_agent.errors import CannotEvaluateError
-from sre_agent.schema import metric_points_arrow_schema
-from sre_agent.selection import Selection
-from sre_agent.sequential import point_rank
-from sre_agent.store import Store
+from sre_agent.store.embedded import Store
+from sre_agent.store.schema import metric_points_arrow_schema
 
 VERSIONS = Selection(mode="versions", baseline_version="v1", candidate_version="v2")
 
@@ -312,7 +312,7 @@ def test_slow_diagnosis_is_cut_off_and_the_verdict_still_stands(
 ) -> None:
     import threading
 
-    import sre_agent.diagnosis as diagnose_module
+    import sre_agent.analysis.diagnosis as diagnose_module
 
     release = threading.Event()
 

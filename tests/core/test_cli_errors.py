@@ -19,7 +19,7 @@ import pytest
 
 from sre_agent.cli import main
 from sre_agent.errors import StoreError
-from sre_agent.store import Store
+from sre_agent.store.embedded import Store
 
 MS_DEPLOY = "1768468200000"  # 2026-01-15T09:10:00Z in Unix milliseconds
 

@@ -1,7 +1,7 @@
 """The analysis dialect (DuckDB's) answered by ClickHouse: each respelling checked against DuckDB itself.
 
 Every case runs the same DuckDB-dialect query on a DuckDB connection and through
-:class:`sre_agent.clickhouse_engine.ClickHouseConnection` on chdb (ClickHouse
+:class:`sre_agent.store.clickhouse.ClickHouseConnection` on chdb (ClickHouse
 in-process) over the same rows, and the answers must agree. Opt-in
 (``-m clickhouse``; ``pip install -e '.[clickhouse]'``).
 """
@@ -34,7 +34,7 @@ ROWS = pa.table(
 @pytest.fixture(scope="module")
 def engines() -> Iterator[tuple[duckdb.DuckDBPyConnection, Any]]:
     """A DuckDB connection and a chdb-backed ClickHouseConnection, each with table ``t`` = ROWS."""
-    from sre_agent.clickhouse_engine import connect_clickhouse
+    from sre_agent.store.clickhouse import connect_clickhouse
 
     duck = duckdb.connect()
     duck.register("t_rows", ROWS)
@@ -201,7 +201,7 @@ class ChdbClient:
 def test_a_server_url_reaches_the_client_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
     import clickhouse_connect
 
-    from sre_agent.clickhouse_engine import SETTINGS, connect_clickhouse
+    from sre_agent.store.clickhouse import SETTINGS, connect_clickhouse
 
     made: list[ChdbClient] = []
 
@@ -226,7 +226,7 @@ def test_a_server_url_reaches_the_client_as_given(monkeypatch: pytest.MonkeyPatc
 def test_a_session_without_duckdbs_null_semantics_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import clickhouse_connect
 
-    from sre_agent.clickhouse_engine import connect_clickhouse
+    from sre_agent.store.clickhouse import connect_clickhouse
 
     monkeypatch.setattr(clickhouse_connect, "get_client", lambda **kw: ChdbClient(apply_settings=False, **kw))
     with pytest.raises(StoreError, match=r"join_use_nulls=0.*readonly=2"):
@@ -234,8 +234,8 @@ def test_a_session_without_duckdbs_null_semantics_is_refused(monkeypatch: pytest
 
 
 def test_metric_sources_cover_every_name_that_reads_as_the_canonical_one() -> None:
-    from sre_agent.clickhouse_schema import metric_sources
-    from sre_agent.schema import METRIC_NAME_ALIASES, canonical_metric_name
+    from sre_agent.store.clickhouse_schema import metric_sources
+    from sre_agent.store.schema import METRIC_NAME_ALIASES, canonical_metric_name
 
     old, new = next(iter(METRIC_NAME_ALIASES.items()))
     exported = [old, old + "_total", new, new + "_total", "vllm:num_requests_running", "other_total", "x_total_total"]
@@ -251,7 +251,7 @@ def test_a_metric_name_filter_narrows_the_exporter_scan() -> None:
 
     That the answers stay the same is the engine-parity suite's (tests/diagnose/test_diagnose_engines.py).
     """
-    from sre_agent.clickhouse_engine import connect_clickhouse
+    from sre_agent.store.clickhouse import connect_clickhouse
 
     house = connect_clickhouse("chdb:")
     try:

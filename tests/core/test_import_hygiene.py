@@ -30,7 +30,7 @@ def test_import_sre_agent_is_light() -> None:
 
 
 #: Modules of an optional extra (pip install 'sre-agent[clickhouse]'): importable only with it.
-OPTIONAL = {"sre_agent.clickhouse_engine": "sqlglot", "sre_agent.clickhouse_dialect": "sqlglot"}
+OPTIONAL = {"sre_agent.store.clickhouse": "sqlglot", "sre_agent.store.clickhouse_dialect": "sqlglot"}
 
 
 def test_no_core_module_loads_textual() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from sre_agent import schema
+from sre_agent.store import schema
 
 
 def test_ddl_creates_the_declared_columns(tmp_path: Path) -> None:
@@ -23,7 +23,7 @@ def test_ddl_creates_the_declared_columns(tmp_path: Path) -> None:
         got = [row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()]
         assert got == [c.name for c in columns] + extra
     # An Arrow batch with the declared schema appends without casts, in its stored form.
-    from sre_agent._span_rows import to_span_rows
+    from sre_agent.store.span_rows import to_span_rows
 
     con.register("batch", to_span_rows(schema.spans_arrow_schema().empty_table()))
     con.execute("INSERT INTO span_rows SELECT * FROM batch")

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sre_agent.analysis.selection import Selection, Window, format_time, parse_duration, parse_time, parse_window
 from sre_agent.cli._common import add_selection_options, selection_from_args
 from sre_agent.errors import UsageError
-from sre_agent.selection import Selection, Window, format_time, parse_duration, parse_time, parse_window
 
 
 def test_time_forms_agree() -> None:

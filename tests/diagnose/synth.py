@@ -5,7 +5,7 @@ batching reduced to its queueing essence): a request waits until a slot
 frees, then takes prefill (uncached prompt tokens x seconds per token) plus
 decode (output tokens x TPOT x the host's slowdown). More arrivals at the same
 service time therefore queue more; fewer replicas likewise; a slow host slows
-only its own requests. Tables are created from ``sre_agent.schema``'s DDL.
+only its own requests. Tables are created from ``sre_agent.store.schema``'s DDL.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from sre_agent import schema
-from sre_agent._span_rows import to_span_rows
+from sre_agent.store import schema
+from sre_agent.store.span_rows import to_span_rows
 
 T0_NS = 1_790_000_000 * 1_000_000_000
 # vLLM's default buckets

@@ -9,8 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from sre_agent.decompose import offered_load_terms, stage_decomposition, stage_drivers
-from sre_agent.rules_api import Regression
+from sre_agent.analysis.decompose import offered_load_terms, stage_decomposition, stage_drivers
+from sre_agent.analysis.rules_api import Regression
 
 
 @dataclass

@@ -14,9 +14,9 @@ import duckdb
 import pytest
 from synth import T0_NS, Options, Side, build_store
 
-from sre_agent.compare import Comparison, resolve_windows
-from sre_agent.diagnosis import diagnose
-from sre_agent.selection import Selection
+from sre_agent.analysis.compare import Comparison, resolve_windows
+from sre_agent.analysis.diagnosis import diagnose
+from sre_agent.analysis.selection import Selection
 
 NS = 1_000_000_000
 SINCE = Selection(mode="since_last_deploy")

@@ -4,7 +4,7 @@ One replay writes each scenario twice: into a DuckDB store as sre-agent's receiv
 would, and into chdb (ClickHouse in-process) in the OTel Collector ClickHouse
 exporter's own tables and row layout (``exporter_layout``, a stand-in for the
 Collector, which cannot run here). ``diagnose`` and the canary then read each, the
-second through :mod:`sre_agent.clickhouse_engine` with no copy and no schema of
+second through :mod:`sre_agent.store.clickhouse` with no copy and no schema of
 ours, and must give the same report: the same headline, estimates, findings,
 scopes, evidence and verdicts (floats to 1e-9 relative; timings aside).
 
@@ -23,13 +23,13 @@ import pytest
 from exporter_layout import ExporterTables, Tee, differences
 
 from sre_agent import diagnose
-from sre_agent.canary import evaluate
-from sre_agent.canary_spec import CanarySpec
+from sre_agent.analysis.selection import Selection
+from sre_agent.canary.spec import CanarySpec
+from sre_agent.canary.verdict import evaluate
 from sre_agent.replays.outputs import StoreOutput
 from sre_agent.replays.replay import replay
 from sre_agent.replays.scenario import list_scenarios, load_scenario
-from sre_agent.selection import Selection
-from sre_agent.store import Store
+from sre_agent.store.embedded import Store
 
 SCENARIOS = list_scenarios()
 
@@ -46,8 +46,8 @@ ACCELERATED = frozenset(p.stem for p in SCENARIOS[1::2])
 def test_both_engines_give_the_same_report_and_verdict(path: Path, tmp_path: Path) -> None:
     from chdb import session
 
-    from sre_agent.clickhouse_engine import connect_clickhouse
-    from sre_agent.clickhouse_schema import acceleration_ddl
+    from sre_agent.store.clickhouse import connect_clickhouse
+    from sre_agent.store.clickhouse_schema import acceleration_ddl
 
     db = tmp_path / "store.duckdb"
     exported = session.Session(str(tmp_path / "clickhouse"))

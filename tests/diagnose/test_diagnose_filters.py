@@ -15,11 +15,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.diagnosis import diagnose
+from sre_agent.analysis.selection import Selection
 from sre_agent.cli import main
-from sre_agent.compare import Comparison
-from sre_agent.diagnosis import diagnose
 from sre_agent.errors import EmptySelectionError, SelectionError
-from sre_agent.selection import Selection
 
 MakeStore = Callable[[str], tuple[Path, int]]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from synth import Options, Side, build_store
 
-from sre_agent.diagnosis import diagnose
-from sre_agent.selection import Selection
+from sre_agent.analysis.diagnosis import diagnose
+from sre_agent.analysis.selection import Selection
 
 #: ~2,000 requests a side in 7 minutes; TPOT carries a one-minute, +-12 % swing.
 NOISY = {"rate_rps": 4.8, "duration_s": 420.0, "replicas": 2, "tpot_drift": 0.12, "tpot_drift_s": 60.0}

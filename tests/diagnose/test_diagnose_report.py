@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from sre_agent import CAUSES, diagnose
-from sre_agent.report import SCHEMA, Report
-from sre_agent.rules_api import Evidence, Finding
-from sre_agent.rules_registry import list_rules, load_rules
-from sre_agent.selection import Selection, format_time
+from sre_agent.analysis.report import SCHEMA, Report
+from sre_agent.analysis.rules_api import Evidence, Finding
+from sre_agent.analysis.rules_registry import list_rules, load_rules
+from sre_agent.analysis.selection import Selection, format_time
 
 MakeStore = Callable[[str], tuple[Path, int]]
 SINCE = Selection(mode="since_last_deploy")

@@ -9,8 +9,8 @@ import duckdb
 import pytest
 
 from sre_agent import diagnose
+from sre_agent.analysis.selection import Selection, Window
 from sre_agent.errors import InsufficientDataError
-from sre_agent.selection import Selection, Window
 
 MakeStore = Callable[[str], tuple[Path, int]]
 SINCE = Selection(mode="since_last_deploy")
@@ -54,7 +54,7 @@ def test_clock_skew_between_gateway_and_engine_does_not_bias_stages(make_store: 
     report = diagnose(path, SINCE)
     assert report.findings[0].cause == "load", report.render("text")
     with duckdb.connect(str(path), read_only=True) as con:
-        from sre_agent.compare import Comparison
+        from sre_agent.analysis.compare import Comparison
 
         comparison = Comparison.open(con, SINCE)
         traces = comparison.traces
@@ -78,7 +78,7 @@ def test_a_rule_that_raises_is_reported_and_skipped(make_store: MakeStore, monke
     import importlib
 
     # the package attribute `diagnose` is the function; the module lives in sys.modules
-    diagnose_module = importlib.import_module("sre_agent.diagnosis")
+    diagnose_module = importlib.import_module("sre_agent.analysis.diagnosis")
 
     def broken(regression: object) -> None:
         raise RuntimeError("boom")

@@ -9,7 +9,7 @@ from typing import cast
 import pytest
 
 from sre_agent import diagnose
-from sre_agent.selection import Selection
+from sre_agent.analysis.selection import Selection
 
 MakeStore = Callable[[str], tuple[Path, int]]
 SINCE = Selection(mode="since_last_deploy")
@@ -98,8 +98,8 @@ def test_top_finding_over_all_installed_rules(
 
 
 def test_rules_marked_run_late_run_after_the_others_and_ranking_ignores_the_order() -> None:
-    from sre_agent.diagnosis import RuleContext, run_rules
-    from sre_agent.rules_api import Finding, Rule, run_late
+    from sre_agent.analysis.diagnosis import RuleContext, run_rules
+    from sre_agent.analysis.rules_api import Finding, Rule, run_late
 
     calls: list[str] = []
 
@@ -122,7 +122,7 @@ def test_rules_marked_run_late_run_after_the_others_and_ranking_ignores_the_orde
 
 
 def _installed_rules() -> list[tuple[str, object]]:
-    from sre_agent.rules_registry import load_rules
+    from sre_agent.analysis.rules_registry import load_rules
 
     loaded, _ = load_rules(None)
     return list(loaded)

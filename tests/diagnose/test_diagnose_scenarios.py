@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from sre_agent import diagnose
+from sre_agent.analysis.selection import Selection
 from sre_agent.replays.outputs import StoreOutput
 from sre_agent.replays.replay import replay
 from sre_agent.replays.scenario import list_scenarios, load_scenario
-from sre_agent.selection import Selection
 
 SCENARIOS = list_scenarios()
 

@@ -8,10 +8,10 @@ import duckdb
 import polars as pl
 import pytest
 
-from sre_agent import explore
-from sre_agent.compare import Comparison, DeployPoint, resolve_windows
+from sre_agent.analysis import explore
+from sre_agent.analysis.compare import Comparison, DeployPoint, resolve_windows
+from sre_agent.analysis.selection import Selection, Window
 from sre_agent.errors import InsufficientDataError, SelectionError
-from sre_agent.selection import Selection, Window
 
 NS = 1_000_000_000
 

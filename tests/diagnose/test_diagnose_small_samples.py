@@ -18,12 +18,12 @@ import duckdb
 import pytest
 from synth import Options, Side, build_store
 
-from sre_agent import stats
-from sre_agent.compare import Comparison
-from sre_agent.decompose import stage_decomposition
-from sre_agent.diagnosis import diagnose
-from sre_agent.report import render_dict
-from sre_agent.selection import Selection
+from sre_agent.analysis import stats
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.decompose import stage_decomposition
+from sre_agent.analysis.diagnosis import diagnose
+from sre_agent.analysis.report import render_dict
+from sre_agent.analysis.selection import Selection
 
 VERSIONS = Selection(mode="versions", baseline_version="v1", candidate_version="v2")
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sre_agent.diagnosis import _STAGE_RULE, _stage_scopes
-from sre_agent.rules_api import Finding
-from sre_agent.rules_registry import list_rules
+from sre_agent.analysis.diagnosis import _STAGE_RULE, _stage_scopes
+from sre_agent.analysis.rules_api import Finding
+from sre_agent.analysis.rules_registry import list_rules
 
 
 def _finding(rule: str, cause: str, stage: str, confidence: float, scope: dict[str, str] | None = None) -> Finding:

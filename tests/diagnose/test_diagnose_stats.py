@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from sre_agent import stats
+from sre_agent.analysis import stats
 
 
 def _hist(values: list[float], slices: int = 40) -> stats.SliceHistogram:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from sre_agent.localise import localise
-from sre_agent.rules_api import Regression
+from sre_agent.analysis.localise import localise
+from sre_agent.analysis.rules_api import Regression
 
 REGRESSION = Regression(metric="e2e", quantile=0.9, baseline=1.0, candidate=3.0, ci=(1.5, 2.5), significant=True)
 DIMENSIONS = ["host.name", "service.instance.id", "service.version", "tenant.id"]

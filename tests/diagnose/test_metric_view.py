@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sre_agent import schema
-from sre_agent.metric_view import HistogramDelta, MetricView
-from sre_agent.resolve import SideWindow
-from sre_agent.selection import Selection
+from sre_agent.analysis.metric_view import HistogramDelta, MetricView
+from sre_agent.analysis.resolve import SideWindow
+from sre_agent.analysis.selection import Selection
+from sre_agent.store import schema
 
 BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 

@@ -8,7 +8,7 @@ without anything in the engine changing. Optional parts: gateway root spans
 with a retrieval dependency and attempt spans (retries carry
 ``http.request.resend_count``), and a metric stream (prefix-cache counters,
 running and KV gauges, a preemption counter, the tokens-per-step histogram).
-Tables come from ``sre_agent.schema``'s DDL.
+Tables come from ``sre_agent.store.schema``'s DDL.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from sre_agent import schema
-from sre_agent._span_rows import to_span_rows
+from sre_agent.store import schema
+from sre_agent.store.span_rows import to_span_rows
 
 NS = 1_000_000_000
 T0 = 1_790_000_000.0

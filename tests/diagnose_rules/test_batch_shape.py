@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from sre_agent.analysis.rules_api import SidePair
 from sre_agent.rules._engine_cost import MIN_SLOWDOWN
 from sre_agent.rules._steps import BatchShape, StepMix
-from sre_agent.rules_api import SidePair
 
 
 def _shape(p99: tuple[float, float], cap: tuple[float, float], work_ratio: float = 1.0) -> BatchShape:

@@ -192,7 +192,7 @@ def test_prefill_slowdown_on_code_completion_is_prefill_slowdown(seed: int, tmp_
 def _step_mix(seed: int, tmp_path: Path) -> tuple[object, object]:
     import duckdb
 
-    from sre_agent.compare import Comparison
+    from sre_agent.analysis.compare import Comparison
     from sre_agent.rules._steps import decode_step_mix
 
     incident = generate(seed, SHARED_TRACES, max_per_side=1200)

@@ -17,10 +17,10 @@ import duckdb
 import pytest
 from rules_synth import Side, build
 
-from sre_agent.diagnosis import diagnose
-from sre_agent.report import Report
-from sre_agent.rules_api import Finding
-from sre_agent.selection import Selection
+from sre_agent.analysis.diagnosis import diagnose
+from sre_agent.analysis.report import Report
+from sre_agent.analysis.rules_api import Finding
+from sre_agent.analysis.selection import Selection
 
 MECHANISM_RULES = [
     "prefix_cache",

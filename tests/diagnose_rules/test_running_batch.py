@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 from rules_synth import Side, build
 
-from sre_agent import busy
-from sre_agent.compare import Comparison
+from sre_agent.analysis import busy
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.selection import Selection
 from sre_agent.rules import _engine_cost
-from sre_agent.selection import Selection
 
 
 @pytest.fixture(scope="module")

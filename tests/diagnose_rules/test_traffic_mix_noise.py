@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from sre_agent.analysis.rules_api import Regression
 from sre_agent.rules.traffic_mix import traffic_mix
-from sre_agent.rules_api import Regression
 
 REGRESSION = Regression(metric="e2e", quantile=0.9, baseline=1.0, candidate=1.3, ci=(0.1, 0.5), significant=True)
 

@@ -4,7 +4,7 @@ The table is created from the exporter's documented columns (docs/reference/tele
 in both the current and the older spellings of kinds and status codes), filled as the exporter
 lays spans out (lowercase hex ids, ``''`` for no parent, every attribute value as a string,
 ``Duration`` in ns, exception events in the ``Events`` nested columns), and read through
-:func:`sre_agent.clickhouse_schema.spans_select`. Each canonical column must equal what
+:func:`sre_agent.store.clickhouse_schema.spans_select`. Each canonical column must equal what
 sre-agent's own receiver decodes from the same OTLP request.
 
 Opt-in (``-m clickhouse``): chdb is ClickHouse in-process, ~0.5 GB, installed by
@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_builders import SEMCONV_NEW, SEMCONV_OLD, SGLANG, T0, VLLM_V0, VLLM_V1, metrics_request, trace_request
 
-from sre_agent.clickhouse_schema import acceleration_ddl, metric_points_select, spans_select
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_metrics, decode_traces
-from sre_agent.schema import METRIC_POINT_COLUMNS, SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_metrics, decode_traces
+from sre_agent.store.clickhouse_schema import acceleration_ddl, metric_points_select, spans_select
+from sre_agent.store.schema import METRIC_POINT_COLUMNS, SPAN_ATTRIBUTE_SOURCES, SPAN_COLUMNS
 
 pytestmark = pytest.mark.clickhouse
 

@@ -27,10 +27,10 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from otlp_builders import T0, VLLM_V1, key_values
 
 from sre_agent.errors import BadPayloadError
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import build_spans, collect_traces, decode_traces
-from sre_agent.receiver import Writer
-from sre_agent.store import Store
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import build_spans, collect_traces, decode_traces
+from sre_agent.ingest.receiver import Writer
+from sre_agent.store.embedded import Store
 
 NORM = Normaliser(hash_key=b"collect")
 _ALIASES = [
@@ -187,7 +187,7 @@ def test_the_stored_form_built_at_once_reads_back_as_the_canonical_rows(tmp_path
 
 def test_the_stored_form_keeps_an_engine_span_as_compact_as_the_general_conversion(tmp_path: Path) -> None:
     """On what vLLM sends (integers as integers, latencies as doubles) every promoted entry leaves the maps."""
-    from sre_agent._span_rows import to_span_rows
+    from sre_agent.store.span_rows import to_span_rows
 
     body = _good(1, spans=50)
     converted = to_span_rows(decode_traces(body, PROTOBUF, normaliser=NORM).table)

@@ -12,9 +12,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.trace import Status, StatusCode
 
-from sre_agent.exporter import StoreMetricExporter, StoreSpanExporter
-from sre_agent.normalise import Normaliser
-from sre_agent.store import Store
+from sre_agent.ingest.exporter import StoreMetricExporter, StoreSpanExporter
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.store.embedded import Store
 
 RESOURCE = Resource.create({"service.name": "gateway", "service.version": "1.2.3"})
 

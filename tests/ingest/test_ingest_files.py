@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from otlp_builders import T0, VLLM_V1, metrics_request, otlp_json, trace_request
 
-from sre_agent.files import ingest_files
-from sre_agent.normalise import Normaliser
-from sre_agent.store import Store
+from sre_agent.ingest.files import ingest_files
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.store.embedded import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MiB = 1024 * 1024

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from otlp_builders import SEMCONV_NEW, SGLANG, T0, VLLM_V1, metrics_request, otlp_json, trace_request
 
 from sre_agent.errors import BadPayloadError
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_metrics, decode_traces
-from sre_agent.schema import metric_points_arrow_schema, spans_arrow_schema
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_metrics, decode_traces
+from sre_agent.store.schema import metric_points_arrow_schema, spans_arrow_schema
 
 NORM = Normaliser(max_attribute_bytes=64, hash_key=b"fuzz")
 PROTOBUF = "application/x-protobuf"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from sre_agent.errors import BadPayloadError
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_metrics, decode_traces
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_metrics, decode_traces
 
 FIXTURES = Path(__file__).parent / "fixtures"
 JSON = "application/json; charset=utf-8"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from otlp_builders import T0, metrics_request
 
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_metrics
-from sre_agent.schema import metric_points_arrow_schema
-from sre_agent.store import Store
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_metrics
+from sre_agent.store.embedded import Store
+from sre_agent.store.schema import metric_points_arrow_schema
 
 PROTOBUF = "application/x-protobuf"
 LABELS = {"model_name": "llama-8b", "engine": "0"}

@@ -11,9 +11,9 @@ import pytest
 from otlp_builders import VLLM_V1, otlp_json, trace_request
 
 from sre_agent.errors import BadPayloadError
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
-from sre_agent.schema import spans_arrow_schema
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_traces
+from sre_agent.store.schema import spans_arrow_schema
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHAPES = sorted((FIXTURES / "span_shapes").glob("*.json"))

@@ -8,9 +8,9 @@ import json
 
 from otlp_builders import otlp_json, trace_request
 
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
-from sre_agent.store import Store
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_traces
+from sre_agent.store.embedded import Store
 
 SECRET = "my social security number is 078-05-1120"
 MESSAGES = json.dumps([{"role": "user", "parts": [{"type": "text", "content": SECRET}]}])

@@ -12,7 +12,7 @@ import pytest
 from otlp_builders import T0, VLLM_V1, metrics_request, otlp_json, trace_request
 
 from sre_agent.errors import RemoteError
-from sre_agent.remote_ingest import send_files
+from sre_agent.ingest.remote import send_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
 

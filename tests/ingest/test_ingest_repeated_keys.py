@@ -11,9 +11,9 @@ from pathlib import Path
 
 from otlp_builders import T0, key_values, metrics_request, trace_request
 
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_metrics, decode_traces
-from sre_agent.store import Store
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_metrics, decode_traces
+from sre_agent.store.embedded import Store
 
 NORM = Normaliser(hash_key=b"k")
 PROTOBUF = "application/x-protobuf"

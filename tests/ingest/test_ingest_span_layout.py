@@ -22,12 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_builders import T0, VLLM_V1, trace_request
 
-from sre_agent import schema
-from sre_agent._span_rows import safe_doubles, to_span_rows
-from sre_agent.attribute_keys import _DIMENSION_COLUMNS, key_sql
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
-from sre_agent.store import SCHEMA_VERSION, Store
+from sre_agent.analysis.attribute_keys import _DIMENSION_COLUMNS, key_sql
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_traces
+from sre_agent.store import schema
+from sre_agent.store.embedded import SCHEMA_VERSION, Store
+from sre_agent.store.span_rows import safe_doubles, to_span_rows
 
 NORM = Normaliser(hash_key=b"layout")
 PROMOTED = [key for key, _ in schema.PROMOTED_KEYS]

@@ -12,9 +12,9 @@ import pytest
 from otlp_builders import T0, VLLM_V1, trace_request
 
 from sre_agent.errors import StoreError, StoreLockedError
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
-from sre_agent.store import Deploy, Store
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_traces
+from sre_agent.store.embedded import Deploy, Store
 
 NORM = Normaliser(hash_key=b"k")
 SECOND = 1_000_000_000
@@ -79,7 +79,7 @@ def test_rows_are_kept_in_time_order_within_a_batch(store: Store) -> None:
 def test_metric_points_idempotent(store: Store) -> None:
     from otlp_builders import metrics_request
 
-    from sre_agent.otlp import decode_metrics
+    from sre_agent.ingest.otlp import decode_metrics
 
     request = metrics_request(
         [{"name": "g", "kind": "gauge", "points": [{"time": T0 + i, "value": 1.0} for i in range(9)]}]
@@ -138,7 +138,8 @@ def test_locked_by_another_process(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            f"from sre_agent.store import Store\ns = Store.open({str(path)!r})\nprint('ready', flush=True)\ninput()",
+            "from sre_agent.store.embedded import Store\n"
+            f"s = Store.open({str(path)!r})\nprint('ready', flush=True)\ninput()",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -209,7 +210,8 @@ def test_a_writable_store_checkpoints_late_and_a_killed_writers_log_replays(tmp_
         assert float(threshold[0].split()[0]) >= 244  # 256 MB
     script = (
         "import os, sys; sys.path.insert(0, sys.argv[2]); from test_ingest_store import _spans; "
-        "from sre_agent.store import Store; s = Store.open(sys.argv[1]); s.append_spans(_spans(500)); os._exit(0)"
+        "from sre_agent.store.embedded import Store; s = Store.open(sys.argv[1]); "
+        "s.append_spans(_spans(500)); os._exit(0)"
     )
     folder = str(Path(__file__).parent)
     killed = tmp_path / "killed.duckdb"

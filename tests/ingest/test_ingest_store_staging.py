@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 from otlp_builders import T0, VLLM_V1, metrics_request, trace_request
 
-import sre_agent.store as store_module
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_metrics, decode_traces
-from sre_agent.store import Store
+import sre_agent.store.embedded as store_module
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_metrics, decode_traces
+from sre_agent.store.embedded import Store
 
 NORM = Normaliser(hash_key=b"k")
 SECOND = 1_000_000_000
@@ -84,7 +84,10 @@ def test_unwritable_staging_folder_falls_back_to_the_arrow_scan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(store_module, "_stage_parent", lambda: str(tmp_path / "missing" / "dir"))
-    with caplog.at_level(logging.WARNING, logger="sre_agent.store"), Store.open(tmp_path / "store.duckdb") as store:
+    with (
+        caplog.at_level(logging.WARNING, logger="sre_agent.store.embedded"),
+        Store.open(tmp_path / "store.duckdb") as store,
+    ):
         assert store.append_spans(_spans(100)) == 100
         row = store.connection.execute("SELECT count(*) FROM spans").fetchone()
     assert row == (100,)

@@ -84,7 +84,7 @@ def simulate(cost: CostModel, workload: Workload, config: EngineConfig = CPU_CON
 
 def real(db: Path, version: str) -> dict[str, list[float]]:
     """The same per-request figures from vLLM's ``llm_request`` spans in a store."""
-    from sre_agent.store import Store
+    from sre_agent.store.embedded import Store
 
     with Store.open(db, read_only=True) as store:
         rows = store.connection.execute(

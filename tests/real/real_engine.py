@@ -553,7 +553,7 @@ def _diagnose(db: Path, *selection: str) -> dict[str, Any]:
 
 def raw_figures(db: Path, sides: Sequence[SideRun]) -> dict[str, Any]:
     """p50/p99 of TTFT, e2e, queue per side straight from the spans, and the engine's counters per side."""
-    from sre_agent.store import Store
+    from sre_agent.store.embedded import Store
 
     out: dict[str, Any] = {}
     with Store.open(db, read_only=True) as store:

@@ -23,15 +23,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from sre_agent.analysis.metric_view import MetricView
+from sre_agent.analysis.selection import Selection
+from sre_agent.analysis.selection import Window as SelectionWindow
 from sre_agent.config import ScrapeTarget
-from sre_agent.metric_view import MetricView
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_metrics
-from sre_agent.receiver import Writer
-from sre_agent.scrape import Scraper
-from sre_agent.selection import Selection
-from sre_agent.selection import Window as SelectionWindow
-from sre_agent.store import Store
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_metrics
+from sre_agent.ingest.receiver import Writer
+from sre_agent.ingest.scrape import Scraper
+from sre_agent.store.embedded import Store
 
 DATA = Path(__file__).parent / "scrape_data"
 T0_NS = 1_790_000_000_000_000_000

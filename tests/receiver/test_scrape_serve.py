@@ -17,7 +17,7 @@ from receiver_harness import free_port, start_serve
 from test_scrape import DATA, Target
 from test_serve_cli import _run_cli
 
-from sre_agent.store import Store
+from sre_agent.store.embedded import Store
 
 INTERVAL = "0.2"
 

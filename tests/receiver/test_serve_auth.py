@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from sre_agent.api.server import ApiContext, build_app, open_context
 from sre_agent.config import Config
 from sre_agent.errors import StoreError
-from sre_agent.server import ApiContext, build_app, open_context
 
 ADMIN = "admin-secret"
 TENANTS = {"acme-token": "acme", "globex-token": "globex"}
@@ -72,7 +72,7 @@ def context(tmp_path: Path) -> Iterator[ApiContext]:
 
 @pytest.fixture
 async def client(context: ApiContext) -> AsyncIterator[httpx.AsyncClient]:
-    app = build_app(context, ("sre_agent.api", __name__))
+    app = build_app(context, ("sre_agent.api.routes", __name__))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         yield http
 

@@ -14,10 +14,10 @@ import pytest
 from receiver_harness import free_port, start_serve, vllm_request
 
 from sre_agent.errors import OverloadedError, StoreError
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import decode_traces
-from sre_agent.receiver import Writer
-from sre_agent.store import Store
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import decode_traces
+from sre_agent.ingest.receiver import Writer
+from sre_agent.store.embedded import Store
 
 
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""sre_agent.client: the --url helper sends the bearer token and turns failures into
+"""sre_agent.api.client: the --url helper sends the bearer token and turns failures into
 RemoteError messages a user can act on."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from sre_agent.client import get_json, post_json
+from sre_agent.api.client import get_json, post_json
 from sre_agent.config import Config
 from sre_agent.errors import RemoteError
 

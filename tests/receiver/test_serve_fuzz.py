@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from receiver_harness import start_serve, vllm_request
 
+from sre_agent.api.server import build_app, open_context
 from sre_agent.config import Config
-from sre_agent.server import build_app, open_context
 
 VALID_PROTOBUF = vllm_request(8, first_index=500).SerializeToString()
 VALID_JSON = json.dumps(

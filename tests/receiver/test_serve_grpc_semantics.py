@@ -16,12 +16,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from receiver_harness import vllm_request
 
+from sre_agent.api.server import ApiContext
 from sre_agent.config import Config
-from sre_agent.grpc_server import start_grpc_server
-from sre_agent.normalise import Normaliser
-from sre_agent.receiver import ReceiverStats, Writer
-from sre_agent.server import ApiContext
-from sre_agent.store import Store
+from sre_agent.ingest.grpc_server import start_grpc_server
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.receiver import ReceiverStats, Writer
+from sre_agent.store.embedded import Store
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -96,7 +96,7 @@ def test_oversize_garbage_and_partial_success(stalled: tuple[ApiContext, grpc.Ch
 
 
 def _table(n: int) -> object:
-    from sre_agent.otlp import decode_traces
+    from sre_agent.ingest.otlp import decode_traces
 
     body = vllm_request(n).SerializeToString()
     return decode_traces(body, "application/x-protobuf", normaliser=Normaliser(hash_key=b"k")).table

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from sre_agent.analysis.rules_api import CAUSES
 from sre_agent.replays.incidents import SHAPE_CAUSES, SHAPES, generate, write_incident
 from sre_agent.replays.replay import run_scenario
-from sre_agent.rules_api import CAUSES
 
 
 def test_same_seed_same_incident_and_seeds_vary_what_fleets_vary() -> None:

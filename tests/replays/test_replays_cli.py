@@ -64,7 +64,7 @@ def test_demo_prints_a_diagnosis_from_an_embedded_store(capsys: pytest.CaptureFi
 def test_demo_falls_back_to_the_stage_table(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "sre_agent.diagnosis", None)  # as if the diagnosis engine were missing
+    monkeypatch.setitem(sys.modules, "sre_agent.analysis.diagnosis", None)  # as if the diagnosis engine were missing
     assert main(["demo", "--format", "json", "--scale", "0.2"]) == 0
     rows = {r["stage"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["ttft"]["after"]["p99"] > rows["ttft"]["before"]["p99"]

@@ -20,8 +20,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from sre_agent.cli import main
-from sre_agent.normalise import Normaliser
-from sre_agent.otlp import spans_from_proto
+from sre_agent.ingest.normalise import Normaliser
+from sre_agent.ingest.otlp import spans_from_proto
 from sre_agent.replays.engine import Seq
 from sre_agent.replays.gateway import Attempt, RequestRecord
 from sre_agent.replays.outputs import (
@@ -35,7 +35,7 @@ from sre_agent.replays.replay import replay
 from sre_agent.replays.scenario import load_scenario
 from sre_agent.replays.telemetry import SpanBuilder
 from sre_agent.replays.workload import WorkloadRequest
-from sre_agent.store import Store
+from sre_agent.store.embedded import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "receiver"))
 from receiver_harness import start_serve

@@ -19,9 +19,9 @@ from exporter_layout import differences, load_otlp_json_lines
 from test_tui_tmux import start_session, tmux, wait_for
 from tui_helpers import REPLAY_SCALE, REPLAY_SCENARIO, wait_until
 
+from sre_agent.analysis.selection import Selection
+from sre_agent.api.explore_routes import to_json_dict
 from sre_agent.config import Config
-from sre_agent.explore_api import to_json_dict
-from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
 from sre_agent.tui.source import LocalSource
 

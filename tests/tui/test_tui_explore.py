@@ -1,4 +1,4 @@
-"""The console's queries (sre_agent.explore) on the synthetic incident, checked against plain computations."""
+"""The console's queries (sre_agent.analysis.explore) on the synthetic incident, checked against plain computations."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from tui_synth import DEPLOY_NS, HOUR_NS, T0_NS, build_store
 
-from sre_agent import explore, explore_api, explore_slices
-from sre_agent.compare import Comparison
+from sre_agent.analysis import explore, explore_slices
+from sre_agent.analysis.compare import Comparison
+from sre_agent.analysis.selection import Selection, Window
+from sre_agent.api import explore_routes as explore_api
 from sre_agent.errors import SelectionError
-from sre_agent.selection import Selection, Window
 
 SINCE = Selection(mode="since_last_deploy")
 

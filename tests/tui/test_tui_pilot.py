@@ -11,9 +11,9 @@ from textual.widgets import DataTable, Input, TabbedContent
 from tui_helpers import FixtureReportSource, screen_text, settle, wait_until
 from tui_synth import build_store
 
-from sre_agent import explore, explore_slices
+from sre_agent.analysis import explore, explore_slices
+from sre_agent.analysis.selection import Selection
 from sre_agent.errors import SreAgentError
-from sre_agent.selection import Selection
 from sre_agent.tui.app import NO_FINDINGS, IncidentApp
 from sre_agent.tui.findings import FindingsTree
 from sre_agent.tui.screens import ComparisonScreen, ErrorScreen, HelpScreen

@@ -12,9 +12,10 @@ from receiver_harness import ServeProcess
 from tui_helpers import screen_text, wait_until
 from tui_synth import DEPLOY_NS
 
-from sre_agent import explore, explore_api
+from sre_agent.analysis import explore
+from sre_agent.analysis.selection import Selection
+from sre_agent.api import explore_routes as explore_api
 from sre_agent.config import Config
-from sre_agent.selection import Selection
 from sre_agent.tui.app import IncidentApp
 from sre_agent.tui.source import LocalSource, RemoteSource
 from sre_agent.tui.widgets import tile_lines

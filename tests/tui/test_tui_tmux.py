@@ -15,8 +15,8 @@ import duckdb
 import pytest
 from receiver_harness import ServeProcess
 
-from sre_agent import explore
-from sre_agent.selection import Selection
+from sre_agent.analysis import explore
+from sre_agent.analysis.selection import Selection
 from sre_agent.tui.widgets import tile_lines
 
 POLL_TIMEOUT_S = 180.0  # the diagnosis runs in its own process; CI machines are shared

@@ -15,7 +15,7 @@ from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
-from sre_agent.selection import Selection
+from sre_agent.analysis.selection import Selection
 from sre_agent.tui.app import IncidentApp
 from sre_agent.tui.source import DiagnosisUnavailableError, LocalSource
 

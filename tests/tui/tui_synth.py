@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from sre_agent.schema import DEPLOYS_DDL, METRIC_POINTS_DDL, SPANS_DDL
+from sre_agent.store.schema import DEPLOYS_DDL, METRIC_POINTS_DDL, SPANS_DDL
 
 T0_NS = 1_780_000_000 * 1_000_000_000  # 2026-05-28T20:26:40Z
 HOUR_NS = 3600 * 1_000_000_000

@@ -1,0 +1,537 @@
+"""Run the rules over a comparison and rank what they find.
+
+``diagnose(source, selection)`` resolves the selection (:mod:`sre_agent.analysis.compare`),
+estimates every latency quantile with CIs over time blocks, picks the headline
+regression, runs each registered rule with only the context it asks for
+(by parameter name, as sqlglot's optimizer passes its rules their arguments),
+and ranks the findings by ``explained x confidence``. When nothing
+regressed, the first finding is ``none``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from sre_agent.analysis import stats
+from sre_agent.analysis.compare import LATENCIES, SIDES, Comparison
+from sre_agent.analysis.decompose import stage_decomposition
+from sre_agent.analysis.localise import Localisation, localise
+from sre_agent.analysis.report import Report
+from sre_agent.analysis.rules_api import CONTEXT_NAMES, Finding, MetricEstimate, Regression, Rule, RuleSkipped
+from sre_agent.analysis.rules_registry import LoadFailure, load_rules
+from sre_agent.analysis.selection import Selection
+from sre_agent.errors import StoreError
+from sre_agent.store.sql_text import dialect_of
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = ["HEADLINE_METRICS", "MIN_EFFECT", "QUANTILES", "diagnose", "estimate_metrics", "headline", "run_rules"]
+
+_log = logging.getLogger(__name__)
+
+#: Quantiles estimated for every latency.
+QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.99)
+#: Smallest relative increase reported as a regression (10 %): smaller moves are within
+#: the run-to-run noise of serving stacks and not worth an incident.
+MIN_EFFECT: Final[float] = 1.10
+#: Chance, over the user-facing latencies together, that a deploy that changed nothing shows a
+#: significant rise in any of them (one-sided, family-wise; split evenly, Bonferroni).
+FAMILY_ALPHA: Final[float] = 0.025
+#: User-facing latencies that can be the headline; stages explain them, they are not headlines.
+HEADLINE_METRICS: Final[tuple[str, ...]] = ("trace", "e2e", "ttft", "tpot", "itl")
+#: Stages of the request path that can be the headline when no user-facing latency regressed...
+STAGE_METRICS: Final[tuple[str, ...]] = ("dependency", "gateway", "queue", "prefill", "decode")
+#: ...if they at least grew by half...
+STAGE_MIN_EFFECT: Final[float] = 1.5
+#: ...and by 10 ms (a 2 ms queue becoming 4 ms is not an incident).
+STAGE_MIN_DELTA_S: Final[float] = 0.010
+_METRIC_HISTOGRAMS: Final[dict[str, str]] = {
+    "e2e": "e2e_seconds",
+    "ttft": "ttft_seconds",
+    "itl": "itl_seconds",
+    "queue": "queue_seconds",
+}
+
+
+def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
+    """Every latency x quantile on both sides with 95 % CIs over time blocks (:func:`stats.compare_quantile`).
+
+    Span-derived where spans exist; where a side has no spans, from the
+    metric stream's latency histograms (no CI: the histogram deltas are not
+    resampled, so such an estimate is never ``significant`` on a CI alone).
+    ITL comes from the ``itl_seconds`` histogram where present, else it is
+    derived from spans as TPOT. ``trace`` (the root span's duration, what the
+    gateway's client waited, dependencies included) is added when traces
+    have gateway spans.
+    """
+    out: list[MetricEstimate] = []
+    have_spans = all(comparison.request_counts[s] > 0 for s in SIDES)
+    names = list(LATENCIES)
+    if have_spans and "trace_s" in comparison.requests.columns:
+        names += ["trace", "dependency", "gateway"]
+    compared: list[tuple[str, stats.QuantileComparison]] = []
+    roots = comparison.root_histograms if not have_spans else None
+    if roots is not None and all(roots[s].n > 0 for s in SIDES):
+        # No engine request spans, but the gateway's root spans time every request: the one
+        # latency with per-request values, so it gets a CI like any span latency.
+        for q in QUANTILES:
+            cq = stats.compare_quantile(roots["baseline"], roots["candidate"], q)
+            compared.append(("trace", cq))
+        # The same traces' time in dependency spans: a slower retrieval or guardrail is a stage
+        # headline without engine spans too (the dependency rule then explains all of it).
+        deps = comparison.root_dependency_histograms
+        if all(deps[s].n > 0 for s in SIDES):
+            for q in QUANTILES:
+                compared.append(("dependency", stats.compare_quantile(deps["baseline"], deps["candidate"], q)))
+    for name in names:
+        if not have_spans:
+            continue
+        b_hist, c_hist = comparison.histogram("baseline", name), comparison.histogram("candidate", name)
+        if b_hist.n == 0 and c_hist.n == 0:
+            continue
+        for q in QUANTILES:
+            cq = stats.compare_quantile(b_hist, c_hist, q)
+            compared.append((name, cq))
+    # Every user-facing latency is a chance to find a regression by accident: each one's bar is
+    # the family's (Bonferroni over the headline latencies that have a CI; the quantiles of one
+    # latency are nearly the same test, so they count once), on a standard error that already
+    # covers time correlation (stats.compare_quantile).
+    family = len({name for name, cq in compared if cq.log_ratio_se is not None and name in HEADLINE_METRICS})
+    z_crit = stats.normal_isf(FAMILY_ALPHA / max(1, family))
+    for name, cq in compared:
+        significant = bool(
+            cq.diff_ci is not None
+            and cq.diff_ci[0] > 0
+            and cq.ratio is not None
+            and cq.ratio >= MIN_EFFECT
+            and (cq.log_ratio_se is None or math.log(cq.ratio) >= z_crit * cq.log_ratio_se)
+        )
+        out.append(MetricEstimate(name, cq.quantile, cq.baseline, cq.candidate, cq.diff_ci, cq.ratio_ci, significant))
+    metrics = comparison.metrics
+    traced = any(name == "trace" and cq.log_ratio_se is not None for name, cq in compared)
+    for name, signal in _METRIC_HISTOGRAMS.items():
+        if have_spans and name != "itl":
+            continue
+        if not metrics.has(signal):
+            continue
+        hist = metrics.histogram(signal)
+        b, c = hist["baseline"], hist["candidate"]
+        for q in QUANTILES:
+            bq = b.quantile(q) if b else None
+            cq_ = c.quantile(q) if c else None
+            enough = bool(b and c and min(b.count, c.count) >= stats.min_samples_for_quantile(q))
+            # Without a CI, demand twice the effect before calling it a regression, and
+            # that the two sides' order-statistic intervals (binomial ranks read through the
+            # buckets) do not overlap: a p99 of 700 requests is 7 values, and a none deploy's
+            # TTFT p99 moves 1.3x on those alone. The intervals run bucket edge to bucket edge, so
+            # two that only share an edge are apart: the candidate's lies wholly in higher buckets.
+            # Observations that arrived together (a request's tokens, a step's requests) count as
+            # the independent ones they are worth, measured between scrape intervals.
+            b_iv = b.quantile_interval(q) if b else None
+            c_iv = c.quantile_interval(q) if c else None
+            apart = bool(b_iv and c_iv and c_iv[0] >= b_iv[1])
+            sig = bool(enough and apart and bq and cq_ and cq_ / bq >= 1 + 2 * (MIN_EFFECT - 1))
+            # The gateway's root spans time every request users sent, by when it started, with a
+            # CI. The e2e histogram times the same requests minus the gateway, by when they
+            # *finished*: with minute-long requests a window's finishers started in the window
+            # before, and a backlog draining after a deploy tripled that histogram's p50 while no
+            # request's trace moved. Where traces are measured, the e2e histogram is a table row.
+            sig = sig and not (name == "e2e" and traced)
+            out.append(MetricEstimate(name, q, bq, cq_, None, None, sig, source="metrics"))
+    if have_spans and not any(e.name == "itl" for e in out):
+        out.extend(
+            MetricEstimate("itl", e.quantile, e.baseline, e.candidate, e.ci, e.ratio_ci, e.significant, "derived")
+            for e in out
+            if e.name == "tpot"
+        )
+    return out
+
+
+def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:
+    """The regression to explain: of the user-facing quantiles that surely rose, the one that rose most.
+
+    Among significant trace/e2e/TTFT/TPOT/ITL estimates at the highest quantile
+    that has any, the one with the largest ratio (half the ratio when it has
+    no CI, as metric-only estimates do); failing those, a stage (dependency,
+    gateway, queue, prefill, decode) that grew by half and 10 ms; when
+    none is significant, e2e p99 with ``significant=False``. The location
+    (Mann-Whitney, Hodges-Lehmann) and tail tests are attached as evidence.
+    """
+    candidates = [e for e in estimates if e.name in HEADLINE_METRICS and e.significant and e.source != "derived"]
+    if not candidates:
+        # Users did not feel it (yet), but a stage of the request path clearly slowed: a tripled
+        # dependency p99 is a regression even when it is a small part of e2e. Stricter bar.
+        candidates = [
+            e
+            for e in estimates
+            if e.name in STAGE_METRICS
+            and e.significant
+            and (e.ratio or 0) >= STAGE_MIN_EFFECT
+            and (e.candidate or 0) - (e.baseline or 0) >= STAGE_MIN_DELTA_S
+        ]
+
+    def strength(e: MetricEstimate) -> float:
+        # Among changes already judged real, the largest one: a CI's width says how noisy a
+        # latency is (time correlation widens some far more than others), not how much it rose.
+        return (e.ratio or 0.0) if e.ratio_ci is not None else (e.ratio or 0.0) / 2
+
+    if not candidates:
+        errors = _error_regression(comparison)
+        if errors is not None:
+            return errors
+    if candidates:
+        # The tail first (incidents are about p99), then p90, then the median; within a quantile,
+        # the metric whose ratio is largest.
+        top_q = max(e.quantile for e in candidates)
+        best = max((e for e in candidates if e.quantile == top_q), key=strength)
+    else:
+        fallback = [e for e in estimates if e.name == "e2e" and e.quantile == 0.99] or [
+            e for e in estimates if e.quantile == 0.99
+        ]
+        if not fallback:
+            return Regression("e2e", 0.99, None, None, None, False, note="no latency data on one side")
+        best = fallback[0]
+    location_p = hl = tail_p = None
+    col = LATENCIES.get(best.name, f"{best.name}_s")
+    if best.source == "spans" and col in comparison.requests.columns:
+        frame = comparison.requests
+        import polars as pl
+
+        values = {s: frame.filter((pl.col("side") == s) & pl.col(col).is_not_null())[col].to_numpy() for s in SIDES}
+        location_p = stats.mann_whitney(values["baseline"], values["candidate"])
+        hl = stats.hodges_lehmann(values["baseline"], values["candidate"], seed=comparison.seed)
+        tail = stats.tail_test(
+            comparison.histogram("baseline", best.name), comparison.histogram("candidate", best.name), best.quantile
+        )
+        tail_p = tail[2] if tail else None
+    note = "" if best.source == "spans" else "estimated from metric histograms (no spans): no confidence interval"
+    switched_from, reason = _quantile_switch(comparison, estimates, best)
+    return Regression(
+        best.name,
+        best.quantile,
+        best.baseline,
+        best.candidate,
+        best.ci,
+        best.significant,
+        location_p,
+        hl,
+        tail_p,
+        note,
+        switched_from,
+        reason,
+    )
+
+
+def _quantile_switch(
+    comparison: Comparison, estimates: list[MetricEstimate], best: MetricEstimate
+) -> tuple[float | None, str]:
+    """When the headline is below p99: the quantile it switched from and why (``(None, "")`` otherwise).
+
+    Incidents are about the tail, so a p90 or median headline is a choice the reader must see:
+    either p99 had too few requests beyond it to say anything (:func:`stats.min_samples_for_quantile`,
+    the same rule the stage decomposition uses), or it had enough and did not move significantly.
+    """
+    top = max(QUANTILES)
+    if not best.significant or best.quantile >= top:
+        return None, ""
+    need = stats.min_samples_for_quantile(top)
+    if best.source == "spans":
+        counts = [comparison.histogram(s, best.name).n for s in SIDES]
+    elif best.name in _METRIC_HISTOGRAMS:
+        hist = comparison.metrics.histogram(_METRIC_HISTOGRAMS[best.name])
+        counts = [h.count if h else 0 for h in (hist["baseline"], hist["candidate"])]
+    else:
+        counts = [0, 0]
+    label = f"p{round(top * 100)}"
+    if min(counts) < need:
+        return top, (
+            f"{label} needs {need} requests per side ({stats.MIN_TAIL} beyond it); "
+            f"{best.name} has {counts[0]} baseline and {counts[1]} candidate"
+        )
+    return top, f"{best.name} {label} did not change significantly"
+
+
+class RuleContext:
+    """Context values by name, each built on first request and then shared by every rule."""
+
+    def __init__(self, factories: dict[str, Callable[[], Any]]) -> None:
+        self._factories = factories
+        self._values: dict[str, Any] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._factories
+
+    def get(self, name: str) -> Any:
+        """The value for ``name`` (KeyError when unknown)."""
+        if name not in self._values:
+            self._values[name] = self._factories[name]()
+        return self._values[name]
+
+
+#: An error-rate rise is a regression when it is at least 1 point, x1.5, and z >= 4
+#: (a high bar, because failures cluster in time and the z test assumes they do not).
+ERROR_MIN_RISE: Final[float] = 0.01
+ERROR_MIN_FACTOR: Final[float] = 1.5
+ERROR_MIN_Z: Final[float] = 4.0
+
+
+def _error_regression(comparison: Comparison) -> Regression | None:
+    """The failed share of logical requests as the headline, when it rose and latency did not."""
+    (fb, nb), (fc, nc) = comparison.failures["baseline"], comparison.failures["candidate"]
+    if nb < stats.MIN_REQUESTS or nc < stats.MIN_REQUESTS:
+        return None
+    pb, pc = fb / nb, fc / nc
+    pooled = (fb + fc) / (nb + nc)
+    se = math.sqrt(max(pooled * (1 - pooled), 1e-12) * (1 / nb + 1 / nc))
+    z = (pc - pb) / se
+    if pc - pb < ERROR_MIN_RISE or pc < ERROR_MIN_FACTOR * pb or z < ERROR_MIN_Z:
+        return None
+    se_diff = math.sqrt(pb * (1 - pb) / nb + pc * (1 - pc) / nc)
+    ci = (pc - pb - 1.96 * se_diff, pc - pb + 1.96 * se_diff)
+    # quantile 0.99 tells rules which tail to examine; the report prints no quantile for error_rate
+    return Regression("error_rate", 0.99, pb, pc, ci, True, note=f"failed share of requests, z = {z:.1f}")
+
+
+def _context(comparison: Comparison, regression: Regression, estimates: list[MetricEstimate]) -> RuleContext:
+    """The context of CONTEXT_NAMES, evaluated only when a rule asks for a name."""
+    return RuleContext(
+        {
+            "comparison": lambda: comparison,
+            "regression": lambda: regression,
+            "estimates": lambda: estimates,
+            "requests": comparison.lazy,
+            "baseline": lambda: comparison.lazy("baseline"),
+            "candidate": lambda: comparison.lazy("candidate"),
+            "dimensions": lambda: list(comparison.dimensions),
+            "metrics": lambda: comparison.metrics,
+            "spans": lambda: comparison.spans,
+            "traces": lambda: comparison.traces.lazy(),  # noqa: PLW0108 - traces is computed on first use
+            "windows": lambda: comparison.windows,
+            "arrival_rate": lambda: comparison.arrival_rate,
+            "stages": lambda: stage_decomposition(comparison, regression),
+            "localisation": lambda: localise(comparison, regression),
+        }
+    )
+
+
+def run_rules(
+    rules: Iterable[tuple[str, Rule]], context: RuleContext
+) -> tuple[list[Finding], list[LoadFailure], list[str], dict[str, float]]:
+    """Call each rule with the context it names; collect findings, failures, skip notes and timings (s).
+
+    Rules marked :func:`~sre_agent.analysis.rules_api.run_late` run after the others, in their given order.
+    """
+    findings: list[Finding] = []
+    failures: list[LoadFailure] = []
+    notes: list[str] = []
+    timings: dict[str, float] = {}
+    for name, rule in sorted(rules, key=lambda item: bool(getattr(item[1], "runs_late", False))):
+        started = time.perf_counter()
+        try:
+            params = inspect.signature(rule).parameters
+            unknown = [p for p in params if p not in CONTEXT_NAMES or p not in context]
+            if unknown:
+                raise TypeError(f"asks for unknown context {', '.join(unknown)}; known: {', '.join(CONTEXT_NAMES)}")
+            kwargs = {p: context.get(p) for p in params}
+            result = rule(**kwargs)
+            produced = [result] if isinstance(result, Finding) else list(result or [])
+            for f in produced:
+                if not isinstance(f, Finding):
+                    raise TypeError(f"returned {type(f).__name__}, not Finding")
+                if f.cause == "none":
+                    raise ValueError("rules do not report 'none'; the runner does when nothing regressed")
+            findings.extend(f.with_rule(name) for f in produced)
+        except RuleSkipped as skip:
+            notes.append(f"{name}: {skip}")
+        except Exception as exc:  # one failing rule must not take the diagnosis down
+            _log.warning("rule %s failed: %s", name, exc, exc_info=True)
+            failures.append(LoadFailure(name, f"{type(exc).__name__}: {exc}"))
+        timings[name] = time.perf_counter() - started
+    return findings, failures, notes, timings
+
+
+def _rank(
+    findings: list[Finding], regression: Regression, order: dict[str, int], localisation: Localisation | None
+) -> list[Finding]:
+    if localisation is not None and localisation.scope and regression.significant:
+        # The regression lives in one slice, so every explanation without a scope of its own
+        # is about that slice.
+        findings = [f if f.scope else replace(f, scope=dict(localisation.scope)) for f in findings]
+    findings = _stage_scopes(findings)
+    if regression.metric == "error_rate":
+        # The regression *is* the failed share: an errors finding accounts for all of it by definition.
+        findings = [replace(f, explained=1.0) if f.cause == "errors" else f for f in findings]
+    ranked = sorted(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
+    if not regression.significant:
+        # Nothing regressed: say so first; whatever moved is listed after, for context.
+        ranked.insert(0, _none_finding(regression))
+    return ranked
+
+
+#: Entry-point name of the stage decomposition's rule (rules/stages.py), whose findings carry no slice.
+_STAGE_RULE: Final[str] = "stages"
+
+
+def _stage_scopes(findings: list[Finding]) -> list[Finding]:
+    """Give the stage decomposition's finding the slice a mechanism rule found for the same cause and stage.
+
+    The decomposition says where the tail's extra time went, over all requests; it cannot
+    say which slice. When a rule that reads the mechanism (a dependency confined to one
+    tenant, say) names the same cause in the same stage with a scope, both findings tell
+    one explanation, and the decomposition's scope is that rule's. Its score is unchanged.
+    """
+    scoped: dict[tuple[str, str | None], Finding] = {}
+    for f in sorted(findings, key=lambda f: -f.score):
+        if f.rule != _STAGE_RULE and f.scope:
+            scoped.setdefault((f.cause, f.stage), f)
+    return [
+        replace(f, scope=dict(scoped[(f.cause, f.stage)].scope))
+        if f.rule == _STAGE_RULE and not f.scope and (f.cause, f.stage) in scoped
+        else f
+        for f in findings
+    ]
+
+
+def _none_finding(regression: Regression) -> Finding:
+    from sre_agent.analysis.rules_api import Evidence
+
+    label = f"{regression.metric} p{round(regression.quantile * 100)}"
+    evidence: list[Evidence] = []
+    if regression.baseline is not None:
+        ci = f"CI of the change {regression.ci[0]:+.4f}..{regression.ci[1]:+.4f} s" if regression.ci else "no CI"
+        evidence.append(Evidence(label, regression.baseline, regression.candidate, ci))
+    if regression.tail_p is not None:
+        evidence.append(Evidence("tail_test_p", None, regression.tail_p, "share above the baseline quantile"))
+    confidence = 0.5 if regression.baseline is None or regression.ci is None else 0.9
+    return Finding(
+        cause="none",
+        title=f"No significant latency regression ({label} within noise or below {MIN_EFFECT - 1:.0%})",
+        explained=1.0,
+        confidence=confidence,
+        evidence=tuple(evidence),
+        next_check="widen the windows or compare another quantile if users still report slowness",
+    )
+
+
+def _unexplained(context: RuleContext, regression: Regression) -> list[str]:
+    """Why a reported regression has no explanation, when the reason is the sample size."""
+    if regression.metric == "error_rate":
+        return []
+    decomposition = context.get("stages")
+    tails = decomposition.tail_requests
+    if min(tails) >= stats.MIN_TAIL:
+        return []
+    label = f"{regression.metric} p{round(regression.quantile * 100)}"
+    return [
+        f"unexplained, too few tail requests ({tails[0]} baseline / {tails[1]} candidate beyond the {label}; "
+        f"needs {stats.MIN_TAIL} per side)"
+    ]
+
+
+def _connection(source: Any) -> tuple[duckdb.DuckDBPyConnection, bool]:
+    """A DuckDB connection for ``source`` (Store, connection or path) and whether we own it."""
+    import duckdb
+
+    if isinstance(source, duckdb.DuckDBPyConnection):
+        return source, False
+    if dialect_of(source) == "clickhouse":
+        # A ClickHouseConnection answers the DuckDB calls the analysis makes (sre_agent.store.clickhouse);
+        # not imported here, since sqlglot is an optional install.
+        return cast("duckdb.DuckDBPyConnection", source), False
+    if isinstance(source, str | Path):
+        path = Path(source)
+        if not path.exists():
+            raise StoreError(f"no store at {path}")
+        from sre_agent.store.embedded import Store
+
+        # Through Store.open, so that a store of an older layout is upgraded before it is read.
+        return Store.open(path, read_only=True).connection, True
+    cursor = getattr(source, "cursor", None)
+    if callable(cursor):
+        con = cursor()
+        if isinstance(con, duckdb.DuckDBPyConnection):
+            return con, True
+    connection = getattr(source, "connection", None)
+    if isinstance(connection, duckdb.DuckDBPyConnection):
+        return connection.cursor(), True
+    raise TypeError(f"diagnose() needs a Store, a DuckDB connection or a path, not {type(source).__name__}")
+
+
+def diagnose(
+    source: Any,
+    selection: Selection,
+    *,
+    rules: list[str] | None = None,
+    sample_per_side: int = 50_000,
+    seed: int = 0,
+) -> Report:
+    """Diagnose the regression between the selection's baseline and candidate.
+
+    Args:
+        source: a ``Store``, a DuckDB connection (tables ``spans``,
+            ``metric_points``, ``deploys``) or the path of a store file
+            (opened read-only).
+        selection: what to compare (CONTRACTS section 2).
+        rules: names of the rules to run (``None`` = every installed rule).
+        sample_per_side: requests per side kept for mix and slice analysis.
+        seed: seed of the request sample and the Hodges-Lehmann draws (results are reproducible).
+
+    Raises:
+        SelectionError: the selection cannot be resolved or selects nothing.
+        InsufficientDataError: neither spans nor metrics give either side data.
+    """
+    started = time.perf_counter()
+    con, owned = _connection(source)
+    comparison: Comparison | None = None
+    try:
+        comparison = Comparison.open(con, selection, sample_per_side=sample_per_side, seed=seed)
+        if all(comparison.request_counts[s] for s in SIDES):
+            # The engine rules' busy intervals are read meanwhile, on a core the Python work leaves
+            # idle. Only after the sample is drawn: both are parallel scans, and run together they
+            # slowed each other more than the overlap saved.
+            _ = comparison.requests
+            comparison.start_prefetch()
+        estimates = estimate_metrics(comparison)
+        regression = headline(comparison, estimates)
+        loaded, failures = load_rules(rules)
+        context = _context(comparison, regression, estimates)
+        findings, run_failures, skip_notes, timings = run_rules(loaded, context)
+        order = {name: i for i, (name, _) in enumerate(loaded)}
+        localisation = None
+        if regression.significant and all(comparison.request_counts[s] for s in SIDES):
+            localisation = context.get("localisation")
+        ranked = _rank(findings, regression, order, localisation)
+        notes = [*comparison.notes, *comparison.quality_notes(), *skip_notes]
+        if comparison.sampled:
+            notes.append(
+                f"mix and slice analysis on a sample of {comparison.requests.height} requests; "
+                "e2e quantiles use every row"
+            )
+        if regression.note:
+            notes.append(regression.note)
+        if regression.significant and not findings:
+            notes.extend(_unexplained(context, regression))
+        return Report(
+            selection=selection,
+            baseline=comparison.window("baseline").describe(selection),
+            candidate=comparison.window("candidate").describe(selection),
+            regression=regression,
+            estimates=estimates,
+            findings=ranked,
+            notes=notes,
+            errors=[f"{f.name}: {f.error}" for f in (*failures, *run_failures)],
+            timings={"total_s": time.perf_counter() - started, **{f"rule.{k}": v for k, v in timings.items()}},
+        )
+    finally:
+        if comparison is not None:
+            comparison.cancel_prefetch()
+        if owned:
+            con.close()

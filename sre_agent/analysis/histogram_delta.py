@@ -1,0 +1,132 @@
+"""Histogram observations that arrived within a window, merged over series (from :mod:`sre_agent.analysis.metric_view`).
+
+A leaf of the analysis layer: the quantile, its order-statistic interval and the
+observations' independence, for a latency histogram's counter deltas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["HistogramDelta", "time_blocks"]
+
+
+def time_blocks(increments: list[tuple[int, list[int]]], width: int) -> tuple[tuple[int, ...], ...]:
+    """Histogram increments summed per scrape time (every series scraped at once), earliest first."""
+    by_time: dict[int, list[int]] = {}
+    for time_ns, inc in increments:
+        row = by_time.setdefault(time_ns, [0] * width)
+        for i, x in enumerate(inc):
+            row[i] += x
+    return tuple(tuple(by_time[t]) for t in sorted(by_time))
+
+
+@dataclass(frozen=True)
+class HistogramDelta:
+    """Observations that arrived within a window, merged over series.
+
+    Attributes:
+        bounds: explicit upper bucket bounds.
+        counts: per-bucket counts, ``len(bounds) + 1`` (the last is +Inf).
+        total_sum: sum of the observations.
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total_sum: float
+    #: The same counts per time block (consecutive scrape intervals, earliest first); empty when
+    #: not recorded. They measure how much observations that arrived together share their fate.
+    blocks: tuple[tuple[int, ...], ...] = ()
+
+    def independent(self, q: float) -> int:
+        """How many independent observations the ``q`` quantile rests on (design effect by batch means).
+
+        Observations that arrive together are not independent: the output tokens of one
+        request, the requests of one engine step. The share of observations above the
+        quantile's bucket varies between time blocks; its batch-means variance over the
+        binomial one is the design effect, and ``count / effect`` the effective sample. With
+        fewer than 4 blocks nothing can be measured and every observation counts.
+        """
+        from sre_agent.analysis.exceedance import ShareCounts
+
+        n = self.count
+        blocks = [b for b in self.blocks if sum(b) > 0]
+        if n == 0 or len(blocks) < 4:
+            return n
+        rank, seen, cut = q * n, 0, len(self.counts)
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= rank:
+                cut = i + 1  # buckets above the one holding the quantile
+                break
+        counts = ShareCounts(tuple(sum(b) for b in blocks), tuple(sum(b[cut:]) for b in blocks))
+        share = counts.share
+        if not 0.0 < share < 1.0:
+            return n
+        # The canary's batch-means variance, floored at the binomial one: the effect is >= 1.
+        effect = counts.variance(share) / (share * (1.0 - share) / n)
+        return max(1, round(n / effect))
+
+    @property
+    def count(self) -> int:
+        """Number of observations."""
+        return sum(self.counts)
+
+    @property
+    def mean(self) -> float | None:
+        """Mean observation (``None`` when empty)."""
+        return self.total_sum / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """Quantile by linear interpolation inside the bucket (Prometheus style); ``None`` when empty."""
+        return self.value_at_rank(q * self.count)
+
+    def quantile_interval(
+        self, q: float, z: float = 1.96, *, independent: int | None = None
+    ) -> tuple[float, float] | None:
+        """Distribution-free interval for the ``q`` quantile, as wide as the buckets force it to be.
+
+        The rank of the sample quantile is binomial (order statistics): the quantile lies
+        between the observations of ranks ``n q -+ z sqrt(n q (1-q))``; when the ``n``
+        observations are worth only ``independent`` independent ones (by default
+        :meth:`independent`, measured between time blocks), the spread is
+        ``n sqrt(q (1-q) / independent)``. A histogram only says
+        which bucket each of those lies in, so the interval runs from the lower edge of the
+        bucket holding the low rank to the upper edge of the one holding the high rank
+        (interpolating inside a bucket assumes a shape and under-covers: 86 % for a nominal
+        95 % on log-normal latencies). ``inf`` when the high rank is in the +Inf bucket;
+        ``None`` when empty.
+        """
+        n = self.count
+        if n == 0:
+            return None
+        units = max(1, min(n, self.independent(q) if independent is None else independent))
+        half = z * n * math.sqrt(q * (1 - q) / units)
+        lo_rank, hi_rank = max(0.0, n * q - half), min(float(n), n * q + half)
+        edges = (0.0, *self.bounds, math.inf)
+        seen, lo, hi = 0, None, None
+        for i, c in enumerate(self.counts):
+            if c and lo is None and seen + c >= lo_rank:
+                lo = edges[i]
+            if c and seen + c >= hi_rank:
+                hi = edges[i + 1]
+                break
+            seen += c
+        return None if lo is None or hi is None else (lo, hi)
+
+    def value_at_rank(self, rank: float) -> float | None:
+        """The observation of rank ``rank`` (0..count), interpolated inside its bucket; ``None`` when empty."""
+        total = self.count
+        if total == 0:
+            return None
+        seen = 0
+        for i, c in enumerate(self.counts):
+            if seen + c >= rank and c > 0:
+                lo = self.bounds[i - 1] if i > 0 else 0.0
+                if i >= len(self.bounds):
+                    return self.bounds[-1] if self.bounds else None
+                hi = self.bounds[i]
+                return lo + (hi - lo) * (rank - seen) / c
+            seen += c
+        return self.bounds[-1] if self.bounds else None
