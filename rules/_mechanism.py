@@ -32,7 +32,7 @@ import polars as pl
 
 from sre_agent.analysis.compare import LATENCIES, SIDES
 from sre_agent.analysis.decompose import MIN_TAIL, offered_load_terms, replicas_expr, stage_decomposition
-from sre_agent.analysis.rules_api import Regression, RuleSkipped, SidePair
+from sre_agent.analysis.rules_api import SHARE_HEADLINES, Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
     from sre_agent.analysis.compare import Comparison
@@ -140,7 +140,7 @@ def latency_share(regression: Regression, explained: float) -> float:
     retries) does not account for a rise of the failed share; the ``errors``
     rule does.
     """
-    return 0.0 if regression.metric == "error_rate" else explained
+    return 0.0 if regression.metric in SHARE_HEADLINES else explained
 
 
 def tail_shares(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> dict[str, float]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from sre_agent.analysis.compare import LATENCIES, SIDES
+from sre_agent.analysis.rules_api import SHARE_HEADLINES
 from sre_agent.analysis.stats import MIN_TAIL
 
 if TYPE_CHECKING:
@@ -88,8 +89,8 @@ def stage_decomposition(
     """
     import polars as pl
 
-    if regression.metric == "error_rate":
-        return StageDecomposition("error_rate", regression.quantile, (0, 0), {}, {}, {})
+    if regression.metric in SHARE_HEADLINES:
+        return StageDecomposition(regression.metric, regression.quantile, (0, 0), {}, {}, {})
     metric = regression.metric if regression.metric in (*LATENCIES, "trace", "dependency", "gateway") else "e2e"
     if regression.metric == "itl":
         # Inter-token latency is decode time per token: its per-request counterpart is TPOT, not

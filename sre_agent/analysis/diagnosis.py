@@ -14,7 +14,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -24,7 +24,15 @@ from sre_agent.analysis.compare import LATENCIES, SIDES, Comparison
 from sre_agent.analysis.decompose import stage_decomposition
 from sre_agent.analysis.localise import Localisation, localise
 from sre_agent.analysis.report import Report
-from sre_agent.analysis.rules_api import CONTEXT_NAMES, Finding, MetricEstimate, Regression, Rule, RuleSkipped
+from sre_agent.analysis.rules_api import (
+    CONTEXT_NAMES,
+    SHARE_HEADLINES,
+    Finding,
+    MetricEstimate,
+    Regression,
+    Rule,
+    RuleSkipped,
+)
 from sre_agent.analysis.rules_registry import LoadFailure, load_rules
 from sre_agent.analysis.selection import Selection
 from sre_agent.errors import StoreError
@@ -184,9 +192,9 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         return (e.ratio or 0.0) if e.ratio_ci is not None else (e.ratio or 0.0) / 2
 
     if not candidates:
-        errors = _error_regression(comparison)
-        if errors is not None:
-            return errors
+        share = _error_regression(comparison) or _retry_regression(comparison)
+        if share is not None:
+            return share
     if candidates:
         # The tail first (incidents are about p99), then p90, then the median; within a quantile,
         # the metric whose ratio is largest.
@@ -285,7 +293,38 @@ ERROR_MIN_Z: Final[float] = 4.0
 
 def _error_regression(comparison: Comparison) -> Regression | None:
     """The failed share of logical requests as the headline, when it rose and latency did not."""
-    (fb, nb), (fc, nc) = comparison.failures["baseline"], comparison.failures["candidate"]
+    return _share_rise("error_rate", comparison.failures, "failed share of requests")
+
+
+def _retry_regression(comparison: Comparison) -> Regression | None:
+    """The retried share of logical requests as the headline, when it rose and neither latency nor failures did.
+
+    A gateway that retries a failing replica hides the failures from the client and the
+    latency of one retry in the tail: the share of requests that needed more than one
+    attempt (the gateway's attempt spans, :meth:`OtherSpans.attempts_per_trace`) is then
+    the regression, held to the error rate's bar (retries are failures absorbed). Not
+    read when the windows overlap (a version pair: traces cannot be sided by time) or
+    no span wraps an engine call (no attempts to count).
+    """
+    b, c = comparison.window("baseline"), comparison.window("candidate")
+    if not comparison.has_other_spans or (b.start_ns < c.end_ns and c.start_ns < b.end_ns):
+        return None
+    per_trace = comparison.other_spans.attempts_per_trace()
+    if per_trace.height == 0 or not int(per_trace["wrapped"].sum() or 0):
+        return None
+    import polars as pl
+
+    counts: dict[str, tuple[int, int]] = {
+        s: (int(part.filter(pl.col("attempts") > 1).height), part.height)
+        for s in SIDES
+        for part in (per_trace.filter(pl.col("side") == s),)
+    }
+    return _share_rise("retried_share", counts, "share of requests retried by the gateway")
+
+
+def _share_rise(metric: str, counts: Mapping[str, tuple[int, int]], what: str) -> Regression | None:
+    """A share of logical requests as the headline when it rose by the error bar; ``counts``: side -> (k, n)."""
+    (fb, nb), (fc, nc) = counts["baseline"], counts["candidate"]
     if nb < stats.MIN_REQUESTS or nc < stats.MIN_REQUESTS:
         return None
     pb, pc = fb / nb, fc / nc
@@ -296,8 +335,8 @@ def _error_regression(comparison: Comparison) -> Regression | None:
         return None
     se_diff = math.sqrt(pb * (1 - pb) / nb + pc * (1 - pc) / nc)
     ci = (pc - pb - 1.96 * se_diff, pc - pb + 1.96 * se_diff)
-    # quantile 0.99 tells rules which tail to examine; the report prints no quantile for error_rate
-    return Regression("error_rate", 0.99, pb, pc, ci, True, note=f"failed share of requests, z = {z:.1f}")
+    # quantile 0.99 tells rules which tail to examine; the report prints no quantile for a share
+    return Regression(metric, 0.99, pb, pc, ci, True, note=f"{what}, z = {z:.1f}")
 
 
 def _context(comparison: Comparison, regression: Regression, estimates: list[MetricEstimate]) -> RuleContext:
@@ -366,9 +405,10 @@ def _rank(
         # is about that slice.
         findings = [f if f.scope else replace(f, scope=dict(localisation.scope)) for f in findings]
     findings = _stage_scopes(findings)
-    if regression.metric == "error_rate":
-        # The regression *is* the failed share: an errors finding accounts for all of it by definition.
-        findings = [replace(f, explained=1.0) if f.cause == "errors" else f for f in findings]
+    owner = {"error_rate": "errors", "retried_share": "retry_amplification"}.get(regression.metric)
+    if owner is not None:
+        # The regression *is* the failed (retried) share: that cause's finding accounts for all of it.
+        findings = [replace(f, explained=1.0) if f.cause == owner else f for f in findings]
     ranked = sorted(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
     if not regression.significant:
         # Nothing regressed: say so first; whatever moved is listed after, for context.
@@ -423,7 +463,7 @@ def _none_finding(regression: Regression) -> Finding:
 
 def _unexplained(context: RuleContext, regression: Regression) -> list[str]:
     """Why a reported regression has no explanation, when the reason is the sample size."""
-    if regression.metric == "error_rate":
+    if regression.metric in SHARE_HEADLINES:
         return []
     decomposition = context.get("stages")
     tails = decomposition.tail_requests

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from sre_agent.analysis.compare import LATENCIES, SIDES
+from sre_agent.analysis.rules_api import SHARE_HEADLINES
 
 if TYPE_CHECKING:
     import polars as pl
@@ -96,8 +97,8 @@ def localise(comparison: Comparison, regression: Regression, dimensions: list[st
     """Score every value of every low-cardinality dimension (see module docstring)."""
     import polars as pl
 
-    if regression.metric == "error_rate":
-        return Localisation("error_rate", None)
+    if regression.metric in SHARE_HEADLINES:
+        return Localisation(regression.metric, None)
     metric = regression.metric if regression.metric in (*LATENCIES, "trace", "dependency", "gateway") else "e2e"
     col = LATENCIES.get(metric, f"{metric}_s")
     if col not in comparison.requests.columns:  # a root-span headline without engine requests

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
-from sre_agent.analysis.rules_api import Evidence, Finding, MetricEstimate, Regression
+from sre_agent.analysis.rules_api import SHARE_HEADLINES, Evidence, Finding, MetricEstimate, Regression
 from sre_agent.analysis.selection import Selection
 
 __all__ = ["SCHEMA", "Report", "render_dict"]
@@ -153,7 +153,7 @@ class Report:
             "candidate": self.candidate,
             "regression": {
                 "metric": r.metric,
-                "quantile": None if r.metric == "error_rate" else r.quantile,
+                "quantile": None if r.metric in SHARE_HEADLINES else r.quantile,
                 "baseline": r.baseline,
                 "candidate": r.candidate,
                 "ratio": r.ratio,
@@ -205,9 +205,10 @@ class Report:
 
     def _headline(self) -> str:
         r = self.regression
-        if r.metric == "error_rate":
+        if r.metric in SHARE_HEADLINES:
             verdict = "REGRESSED" if r.significant else "no significant regression"
-            return f"error rate: {_fmt_any(r.baseline)} -> {_fmt_any(r.candidate)} — {verdict}"
+            what = "error rate" if r.metric == "error_rate" else "retried share"
+            return f"{what}: {_fmt_any(r.baseline)} -> {_fmt_any(r.candidate)} — {verdict}"
         label = f"{r.metric} p{round(r.quantile * 100)}"
         ratio = f" ({r.ratio:.2f}x)" if r.ratio else ""
         ci = f", 95% CI of the change {_fmt_ci(r.ci)}" if r.ci else ""

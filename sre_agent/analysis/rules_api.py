@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = [
     "CAUSES",
     "CONTEXT_NAMES",
+    "SHARE_HEADLINES",
     "Evidence",
     "Finding",
     "MetricEstimate",
@@ -171,6 +172,11 @@ class MetricEstimate:
     def ratio(self) -> float | None:
         """candidate / baseline (``None`` when either is missing or the baseline is 0)."""
         return SidePair(self.baseline, self.candidate).ratio
+
+
+#: Headlines that are shares of logical requests, not latencies: failed (``error_rate``) and retried
+#: (``retried_share``, retries that may hide the failures). No quantile, no stage decomposition.
+SHARE_HEADLINES: Final[tuple[str, ...]] = ("error_rate", "retried_share")
 
 
 @dataclass(frozen=True)
