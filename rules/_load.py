@@ -114,7 +114,6 @@ def kv_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
     return per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE
 
 
-#: KV share per running request must rise by this factor for the pool itself to have shrunk.
 #: Share of the candidate's backlog scrapes at one running count that makes it a cap (MetricView.cap_binds).
 CAP_BINDS: Final[float] = 0.5
 
@@ -141,10 +140,11 @@ def admission_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
     spread (no cap binds, :func:`cap_binds`), and KV blocks not the limit (:func:`kv_limited`).
     The engine then admits no faster than its steps take prompts in.
     """
-    share = metrics.cap_binds().candidate
-    return share is not None and share < CAP_BINDS and not kv_limited(metrics, requests)
+    measured = metrics.cap_binds().candidate is not None
+    return measured and not cap_binds(metrics) and not kv_limited(metrics, requests)
 
 
+#: KV share per running request must rise by this factor for the pool itself to have shrunk.
 POOL_SHRANK: Final[float] = 1.15
 
 

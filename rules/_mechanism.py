@@ -205,8 +205,7 @@ def require_both_sides(frame: pl.DataFrame, what: str) -> None:
 
 def windows_overlap(comparison: Comparison) -> bool:
     """Whether the two windows overlap in time (version mode), so spans cannot be sided by start time."""
-    b, c = comparison.window("baseline"), comparison.window("candidate")
-    return b.start_ns < c.end_ns and c.start_ns < b.end_ns
+    return comparison.windows_overlap
 
 
 def pow2_bucket(column: str, width: float = 2.0) -> pl.Expr:

@@ -74,7 +74,7 @@ def retry_amplification(comparison: Comparison, regression: Regression) -> Findi
         raise RuleSkipped("no gateway spans: attempts per logical request are unknown")
     if windows_overlap(comparison):
         raise RuleSkipped("the windows overlap (version comparison): gateway traces cannot be assigned a side")
-    per_trace = comparison.other_spans.attempts_per_trace()
+    per_trace = comparison.other_spans.attempts_per_trace
     if per_trace.height == 0:
         raise RuleSkipped("no root spans of logical requests in the windows")
     source = "gateway attempt spans per logical request"

@@ -63,6 +63,12 @@ class TraceAggregates:
         """The non-engine spans of both windows as frames for the rules (:mod:`sre_agent.analysis.other_spans`)."""
         return OtherSpans(self.con, self._windows["baseline"], self._windows["candidate"], self.slices)
 
+    @property
+    def windows_overlap(self) -> bool:
+        """Whether the two windows overlap in time (a version pair), so spans cannot be sided by start time."""
+        b, c = self._windows["baseline"], self._windows["candidate"]
+        return b.start_ns < c.end_ns and c.start_ns < b.end_ns
+
     @cached_property
     def has_other_spans(self) -> bool:
         """Whether the windows hold any non-engine spans (gateway, dependencies)."""

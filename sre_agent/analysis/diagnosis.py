@@ -301,15 +301,14 @@ def _retry_regression(comparison: Comparison) -> Regression | None:
 
     A gateway that retries a failing replica hides the failures from the client and the
     latency of one retry in the tail: the share of requests that needed more than one
-    attempt (the gateway's attempt spans, :meth:`OtherSpans.attempts_per_trace`) is then
+    attempt (the gateway's attempt spans, :attr:`OtherSpans.attempts_per_trace`) is then
     the regression, held to the error rate's bar (retries are failures absorbed). Not
     read when the windows overlap (a version pair: traces cannot be sided by time) or
     no span wraps an engine call (no attempts to count).
     """
-    b, c = comparison.window("baseline"), comparison.window("candidate")
-    if not comparison.has_other_spans or (b.start_ns < c.end_ns and c.start_ns < b.end_ns):
+    if not comparison.has_other_spans or comparison.windows_overlap:
         return None
-    per_trace = comparison.other_spans.attempts_per_trace()
+    per_trace = comparison.other_spans.attempts_per_trace
     if per_trace.height == 0 or not int(per_trace["wrapped"].sum() or 0):
         return None
     import polars as pl

@@ -195,13 +195,15 @@ class OtherSpans:
                 FROM {self._marked} WHERE calls_engine AND NOT is_root AND kind = 'client'"""
         )
 
+    @cached_property
     def attempts_per_trace(self) -> pl.DataFrame:
         """Per trace with a root span: ``trace_id``, ``side``, ``slice``, ``trace_s``, ``wrapped``, ``attempts``,
         ``failed``.
 
         ``wrapped`` counts spans that wrap an engine call or carry a resend count;
         ``attempts`` is the larger of that and the highest resend count + 1; ``failed``
-        is whether the root's status is an error.
+        is whether the root's status is an error. Read once per comparison (the retried-share
+        headline and ``retry_amplification`` both use it).
         """
         return self._frame(
             f"""

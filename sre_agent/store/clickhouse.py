@@ -33,6 +33,7 @@ and rewritten as if it were DuckDB's.
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib
 import logging
 import tempfile
@@ -264,7 +265,8 @@ class ClickHouseConnection:
             if names is not None:
                 # The exporter's tables are ordered by MetricName: a filter on it skips granules, one on the
                 # canonical name (an expression over it) reads every row.
-                key = _placeholder(f"metric_points_{hash((self._tenant, names)) & 0xFFFFFFFF:08x}")
+                spelled = repr((self._tenant, sorted(names))).encode()
+                key = _placeholder(f"metric_points_{hashlib.sha1(spelled, usedforsecurity=False).hexdigest()}")
                 self._by_name.setdefault(key, self._metric_relation(names))
             table.replace(exp.Table(this=exp.to_identifier(key), alias=exp.TableAlias(this=exp.to_identifier(alias))))
         text: str = respell(tree).sql(dialect="clickhouse")
