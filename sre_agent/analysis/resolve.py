@@ -287,6 +287,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     if selection.mode == "since_last_deploy":
         deploy, how = _last_deploy(con, selection, where, scan)
         notes.append(how)
+        extents["TRUE"], edges = _extent_and_edges(con, where, deploy.time_ns, scan)
         split, note = _canary_split(con, where, deploy, selection.window_ns, extent(), scan=scan)
         if note:
             notes.append(note)
@@ -295,10 +296,11 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     else:
         assert selection.deploy_at_ns is not None
         deploy = DeployPoint(selection.deploy_at_ns)
+        extents["TRUE"], edges = _extent_and_edges(con, where, deploy.time_ns, scan)
     deploy_ns = deploy.time_ns
     lo, hi, n = extent()
     # Where each side's serving stops and starts (the deploy itself without request spans).
-    last_before, first_after = _serving_edges(con, where, deploy_ns, scan) if n else (deploy_ns, deploy_ns)
+    last_before, first_after = edges
     window_ns = selection.window_ns
     if window_ns is None:
         if lo is None or hi is None or n == 0:
@@ -338,8 +340,14 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
 DEAD_TIME_NS: Final[int] = 5 * _NS
 
 
-def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int, scan: str) -> tuple[int, int]:
-    """The end of serving before ``deploy_ns`` and its start after (ns): the last and first request starts.
+def _extent_and_edges(
+    con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int, scan: str
+) -> tuple[tuple[int | None, int | None, int], tuple[int, int]]:
+    """The selected spans' first start, last start and count, and the serving edges around ``deploy_ns``.
+
+    One scan for both: on ClickHouse each pass over the exporter's attribute maps costs seconds
+    at fleet scale. The edges are the end of serving before ``deploy_ns`` and its start after (ns),
+    from the last and first request starts.
 
     A deploy marker is when the new version appeared, not when it served: a vLLM restart
     exports its start-up spans (weights, KV allocation) up to a minute before the first
@@ -352,14 +360,16 @@ def _serving_edges(con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int, s
     """
     row = fetch_one(
         con.execute(
-            f"SELECT max(start_ns) FILTER (WHERE start_ns < {deploy_ns}), "
+            f"SELECT min(start_ns), max(start_ns), count(*), max(start_ns) FILTER (WHERE start_ns < {deploy_ns}), "
             f"min(start_ns) FILTER (WHERE start_ns >= {deploy_ns}) FROM {scan} WHERE {where}"
         )
     )
-    before, after = (row[0], row[1]) if row else (None, None)
+    assert row is not None  # an aggregate without GROUP BY returns one row
+    extent = (row[0], row[1], int(row[2]))
+    before, after = row[3], row[4]
     last_before = deploy_ns if before is None or deploy_ns - (int(before) + 1) < DEAD_TIME_NS else int(before) + 1
     first_after = deploy_ns if after is None or int(after) - deploy_ns < DEAD_TIME_NS else int(after)
-    return last_before, first_after
+    return extent, (last_before, first_after)
 
 
 def _last_deploy(
