@@ -41,6 +41,7 @@ from sre_agent.rules._mechanism import (
     rnd,
     side,
     significance,
+    uncached_tokens,
 )
 
 if TYPE_CHECKING:
@@ -378,10 +379,7 @@ def engine_cost(comparison: Comparison, metrics: MetricView, stage: Literal["pre
         frame = requests.filter(pl.col("prefill_s").is_not_null() & (pl.col("input_tokens") > 0))
         require_both_sides(frame, "per-request prefill timing")
         hit = metric_hit_rate(metrics, comparison.request_counts)
-        side_hit = pl.lit(0.0)
-        if hit is not None:
-            side_hit = pl.when(pl.col("side") == "baseline").then(hit[0].baseline).otherwise(hit[0].candidate)
-        uncached = pl.col("input_tokens") - pl.col("cached_tokens").fill_null(pl.col("input_tokens") * side_hit)
+        uncached = uncached_tokens(comparison, metrics)
         column = "prefill_s_per_uncached_token"
         frame = frame.with_columns(uncached.clip(1, None).alias("uncached_tokens")).with_columns(
             (pl.col("prefill_s") / pl.col("uncached_tokens")).alias(column)

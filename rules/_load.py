@@ -25,7 +25,15 @@ import polars as pl
 from sre_agent.analysis.compare import SIDES
 from sre_agent.analysis.decompose import replicas_expr
 from sre_agent.analysis.rules_api import Evidence, Regression, SidePair
-from sre_agent.rules._mechanism import LOAD_Z, PER_TOKEN_METRICS, per_request, rnd, side_means, tail_shares
+from sre_agent.rules._mechanism import (
+    LOAD_Z,
+    PER_TOKEN_METRICS,
+    per_request,
+    rnd,
+    side_means,
+    tail_shares,
+    uncached_tokens,
+)
 
 if TYPE_CHECKING:
     from sre_agent.analysis.compare import Comparison
@@ -209,8 +217,7 @@ def service_time_queue_share(
     if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE:
         private = side_means(
             comparison.requests,
-            private=(pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0)
-            + pl.col("output_tokens").fill_null(0),
+            private=uncached_tokens(comparison, metrics) + pl.col("output_tokens").fill_null(0),
         )["private"]
         if pool_shrank(metrics, private.ratio):
             return 0.0

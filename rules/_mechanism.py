@@ -14,7 +14,8 @@ helpers here give those comparisons the same statistics everywhere:
   of the headline's tail excess a stage holds (what a mechanism can explain).
 * :func:`confined_slice`: the one attribute value that holds most of a
   signal's change while carrying a minority of the traffic, if any.
-* :func:`metric_hit_rate`: the prefix-cache hit rate from counter deltas.
+* :func:`metric_hit_rate`: the prefix-cache hit rate from counter deltas;
+  :func:`uncached_tokens`: a request's uncached prompt tokens, with that rate where spans lack them.
 
 Engine-cost helpers (running batch, costs at equal batch size) live in
 :mod:`sre_agent.rules._engine_cost`, step shape in :mod:`sre_agent.rules._steps`,
@@ -317,6 +318,23 @@ def metric_hit_rate(metrics: MetricView, requests: Mapping[str, int]) -> tuple[S
     return None
 
 
+def uncached_tokens(comparison: Comparison, metrics: MetricView | None) -> pl.Expr:
+    """Prompt tokens a request had to prefill (input - cached), as an expression over ``comparison.requests``.
+
+    Where a span carries no cached-token count (vLLM V0, SGLang, gateway spans), its side's
+    hit rate from the counters stands in: ``input x (1 - hit rate)``. Without that either,
+    every prompt token counts as uncached. Reading a missing count as "nothing cached" made a
+    prefix cache that stopped hitting look like a slower prefill path: the prompts' tokens
+    did not change, their prefill time did (dev 1150042, 1150164: 30 % -> 0 % from counters).
+    """
+    hit = metric_hit_rate(metrics, comparison.request_counts) if metrics is not None else None
+    side_hit = pl.lit(0.0)
+    if hit is not None and hit[0].baseline is not None and hit[0].candidate is not None:
+        side_hit = pl.when(pl.col("side") == SIDES[0]).then(hit[0].baseline).otherwise(hit[0].candidate)
+    prompt = pl.col("input_tokens").fill_null(0)
+    return (prompt - pl.col("cached_tokens").fill_null(prompt * side_hit)).clip(0)
+
+
 def per_request(total: float | None, requests: int) -> float | None:
     """A window total divided by the window's requests (``None`` when unknown or no requests)."""
     return None if total is None or requests <= 0 else total / requests
@@ -405,6 +423,7 @@ __all__ = [
     "significance",
     "stage_share",
     "tail_shares",
+    "uncached_tokens",
     "wide_enough",
     "windows_overlap",
     "z_change",

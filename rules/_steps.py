@@ -26,7 +26,7 @@ from sre_agent.analysis.busy import replica_expr
 from sre_agent.analysis.compare import SIDES
 from sre_agent.analysis.rules_api import Evidence, RuleSkipped, SidePair
 from sre_agent.rules._engine_cost import EngineCost, engine_cost
-from sre_agent.rules._mechanism import metric_hit_rate, per_request, rnd, side
+from sre_agent.rules._mechanism import metric_hit_rate, per_request, rnd, side, uncached_tokens
 
 if TYPE_CHECKING:
     from sre_agent.analysis.compare import Comparison
@@ -261,19 +261,19 @@ def _prefilled_by(t: np.ndarray, parts: tuple[np.ndarray, ...]) -> np.ndarray:
     return out
 
 
-def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
+def step_mix(comparison: Comparison, cost: EngineCost, metrics: MetricView | None = None) -> StepMix | None:
     """Split a decode :class:`EngineCost`'s TPOT change into decode work and shared prefill (see :class:`StepMix`).
 
     Prompt tokens prefilled come from every sampled request of the replica (uncached
-    tokens, spread over its prefill: scheduling to first token), scaled by the side's
-    sample fraction. ``None`` when a side has fewer than :data:`STEP_FIT_MIN` decoding
-    requests or no prefill timing.
+    tokens, spread over its prefill: scheduling to first token; with ``metrics``, the hit
+    rate from the counters where spans lack cached tokens), scaled by the side's sample
+    fraction. ``None`` when a side has fewer than :data:`STEP_FIT_MIN` decoding requests or
+    no prefill timing.
     """
     frame = cost.frame
     if frame is None or "running" not in frame.columns:
         return None
     requests = comparison.requests.filter(pl.col("e2e_s").is_not_null() & pl.col("ttft_s").is_not_null())
-    hit = pl.col("cached_tokens").fill_null(0)
     requests = requests.select(
         "side",
         "span_id",
@@ -281,7 +281,7 @@ def step_mix(comparison: Comparison, cost: EngineCost) -> StepMix | None:
         (pl.col("start_ns") + pl.col("queue_s").fill_null(0.0) * 1e9).cast(pl.Float64).alias("_sched"),
         (pl.col("start_ns") + pl.col("ttft_s") * 1e9).cast(pl.Float64).alias("_first"),
         (pl.col("start_ns") + pl.col("e2e_s") * 1e9).cast(pl.Float64).alias("_end"),
-        (pl.col("input_tokens").fill_null(0) - hit).clip(0, None).cast(pl.Float64).alias("_uncached"),
+        uncached_tokens(comparison, metrics).cast(pl.Float64).alias("_uncached"),
     )
     counts = comparison.request_counts
     scale = {s: counts[s] / max(1, side(requests, s).height) for s in SIDES}
@@ -382,7 +382,7 @@ def decode_step_mix(comparison: Comparison, metrics: MetricView) -> StepMix | No
     """:func:`step_mix` of the comparison's decode cost, once per comparison; ``None`` when it cannot be fitted."""
     if comparison not in _MIX_CACHE:
         try:
-            mix = step_mix(comparison, engine_cost(comparison, metrics, "decode"))
+            mix = step_mix(comparison, engine_cost(comparison, metrics, "decode"), metrics)
         except RuleSkipped:
             mix = None
         _MIX_CACHE[comparison] = (mix,)

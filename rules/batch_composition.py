@@ -87,6 +87,7 @@ from sre_agent.rules._mechanism import (
     side_means,
     stage_share,
     tail_shares,
+    uncached_tokens,
 )
 from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape, decode_step_mix, median_step
 
@@ -366,9 +367,7 @@ def _prefill_spread(
     bound = mix.prefill_cost_rise_bound() if mix is not None else None
     if bound is None or bound >= MIN_SLOWDOWN:
         return None
-    uncached = side_means(
-        comparison.requests, uncached=(pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0)
-    )["uncached"]
+    uncached = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"]
     if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):
         # More of each prompt to prefill (a cache that stopped hitting, longer prompts) makes every
         # step carry more prefill and each prompt wait longer for it: that work's rule owns it

@@ -60,7 +60,7 @@ from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, run_late
 from sre_agent.rules._engine_cost import assess_slowdown, engine_cost
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
-from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, side_means, stage_share
+from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, side_means, stage_share, uncached_tokens
 from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step
 
@@ -165,7 +165,7 @@ def _step_beyond_batch(
     work = side_means(
         comparison.requests,
         work=pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0),
-        new=(pl.col("input_tokens").fill_null(0) - pl.col("cached_tokens").fill_null(0)).clip(0),
+        new=uncached_tokens(comparison, metrics),
     )
     if any(pair.ratio is None or abs(pair.ratio - 1.0) > SAME_WORK for pair in work.values()):
         return None

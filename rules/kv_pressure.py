@@ -35,7 +35,7 @@ cache that went from below 80 % to above 95 % at p90 gives at most 0.4.
 
 x 0.2 when the KV share one running request holds (mean usage / mean running
 requests) rose by less than 15 % beyond the tokens a running request holds
-(prompt + half the output, weighted by the time each request held its blocks):
+(uncached prompt + half the output, weighted by the time each request held its blocks):
 the cache then filled because more requests ran on the same pool (load,
 capacity, slower steps) or each held more of it (a new tenant's long answers:
 traffic_mix), whose rules name it, not because the pool shrank.
@@ -60,7 +60,16 @@ from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
 from sre_agent.rules._load import kv_per_running, pool_shrank
-from sre_agent.rules._mechanism import clip01, engine_share, latency_share, rnd, significance, tail_shares
+from sre_agent.rules._mechanism import (
+    clip01,
+    engine_share,
+    latency_share,
+    metric_hit_rate,
+    rnd,
+    significance,
+    tail_shares,
+    uncached_tokens,
+)
 
 #: Counter over-dispersion: preemptions arrive in bursts, not one by one.
 DISPERSION: Final[float] = 2.0
@@ -145,7 +154,7 @@ def kv_pressure(
         tokens = _tokens_per_request(comparison, metrics)
         if tokens is not None:
             evidence.append(Evidence("tokens_per_running_request", rnd(tokens.baseline, 1), rnd(tokens.candidate, 1),
-                                     "tokens a running request holds in the cache"))  # fmt: skip
+                                     "uncached tokens a running request holds in the cache"))  # fmt: skip
         # Longer requests hold more of the same pool each (a new tenant's long answers): only the
         # rise of KV per running request beyond the rise of tokens per request is a smaller pool.
         if not pool_shrank(metrics, tokens.ratio if tokens is not None else None):
@@ -200,17 +209,20 @@ def _pct(x: float | None) -> str:
 
 
 def _tokens_per_request(comparison: Comparison, metrics: MetricView) -> SidePair | None:
-    """Tokens a running request holds in the cache, on each side; ``None`` when neither side can say.
+    """Tokens a running request holds in the cache on its own, on each side; ``None`` when neither side can say.
 
-    From engine spans: prompt + half the output (the context grows over the decode), averaged
-    over the running requests, i.e. weighted by the time each held its blocks (scheduled to
-    finished): a long answer is running for longer, so it is more of the running population
-    than of the requests. Without spans: prompt + generation counters per finished request.
+    From engine spans: uncached prompt + half the output (the context grows over the decode),
+    averaged over the running requests, i.e. weighted by the time each held its blocks
+    (scheduled to finished): a long answer is running for longer, so it is more of the running
+    population than of the requests. A prompt's cached prefix is held once for every request
+    sharing it, so a cache that stopped hitting gives each request its own copy: more of the
+    pool each, from the same pool (dev 1150164: KV per running request x1.58, hit rate 34 % ->
+    4 %, prompts unchanged). Without spans: uncached prompt + generation counters per finished request.
     """
     frame = comparison.requests
     if frame.height:
         held = (pl.col("e2e_s") - pl.col("queue_s").fill_null(0.0)).clip(0.0)
-        context = pl.col("input_tokens").fill_null(0) + pl.col("output_tokens").fill_null(0) / 2
+        context = uncached_tokens(comparison, metrics) + pl.col("output_tokens").fill_null(0) / 2
         means = {
             str(r["side"]): r["t"]
             for r in frame.filter(held.is_not_null())
@@ -220,5 +232,28 @@ def _tokens_per_request(comparison: Comparison, metrics: MetricView) -> SidePair
         }
         pair = SidePair(means.get("baseline"), means.get("candidate"))
     else:
-        pair = metrics.tokens_per_request()
+        pair = _private_tokens_from_counters(metrics)
     return pair if pair.ratio is not None else None
+
+
+def _private_tokens_from_counters(metrics: MetricView) -> SidePair:
+    """Uncached prompt + generation tokens per finished request, from the counters (no spans).
+
+    The prompt counter counts cached tokens too; the side's hit rate takes them out as
+    ``uncached_tokens`` does for spans, when the hit rate is known.
+    """
+    done = metrics.finished_requests()
+    prompt, generated = metrics.counter_delta("prompt_tokens"), metrics.counter_delta("generation_tokens")
+    hit = metric_hit_rate(metrics, {"baseline": int(done.baseline or 0), "candidate": int(done.candidate or 0)})
+    rates = (hit[0].baseline, hit[0].candidate) if hit is not None else (None, None)
+    values = [
+        (p * (1.0 - (h or 0.0)) + g) / n if p is not None and g is not None and n else None
+        for p, g, n, h in zip(
+            (prompt.baseline, prompt.candidate),
+            (generated.baseline, generated.candidate),
+            (done.baseline, done.candidate),
+            rates,
+            strict=True,
+        )
+    ]
+    return SidePair(values[0], values[1])

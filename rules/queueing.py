@@ -9,7 +9,9 @@ to what the replicas can serve. Its change splits into
 * replicas R or slots (``capacity``): fewer replicas, or a lower cap on
   running requests (``max_num_seqs``) while requests wait (the waiting gauge up 10 %
   or more and queue time holding part of the tail excess);
-* work per request (traffic mix: more tokens each), left to ``traffic_mix``.
+* work per request (traffic mix: more tokens each), left to ``traffic_mix``;
+  more uncached prompt tokens at the same lengths (a cache that stopped hitting) and
+  slower tokens share the split but are ``prefix_cache``'s and the slowdown rules' findings.
 
 The part of the regression at stake is the queue's share of the tail excess,
 plus the prefill/decode share when the running batch grew with the load
@@ -29,7 +31,7 @@ from sre_agent.analysis.decompose import StageDecomposition, queue_drivers, repl
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, SidePair
 from sre_agent.rules._load import cap_binds, kv_limited
-from sre_agent.rules._mechanism import per_replica, wide_enough
+from sre_agent.rules._mechanism import per_replica, uncached_tokens, wide_enough
 
 #: Relative change below which a driver is treated as unchanged (10 %).
 MIN_CHANGE = 0.10
@@ -98,7 +100,13 @@ def queueing(
         return []
 
     drivers = per_replica(
-        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+        queue_drivers(
+            comparison.requests,
+            comparison.window_seconds(),
+            comparison.request_counts,
+            uncached_tokens(comparison, metrics),
+        ),
+        comparison,
     )
     load_term = drivers.get("load", 0.0)
     replica_term = drivers.get("capacity", 0.0)
@@ -118,8 +126,10 @@ def queueing(
     ):
         slot_term = _log_up(1 / running_max.ratio)  # a lower cap on running requests while requests wait
     work_term = drivers.get("traffic_mix", 0.0)
-    # Engine slowdowns also raise utilisation; they share the queue but are reported by their own rules.
+    # Engine slowdowns and a cache that stopped hitting also raise utilisation; they share the queue
+    # but are reported by their own rules.
     speed_term = drivers.get("prefill_slowdown", 0.0) + drivers.get("decode_slowdown", 0.0)
+    speed_term += drivers.get("prefix_cache", 0.0)
     total = load_term + replica_term + slot_term + work_term + speed_term
     if total <= 0:
         return []

@@ -29,7 +29,7 @@ from sre_agent.analysis.decompose import DRIVER_MIN_CHANGE, StageDecomposition, 
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped
 from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost
-from sre_agent.rules._mechanism import per_replica, rnd, side_means, wide_enough
+from sre_agent.rules._mechanism import per_replica, rnd, side_means, uncached_tokens, wide_enough
 from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import decode_step_mix
 
@@ -119,16 +119,22 @@ def _at_equal_batch(
         out[owner] = out.get(owner, 0.0) + echo
     # More prefill per step came with more prompt work per request, else with more requests
     # per replica (the batch driver found above); neither, and nothing owns it.
-    owner_of_more = _more_prompt_work(comparison) or batch_driver
+    owner_of_more = _more_prompt_work(comparison, metrics) or batch_driver
     if more > 0 and owner_of_more is not None:
         out[owner_of_more] = out.get(owner_of_more, 0.0) + more
     return {k: v for k, v in out.items() if v > 0}
 
 
-def _queue_drivers(comparison: Comparison) -> dict[str, float]:
+def _queue_drivers(comparison: Comparison, metrics: MetricView | None) -> dict[str, float]:
     """The drivers of queueing with load and capacity netted per replica (read once per finding)."""
     return per_replica(
-        queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts), comparison
+        queue_drivers(
+            comparison.requests,
+            comparison.window_seconds(),
+            comparison.request_counts,
+            uncached_tokens(comparison, metrics),
+        ),
+        comparison,
     )
 
 
@@ -151,16 +157,16 @@ def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str:
     # Handed on only when more prefill work arrived to own it: the step fit's own evidence of a
     # costlier prefill stands when nothing else changed (dev 1040246: prefill x1.58, the per-token
     # comparison flat at z 0.4 while g rose 85 ms per token).
-    return _more_prompt_work(comparison) or "prefill_slowdown"
+    return _more_prompt_work(comparison, metrics) or "prefill_slowdown"
 
 
-def _more_prompt_work(comparison: Comparison) -> str | None:
+def _more_prompt_work(comparison: Comparison, metrics: MetricView) -> str | None:
     """Whether each request brought more prefill: more prompt tokens (``traffic_mix``: a new
     tenant's long prompts), else more of them uncached (``prefix_cache``); ``None`` otherwise."""
     means = side_means(
         comparison.requests,
         prompt=pl.col("input_tokens"),
-        uncached=(pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0)).clip(0),
+        uncached=uncached_tokens(comparison, metrics),
     )
     for column, owner in (("prompt", "traffic_mix"), ("uncached", "prefix_cache")):
         ratio = means[column].ratio
@@ -193,7 +199,7 @@ def stages(
     share = stages.shares[dominant]
     if dominant == "queue":
         # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
-        growth = _queue_drivers(comparison)
+        growth = _queue_drivers(comparison, metrics)
         drivers = _at_equal_batch(growth, comparison, metrics, growth)
         if not drivers:
             # No driver passed its bar. Queueing follows the offered load per replica; when only its
@@ -208,8 +214,14 @@ def stages(
         check = "compare arrival rate, replica count, tokens per request and seconds per token before and after"
     elif dominant in ("prefill", "decode"):
         # A stage took longer because requests asked for more, the cache helped less, or the engine slowed.
-        drivers = stage_drivers(comparison.requests, dominant, comparison.window_seconds(), comparison.request_counts)
-        drivers = _at_equal_batch(drivers, comparison, metrics, _queue_drivers(comparison))
+        drivers = stage_drivers(
+            comparison.requests,
+            dominant,
+            comparison.window_seconds(),
+            comparison.request_counts,
+            uncached_tokens(comparison, metrics),
+        )
+        drivers = _at_equal_batch(drivers, comparison, metrics, _queue_drivers(comparison, metrics))
         if not drivers and not _slower_at_equal_batch(comparison, metrics, dominant):
             # Nothing measured drives the stage and its per-token cost did not rise at equal batch:
             # naming the stage's slowdown would name a mechanism the data contradicts.

@@ -143,6 +143,15 @@ def _column(stage: str) -> str:
 DRIVER_MIN_CHANGE: Final[float] = 0.10
 
 
+def _uncached(uncached: pl.Expr | None) -> pl.Expr:
+    """A request's uncached prompt tokens: ``uncached`` as given, else input - cached (a missing count as 0)."""
+    import polars as pl
+
+    if uncached is not None:
+        return uncached
+    return (pl.col("input_tokens").fill_null(0) - pl.col("cached_tokens").fill_null(0)).clip(0)
+
+
 def replicas_expr() -> pl.Expr:
     """Distinct engine replicas among a frame's requests (``service.instance.id``, else ``host.name``)."""
     import polars as pl
@@ -170,16 +179,22 @@ def offered_load_terms(log_rate: float, log_replicas: float) -> dict[str, float]
 
 
 def queue_drivers(
-    requests: pl.DataFrame, seconds: Mapping[str, float], totals: Mapping[str, int] | None = None
+    requests: pl.DataFrame,
+    seconds: Mapping[str, float],
+    totals: Mapping[str, int] | None = None,
+    uncached: pl.Expr | None = None,
 ) -> dict[str, float]:
     """Why did queueing grow? log-ratio contribution of each driver (only those that rose >= 10 %).
 
     Utilisation per replica is arrivals x work x time-per-unit-of-work / replicas, so its log
     change splits into: ``load`` (arrival rate), ``capacity`` (fewer replicas), ``traffic_mix``
-    (more work per request at the baseline's speed: tokens weighted by the baseline's seconds
-    per token), ``prefill_slowdown`` / ``decode_slowdown`` (seconds per token rose). ``requests``
-    is one slice or all of the sample, with a ``side`` column; ``seconds`` the window lengths;
-    ``totals`` the unsampled request counts per side (default: the sample's counts).
+    (more work per request at the baseline's speed and cached share: tokens weighted by the
+    baseline's seconds per token), ``prefix_cache`` (more of each prompt to prefill at the
+    candidate's lengths: a smaller cached share), ``prefill_slowdown`` / ``decode_slowdown``
+    (seconds per token rose). ``requests`` is one slice or all of the sample, with a ``side``
+    column; ``seconds`` the window lengths; ``totals`` the unsampled request counts per side
+    (default: the sample's counts); ``uncached`` a request's uncached prompt tokens (default:
+    input - cached tokens, a missing count read as none cached).
     """
     import polars as pl
 
@@ -188,7 +203,8 @@ def queue_drivers(
         .agg(
             pl.len().alias("n"),
             replicas_expr().alias("replicas"),
-            (pl.col("input_tokens").fill_null(0) - pl.col("cached_tokens").fill_null(0)).clip(0).mean().alias("new_in"),
+            pl.col("input_tokens").fill_null(0).mean().alias("inp"),
+            _uncached(uncached).mean().alias("new_in"),
             pl.col("output_tokens").fill_null(0).mean().alias("out"),
             pl.col("prefill_s").mean().alias("prefill"),
             pl.col("decode_s").mean().alias("decode"),
@@ -214,7 +230,12 @@ def queue_drivers(
     d_cost = (b["decode"] or 0.0) / b["out"] if b["out"] else 0.0
     work_b = p_cost * (b["new_in"] or 0.0) + d_cost * (b["out"] or 0.0)
     work_c = p_cost * (c["new_in"] or 0.0) + d_cost * (c["out"] or 0.0)
-    add("traffic_mix", work_c / work_b if work_b > 0 else None)
+    # The candidate's prompts and answers at the baseline's cached share: what the mix alone asks;
+    # the rest of the rise is prompt tokens the cache stopped serving.
+    kept = (b["new_in"] or 0.0) / b["inp"] if b["inp"] else 1.0
+    work_mix = p_cost * (c["inp"] or 0.0) * kept + d_cost * (c["out"] or 0.0)
+    add("traffic_mix", work_mix / work_b if work_b > 0 else None)
+    add("prefix_cache", work_c / work_mix if work_mix > 0 else None)
     # Speed terms are weighted by the stage's part of the baseline's service time.
     for stage, cost, tokens in (("prefill", p_cost, "new_in"), ("decode", d_cost, "out")):
         if cost > 0 and c[tokens] and c[stage] is not None and work_b > 0:
@@ -230,6 +251,7 @@ def stage_drivers(
     stage: str,
     seconds: Mapping[str, float] | None = None,
     totals: Mapping[str, int] | None = None,
+    uncached: pl.Expr | None = None,
 ) -> dict[str, float]:
     """Why did a stage take longer? log-ratio terms (only those that rose >= 10 %).
 
@@ -244,6 +266,7 @@ def stage_drivers(
     prompts (``traffic_mix``), a smaller cached fraction (``prefix_cache``), more arrivals or fewer
     replicas (``load``, ``capacity``: :func:`offered_load_terms`; a replica's steps carry only its
     own arrivals' prefill, so a canary serving twice the traffic on twice the replicas adds none).
+    ``uncached``: as :func:`queue_drivers` (given, the cached share counts as known).
     """
     import polars as pl
 
@@ -254,12 +277,8 @@ def stage_drivers(
         for r in requests.group_by("side")
         .agg(
             pl.col("input_tokens").cast(pl.Float64).mean().alias("inp"),
-            (pl.col("input_tokens") - pl.col("cached_tokens").fill_null(0))
-            .clip(0)
-            .cast(pl.Float64)
-            .mean()
-            .alias("new"),
-            pl.col("cached_tokens").is_not_null().any().alias("has_cache"),
+            _uncached(uncached).cast(pl.Float64).mean().alias("new"),
+            (pl.col("cached_tokens").is_not_null().any() | pl.lit(uncached is not None)).alias("has_cache"),
             pl.col("output_tokens").cast(pl.Float64).mean().alias("out"),
             pl.col("prefill_s").mean().alias("prefill"),
             pl.col("decode_s").mean().alias("decode"),

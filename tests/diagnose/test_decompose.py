@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from sre_agent.analysis.decompose import offered_load_terms, stage_decomposition, stage_drivers
+from sre_agent.analysis.decompose import offered_load_terms, queue_drivers, stage_decomposition, stage_drivers
 from sre_agent.analysis.rules_api import Regression
 
 
@@ -125,3 +125,49 @@ def test_offered_load_terms_net_arrivals_against_replicas() -> None:
     assert set(both) == {"load", "capacity"}
     assert sum(both.values()) == pytest.approx(math.log(3.0))
     assert offered_load_terms(math.log(1.05), 0.0) == {}
+
+
+def _cache_frame(*, cached: dict[str, float | None], input_tokens: dict[str, int]) -> pl.DataFrame:
+    """400 requests a side on 2 replicas: prefill at 1 ms per uncached token, 100 output tokens at 20 ms."""
+    rows = []
+    for side in ("baseline", "candidate"):
+        share = cached[side]
+        for i in range(400):
+            prompt = input_tokens[side]
+            uncached = prompt * (1 - (share or 0.0)) if share is not None else prompt * 0.6
+            rows.append({"side": side, "input_tokens": prompt, "output_tokens": 100,
+                         "cached_tokens": None if share is None else int(prompt * share),
+                         "prefill_s": 0.001 * uncached, "decode_s": 2.0, "host_name": f"r{i % 2}",
+                         "service_instance": f"r{i % 2}", "service_name": "vllm"})  # fmt: skip
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def test_queue_work_from_a_cache_that_stopped_hitting_is_the_caches_not_the_mixs() -> None:
+    # The same prompts, 40 % of them cached before and none after: every request brings more
+    # prefill work, and the mix did not change (before: the whole rise was traffic_mix's).
+    seconds, counts = {"baseline": 300.0, "candidate": 300.0}, {"baseline": 400, "candidate": 400}
+    frame = _cache_frame(cached={"baseline": 0.4, "candidate": 0.0}, input_tokens={"baseline": 8000, "candidate": 8000})
+    terms = queue_drivers(frame, seconds, counts)
+    assert set(terms) == {"prefix_cache"}
+    # work: 4.8 s of prefill + 2 s of decode -> 8 + 2 s
+    assert terms["prefix_cache"] == pytest.approx(math.log(10.0 / 6.8), rel=1e-6)
+    # Longer prompts at the same cached share are the mix's.
+    longer = _cache_frame(
+        cached={"baseline": 0.4, "candidate": 0.4}, input_tokens={"baseline": 4000, "candidate": 8000}
+    )
+    assert set(queue_drivers(longer, seconds, counts)) == {"traffic_mix"}
+
+
+def test_queue_drivers_take_the_uncached_tokens_they_are_given() -> None:
+    # Spans without cached-token counts (vLLM V0): read as "nothing cached", the prompts' prefill
+    # per token rose 1/0.6 x and the cache's part became prefill_slowdown. The counters' hit rate
+    # (40 % -> 0 %) given as the uncached tokens puts it back on the cache.
+    seconds, counts = {"baseline": 300.0, "candidate": 300.0}, {"baseline": 400, "candidate": 400}
+    frame = _cache_frame(
+        cached={"baseline": None, "candidate": 0.0}, input_tokens={"baseline": 8000, "candidate": 8000}
+    )
+    frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("cached_tokens"))
+    assert "prefill_slowdown" in queue_drivers(frame, seconds, counts)
+    hit = pl.when(pl.col("side") == "baseline").then(0.4).otherwise(0.0)
+    given = queue_drivers(frame, seconds, counts, uncached=pl.col("input_tokens") * (1 - hit))
+    assert set(given) == {"prefix_cache"}
