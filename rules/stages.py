@@ -28,7 +28,7 @@ from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import DRIVER_MIN_CHANGE, StageDecomposition, queue_drivers, stage_drivers
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped
-from sre_agent.rules._engine_cost import BATCH_GREW, engine_cost
+from sre_agent.rules._engine_cost import BATCH_GREW, MIN_SLOWDOWN, engine_cost
 from sre_agent.rules._mechanism import per_replica, rnd, side_means, uncached_tokens, wide_enough
 from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import decode_step_mix
@@ -55,6 +55,7 @@ _MECHANISM = {
     "traffic_mix": "more work per request",
     "prefix_cache": "fewer prompt tokens served from the prefix cache",
     "prefill_slowdown": "prefill seconds per uncached token rose at equal batch",
+    "batch_composition": "prompts spread over more engine steps at the same cost per step (step budget, chunking)",
     "decode_slowdown": "seconds per output token rose at equal batch",
 }
 #: What the title says when no driver was measured: the stage's own change, never a driver it
@@ -114,6 +115,17 @@ def _at_equal_batch(
         out[driver] = kept
         if batch_driver is not None:
             out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept - moved)
+    prefill = out.get("prefill_slowdown", 0.0)
+    mix = decode_step_mix(comparison, metrics) if prefill > 0 else None
+    bound = mix.prefill_cost_rise_bound() if mix is not None else None
+    if bound is not None and bound < MIN_SLOWDOWN:
+        # The step fit bounds a prompt token's cost in a step below a slowdown: prompts took longer
+        # per token because they were spread over more steps (a smaller step budget, chunked
+        # prefill: batch_composition) or shared them with more prefill (traffic_mix, prefix_cache),
+        # as prefill_slowdown's own rule concludes (dev 1160038: budget 8192 -> 512, long prompts
+        # +32 % per token, the step cost bound +1.6 %; the queue went to a x1.01 "slowdown").
+        owner = _more_prompt_work(comparison, metrics) or "batch_composition"
+        out[owner] = out.get(owner, 0.0) + out.pop("prefill_slowdown")
     if echo > 0:
         owner = _prefill_echo_owner(comparison, metrics)
         out[owner] = out.get(owner, 0.0) + echo
