@@ -16,7 +16,9 @@ import polars as pl
 from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import queue_drivers, stage_decomposition, stage_drivers
 from sre_agent.analysis.localise import Localisation
+from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression
+from sre_agent.rules._mechanism import uncached_tokens
 
 #: A slice-level stage explanation is localisation plus a stage, not a mechanism: damp it.
 SLICE_CONFIDENCE = 0.6
@@ -33,8 +35,15 @@ _STAGE_CAUSE = {
 }
 
 
-def slices(regression: Regression, localisation: Localisation, comparison: Comparison) -> Finding | None:
-    """The slice that holds the regression, with the mechanism its own stages point at."""
+def slices(
+    regression: Regression, localisation: Localisation, comparison: Comparison, metrics: MetricView | None = None
+) -> Finding | None:
+    """The slice that holds the regression, with the mechanism its own stages point at.
+
+    The slice's uncached prompt tokens take the fleet's hit rate from the counters where its
+    spans carry no cached-token count (``_mechanism.uncached_tokens``): a slice is no place to
+    read a cache that stopped hitting as a slower prefill.
+    """
     if not regression.significant or not localisation.scope or localisation.best is None:
         return None
     best = localisation.best
@@ -91,7 +100,9 @@ def slices(regression: Regression, localisation: Localisation, comparison: Compa
     if stage == "queue":
         # The slice queues: name what drove its utilisation up (its load, its speed, its work).
         part = comparison.requests.filter(expr)
-        drivers = queue_drivers(part, comparison.window_seconds(), comparison.scaled_counts(part))
+        drivers = queue_drivers(
+            part, comparison.window_seconds(), comparison.scaled_counts(part), uncached_tokens(comparison, metrics)
+        )
         cause = max(drivers, key=lambda d: drivers[d]) if drivers else "capacity"
         check = (
             f"compare arrival rate, running requests and seconds per token on {label} with the other slices; "
@@ -101,7 +112,13 @@ def slices(regression: Regression, localisation: Localisation, comparison: Compa
         cause, check = _STAGE_CAUSE[stage]
         if stage in ("prefill", "decode"):
             part = comparison.requests.filter(expr)
-            drivers = stage_drivers(part, stage, comparison.window_seconds(), comparison.scaled_counts(part))
+            drivers = stage_drivers(
+                part,
+                stage,
+                comparison.window_seconds(),
+                comparison.scaled_counts(part),
+                uncached_tokens(comparison, metrics),
+            )
             cause = max(drivers, key=lambda d: drivers[d]) if drivers else cause
     return Finding(
         cause=cause,
