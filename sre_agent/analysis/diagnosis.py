@@ -35,6 +35,7 @@ from sre_agent.analysis.rules_api import (
 )
 from sre_agent.analysis.rules_registry import LoadFailure, load_rules
 from sre_agent.analysis.selection import Selection
+from sre_agent.analysis.stats import SliceHistogram
 from sre_agent.errors import StoreError
 from sre_agent.store.sql_text import dialect_of
 
@@ -59,6 +60,10 @@ HEADLINE_METRICS: Final[tuple[str, ...]] = ("trace", "e2e", "ttft", "tpot", "itl
 STAGE_METRICS: Final[tuple[str, ...]] = ("dependency", "gateway", "queue", "prefill", "decode")
 #: ...if they at least grew by half...
 STAGE_MIN_EFFECT: Final[float] = 1.5
+#: Latencies averaged over a request's tokens: no tail-exceedance route (:func:`_tail_exceeded`).
+PER_TOKEN_LATENCIES: Final[frozenset[str]] = frozenset({"tpot", "itl"})
+#: Lowest quantile whose significance may come from the tail-exceedance test (:func:`_tail_exceeded`).
+TAIL_ROUTE_MIN_QUANTILE: Final[float] = 0.9
 #: ...and by 10 ms (a 2 ms queue becoming 4 ms is not an incident).
 STAGE_MIN_DELTA_S: Final[float] = 0.010
 _METRIC_HISTOGRAMS: Final[dict[str, str]] = {
@@ -86,10 +91,13 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
     if have_spans and "trace_s" in comparison.requests.columns:
         names += ["trace", "dependency", "gateway"]
     compared: list[tuple[str, stats.QuantileComparison]] = []
+    # Each compared latency's two histograms, for the tail-exceedance route below.
+    histograms: dict[str, tuple[SliceHistogram, SliceHistogram]] = {}
     roots = comparison.root_histograms if not have_spans else None
     if roots is not None and all(roots[s].n > 0 for s in SIDES):
         # No engine request spans, but the gateway's root spans time every request: the one
         # latency with per-request values, so it gets a CI like any span latency.
+        histograms["trace"] = (roots["baseline"], roots["candidate"])
         for q in QUANTILES:
             cq = stats.compare_quantile(roots["baseline"], roots["candidate"], q)
             compared.append(("trace", cq))
@@ -97,6 +105,7 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
         # headline without engine spans too (the dependency rule then explains all of it).
         deps = comparison.root_dependency_histograms
         if all(deps[s].n > 0 for s in SIDES):
+            histograms["dependency"] = (deps["baseline"], deps["candidate"])
             for q in QUANTILES:
                 compared.append(("dependency", stats.compare_quantile(deps["baseline"], deps["candidate"], q)))
     for name in names:
@@ -105,6 +114,7 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
         b_hist, c_hist = comparison.histogram("baseline", name), comparison.histogram("candidate", name)
         if b_hist.n == 0 and c_hist.n == 0:
             continue
+        histograms[name] = (b_hist, c_hist)
         for q in QUANTILES:
             cq = stats.compare_quantile(b_hist, c_hist, q)
             compared.append((name, cq))
@@ -114,6 +124,8 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
     # covers time correlation (stats.compare_quantile).
     family = len({name for name, cq in compared if cq.log_ratio_se is not None and name in HEADLINE_METRICS})
     z_crit = stats.normal_isf(FAMILY_ALPHA / max(1, family))
+    # The tail-share route is a second test of each latency: it gets half the family's level.
+    z_tail = stats.normal_isf(FAMILY_ALPHA / (2 * max(1, family)))
     for name, cq in compared:
         significant = bool(
             cq.diff_ci is not None
@@ -122,7 +134,26 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             and cq.ratio >= MIN_EFFECT
             and (cq.log_ratio_se is None or math.log(cq.ratio) >= z_crit * cq.log_ratio_se)
         )
-        out.append(MetricEstimate(name, cq.quantile, cq.baseline, cq.candidate, cq.diff_ci, cq.ratio_ci, significant))
+        by_tail = bool(
+            not significant
+            and cq.ratio is not None
+            and cq.ratio >= MIN_EFFECT
+            and name in histograms
+            and name not in PER_TOKEN_LATENCIES
+            and _tail_exceeded(*histograms[name], cq.quantile, z_tail)
+        )
+        out.append(
+            MetricEstimate(
+                name,
+                cq.quantile,
+                cq.baseline,
+                cq.candidate,
+                cq.diff_ci,
+                cq.ratio_ci,
+                significant or by_tail,
+                by_tail_share=by_tail,
+            )
+        )
     metrics = comparison.metrics
     traced = any(name == "trace" and cq.log_ratio_se is not None for name, cq in compared)
     for name, signal in _METRIC_HISTOGRAMS.items():
@@ -161,6 +192,29 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             if e.name == "tpot"
         )
     return out
+
+
+def _tail_exceeded(baseline: SliceHistogram, candidate: SliceHistogram, q: float, z_crit: float) -> bool:
+    """Whether more candidate requests than the baseline's own share lie beyond the baseline's ``q`` quantile.
+
+    The second route to a significant tail quantile, at half the family-wise level (it is a
+    second test of the same latency). A p99 of
+    1,000 requests rests on its 10 slowest, and its resampled CI is as wide as the gaps
+    between them; the share of requests beyond the baseline's p99 uses every request and
+    is tested directly (:func:`stats.tail_test`: time-slice-robust variances, both sides'
+    noise), as the canary gate tests its shares (:mod:`sre_agent.analysis.exceedance`).
+    Not for per-token latencies (:data:`PER_TOKEN_LATENCIES`): a request's TPOT averages many
+    steps, so its tail is the shared step speed of a few minutes, not a few slow requests,
+    and a healthy deploy's one-minute speed swing put 20 % of requests beyond the old TPOT
+    p99 at p = 0.0009 (``tests/benchmarks/noise_swing.py``: 6 of 40 healthy deploys flagged).
+    A new tenant's longer answers put 3 % of requests beyond the old e2e p99 at p = 1e-14
+    while the p99's CI spanned -1.5..+11 s (dev 1150218). Tail quantiles only: at the
+    median the share test is a location test the CI already is.
+    """
+    if q < TAIL_ROUTE_MIN_QUANTILE:
+        return False
+    tail = stats.tail_test(baseline, candidate, q)
+    return tail is not None and tail[1] > tail[0] and tail[2] <= stats.normal_sf(z_crit)
 
 
 def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:
@@ -208,6 +262,7 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
             return Regression("e2e", 0.99, None, None, None, False, note="no latency data on one side")
         best = fallback[0]
     location_p = hl = tail_p = None
+    tail: tuple[float, float, float] | None = None
     col = LATENCIES.get(best.name, f"{best.name}_s")
     if best.source == "spans" and col in comparison.requests.columns:
         frame = comparison.requests
@@ -221,6 +276,14 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         )
         tail_p = tail[2] if tail else None
     note = "" if best.source == "spans" else "estimated from metric histograms (no spans): no confidence interval"
+    if best.by_tail_share:
+        # Significant by the tail-exceedance route (_tail_exceeded): say which test decided.
+        label = f"p{round(best.quantile * 100)}"
+        shares = f": {tail[0]:.1%} -> {tail[1]:.1%} (p = {tail[2]:.2g})" if tail else ""
+        note = (
+            f"{best.name} {label} regressed by the share of requests beyond the baseline's {label}{shares}; "
+            f"the {label}'s own CI alone did not clear the bar"
+        )
     switched_from, reason = _quantile_switch(comparison, estimates, best)
     return Regression(
         best.name,

@@ -66,7 +66,10 @@ _DEPLOY_NOTES: Final[tuple[tuple[str, str], ...]] = (
 )
 
 #: What the ``regressed`` column of the metric table means, printed under it.
-REGRESSED_LEGEND: Final[str] = "regressed: rose beyond noise (95% CI of the change above 0) and by enough to matter"
+REGRESSED_LEGEND: Final[str] = (
+    "regressed: rose beyond noise (95% CI of the change above 0, or more requests beyond the baseline tail "
+    "quantile than chance allows) and by enough to matter"
+)
 
 
 def _fmt_any(x: Any) -> str:

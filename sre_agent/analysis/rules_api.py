@@ -157,6 +157,8 @@ class MetricEstimate:
         ratio_ci: 95 % CI of candidate / baseline.
         significant: the CI excludes 0 *and* the change is practically relevant.
         source: ``spans`` (exact per-request) or ``metrics`` (OTLP histogram).
+        by_tail_share: significant by the share of requests beyond the baseline's quantile,
+            not by the quantile's own CI (``diagnosis._tail_exceeded``).
     """
 
     name: str
@@ -167,6 +169,7 @@ class MetricEstimate:
     ratio_ci: tuple[float, float] | None = None
     significant: bool = False
     source: str = "spans"
+    by_tail_share: bool = False
 
     @property
     def ratio(self) -> float | None:

@@ -376,9 +376,11 @@ def tail_test(baseline: SliceHistogram, candidate: SliceHistogram, q: float) -> 
 
     Returns ``(baseline_share, candidate_share, one_sided_p)`` where a share is
     the fraction of requests above the baseline quantile; the variance of each
-    share is cluster-robust over time slices, so correlated bursts are not
-    mistaken for evidence. ``None`` when not estimable. Catches variance-only
-    tail regressions that a location test misses.
+    share is by batch means over blocks of each length in :data:`BLOCK_SCALES`
+    consecutive time slices, the largest kept (as :meth:`SliceHistogram.log_quantile_se`),
+    so correlated bursts and swings that outlast a slice are not mistaken for
+    evidence. ``None`` when not estimable. Catches variance-only tail
+    regressions that a location test misses.
     """
     threshold = baseline.quantile(q)
     if threshold is None or baseline.n < min_samples_for_quantile(q) or candidate.n < MIN_REQUESTS:
@@ -389,11 +391,15 @@ def tail_test(baseline: SliceHistogram, candidate: SliceHistogram, q: float) -> 
         above, total = hist.exceedances(threshold)
         n = float(total.sum())
         p = float(above.sum()) / n
-        k = total.size
-        resid = above - p * total
-        var = (k / max(1, k - 1)) * float((resid**2).sum()) / (n * n) if k > 1 else p * (1 - p) / n
         # never claim more precision than independent sampling would give
-        var = max(var, p * (1 - p) / n, 1.0 / (n * n))
+        var = max(p * (1 - p) / n, 1.0 / (n * n))
+        for scale in BLOCK_SCALES:
+            edges = np.arange(0, total.size, scale)
+            k = edges.size
+            if k < 2:
+                continue
+            resid = np.add.reduceat(above, edges) - p * np.add.reduceat(total, edges)
+            var = max(var, (k / (k - 1)) * float((resid**2).sum()) / (n * n))
         shares.append(p)
         variances.append(var)
     z = (shares[1] - shares[0]) / math.sqrt(variances[0] + variances[1])
