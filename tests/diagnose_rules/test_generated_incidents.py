@@ -433,6 +433,10 @@ _MECHANISM_CASES = [
     # A token budget cut 8192 -> 512: the queue held 84 % of the TTFT excess and went to a x1.01
     # "prefill slowdown" although the step fit bounds a prompt token's cost in a step at +1.6 %.
     pytest.param(1160038, "batch_composition", "sglang", "more engine steps", id="budget-spread-is-no-slowdown"),
+    # A replica answers 503 to 11 % and the gateway retries on a peer: 3.3 % of requests retried
+    # (z = 5.8) make all of the gateway p99 tail, yet the retry finding's confidence read 0.33
+    # ("ten per hundred is unmistakable") and the peer the retries landed on led as a slice.
+    pytest.param(1150021, "retry_amplification", "vllm-v1", "Attempts per request rose", id="retries-fill-a-p99-tail"),
 ]
 
 
