@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Final
 import polars as pl
 
 from sre_agent.analysis.compare import LATENCIES, SIDES
-from sre_agent.analysis.decompose import MIN_TAIL, offered_load_terms, replicas_expr, stage_decomposition
+from sre_agent.analysis.decompose import MIN_TAIL, offered_load_terms, queue_drivers, replicas_expr, stage_decomposition
 from sre_agent.analysis.rules_api import SHARE_HEADLINES, Regression, RuleSkipped, SidePair
 
 if TYPE_CHECKING:
@@ -399,6 +399,14 @@ def per_replica(
     return out
 
 
+def queue_drivers_per_replica(comparison: Comparison, metrics: MetricView | None) -> dict[str, float]:
+    """The drivers of the comparison's queueing (:func:`~sre_agent.analysis.decompose.queue_drivers`), uncached
+    tokens read with the counters' hit rate (:func:`uncached_tokens`), load and capacity netted per replica."""
+    uncached = uncached_tokens(comparison, metrics)
+    drivers = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts, uncached)
+    return per_replica(drivers, comparison)
+
+
 __all__ = [
     "LOAD_Z",
     "MIN_BUCKET",
@@ -415,6 +423,7 @@ __all__ = [
     "per_replica",
     "per_request",
     "pow2_bucket",
+    "queue_drivers_per_replica",
     "ratio_estimate",
     "require_both_sides",
     "rnd",

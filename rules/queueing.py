@@ -27,11 +27,11 @@ import math
 import polars as pl
 
 from sre_agent.analysis.compare import Comparison
-from sre_agent.analysis.decompose import StageDecomposition, queue_drivers, replicas_expr
+from sre_agent.analysis.decompose import StageDecomposition, replicas_expr
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, SidePair
 from sre_agent.rules._load import cap_binds, kv_limited
-from sre_agent.rules._mechanism import per_replica, uncached_tokens, wide_enough
+from sre_agent.rules._mechanism import queue_drivers_per_replica, wide_enough
 
 #: Relative change below which a driver is treated as unchanged (10 %).
 MIN_CHANGE = 0.10
@@ -99,15 +99,7 @@ def queueing(
     if at_stake <= 0.05:
         return []
 
-    drivers = per_replica(
-        queue_drivers(
-            comparison.requests,
-            comparison.window_seconds(),
-            comparison.request_counts,
-            uncached_tokens(comparison, metrics),
-        ),
-        comparison,
-    )
+    drivers = queue_drivers_per_replica(comparison, metrics)
     load_term = drivers.get("load", 0.0)
     replica_term = drivers.get("capacity", 0.0)
     slot_term = 0.0

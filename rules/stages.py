@@ -29,7 +29,14 @@ from sre_agent.analysis.decompose import DRIVER_MIN_CHANGE, StageDecomposition, 
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped
 from sre_agent.rules._engine_cost import BATCH_GREW, MIN_SLOWDOWN, engine_cost
-from sre_agent.rules._mechanism import per_replica, rnd, side_means, uncached_tokens, wide_enough
+from sre_agent.rules._mechanism import (
+    per_replica,
+    queue_drivers_per_replica,
+    rnd,
+    side_means,
+    uncached_tokens,
+    wide_enough,
+)
 from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import decode_step_mix
 
@@ -74,8 +81,8 @@ def _at_equal_batch(
     """Keep of each slowdown term only the part that remains at equal running batch; hand the rest to batch growth.
 
     The moved part goes to ``capacity`` or ``load``, whichever driver of queueing (``growth``:
-    :func:`_queue_drivers`) is larger (the batch grew because each replica got more requests);
-    without either it is dropped.
+    :func:`~sre_agent.rules._mechanism.queue_drivers_per_replica`) is larger (the batch grew
+    because each replica got more requests); without either it is dropped.
     """
     if metrics is None:
         return drivers
@@ -135,19 +142,6 @@ def _at_equal_batch(
     if more > 0 and owner_of_more is not None:
         out[owner_of_more] = out.get(owner_of_more, 0.0) + more
     return {k: v for k, v in out.items() if v > 0}
-
-
-def _queue_drivers(comparison: Comparison, metrics: MetricView | None) -> dict[str, float]:
-    """The drivers of queueing with load and capacity netted per replica (read once per finding)."""
-    return per_replica(
-        queue_drivers(
-            comparison.requests,
-            comparison.window_seconds(),
-            comparison.request_counts,
-            uncached_tokens(comparison, metrics),
-        ),
-        comparison,
-    )
 
 
 def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str:
@@ -211,7 +205,7 @@ def stages(
     share = stages.shares[dominant]
     if dominant == "queue":
         # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
-        growth = _queue_drivers(comparison, metrics)
+        growth = queue_drivers_per_replica(comparison, metrics)
         drivers = _at_equal_batch(growth, comparison, metrics, growth)
         if not drivers:
             # No driver passed its bar. Queueing follows the offered load per replica; when only its
@@ -233,7 +227,7 @@ def stages(
             comparison.request_counts,
             uncached_tokens(comparison, metrics),
         )
-        drivers = _at_equal_batch(drivers, comparison, metrics, _queue_drivers(comparison, metrics))
+        drivers = _at_equal_batch(drivers, comparison, metrics, queue_drivers_per_replica(comparison, metrics))
         if not drivers and not _slower_at_equal_batch(comparison, metrics, dominant):
             # Nothing measured drives the stage and its per-token cost did not rise at equal batch:
             # naming the stage's slowdown would name a mechanism the data contradicts.

@@ -34,7 +34,7 @@ MAX_CATEGORICAL = 2
 NULL_DRAWS = 20
 #: Cap on one baseline request's weight, so a rare cell cannot dominate.
 MAX_WEIGHT = 25.0
-_COLUMN_OF = {"e2e": "e2e_s", "ttft": "ttft_s", "tpot": "tpot_s", "itl": "tpot_s"}
+_COLUMN_OF = {"trace": "trace_s", "e2e": "e2e_s", "ttft": "ttft_s", "tpot": "tpot_s", "itl": "tpot_s"}
 
 
 def _weighted_quantile(values: pl.Series, weights: pl.Series, q: float) -> float:
@@ -78,8 +78,8 @@ def traffic_mix(regression: Regression, requests: pl.LazyFrame, dimensions: list
     if not regression.significant:
         return None
     col = _COLUMN_OF.get(regression.metric)
-    if col is None:
-        return None
+    if col is None or col not in requests.collect_schema().names():
+        return None  # e.g. a trace headline from the gateway's root spans alone: no per-request mix to weigh
     q = regression.quantile
     frame = (
         requests.filter(pl.col(col).is_not_null())
