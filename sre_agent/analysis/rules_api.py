@@ -158,7 +158,7 @@ class MetricEstimate:
         significant: the CI excludes 0 *and* the change is practically relevant.
         source: ``spans`` (exact per-request) or ``metrics`` (OTLP histogram).
         by_tail_share: significant by the share of requests beyond the baseline's quantile,
-            not by the quantile's own CI (``diagnosis._tail_exceeded``).
+            not by the quantile's own CI (``headline._tail_exceeded``).
     """
 
     name: str

@@ -98,3 +98,16 @@ def test_the_engine_check_sees_a_query(tmp_path: Path) -> None:
     bad = tmp_path / "bad_rule.py"
     bad.write_text("import duckdb\n\ndef rule(comparison):\n    return comparison.con.sql('SELECT 1').pl()\n")
     assert len(_engine_uses(bad)) == 3  # the import, .con and .sql
+
+
+#: Longest module of the analysis layer (issue 16): past it a module holds more than one part.
+ANALYSIS_MAX_LINES = 600
+
+
+def test_no_analysis_module_outgrows_one_part() -> None:
+    sizes = {
+        p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in (ROOT / "sre_agent" / "analysis").glob("*.py")
+    }
+    assert sizes, "no analysis modules found"
+    over = {name: n for name, n in sizes.items() if n > ANALYSIS_MAX_LINES}
+    assert not over, f"analysis modules over {ANALYSIS_MAX_LINES} lines: {over}"

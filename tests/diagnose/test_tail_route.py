@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from sre_agent.analysis import stats
-from sre_agent.analysis.diagnosis import _tail_exceeded
+from sre_agent.analysis.headline import _tail_exceeded
 from sre_agent.analysis.stats import SliceHistogram
 
 N = 1000
