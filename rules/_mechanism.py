@@ -25,6 +25,7 @@ offered load and KV pressure in :mod:`sre_agent.rules._load`.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
@@ -399,12 +400,22 @@ def per_replica(
     return out
 
 
+#: Queue drivers per comparison (and whether metrics were given): stages and queueing both read them.
+_DRIVERS_CACHE: weakref.WeakKeyDictionary[Comparison, dict[bool, dict[str, float]]] = weakref.WeakKeyDictionary()
+
+
 def queue_drivers_per_replica(comparison: Comparison, metrics: MetricView | None) -> dict[str, float]:
     """The drivers of the comparison's queueing (:func:`~sre_agent.analysis.decompose.queue_drivers`), uncached
-    tokens read with the counters' hit rate (:func:`uncached_tokens`), load and capacity netted per replica."""
-    uncached = uncached_tokens(comparison, metrics)
-    drivers = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts, uncached)
-    return per_replica(drivers, comparison)
+    tokens read with the counters' hit rate (:func:`uncached_tokens`), load and capacity netted per replica.
+
+    Computed once per comparison; each caller gets its own copy."""
+    known = _DRIVERS_CACHE.setdefault(comparison, {})
+    key = metrics is not None
+    if key not in known:
+        uncached = uncached_tokens(comparison, metrics)
+        drivers = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts, uncached)
+        known[key] = per_replica(drivers, comparison)
+    return dict(known[key])
 
 
 __all__ = [

@@ -243,17 +243,5 @@ def _private_tokens_from_counters(metrics: MetricView) -> SidePair:
     ``uncached_tokens`` does for spans, when the hit rate is known.
     """
     done = metrics.finished_requests()
-    prompt, generated = metrics.counter_delta("prompt_tokens"), metrics.counter_delta("generation_tokens")
     hit = metric_hit_rate(metrics, {"baseline": int(done.baseline or 0), "candidate": int(done.candidate or 0)})
-    rates = (hit[0].baseline, hit[0].candidate) if hit is not None else (None, None)
-    values = [
-        (p * (1.0 - (h or 0.0)) + g) / n if p is not None and g is not None and n else None
-        for p, g, n, h in zip(
-            (prompt.baseline, prompt.candidate),
-            (generated.baseline, generated.candidate),
-            (done.baseline, done.candidate),
-            rates,
-            strict=True,
-        )
-    ]
-    return SidePair(values[0], values[1])
+    return metrics.tokens_per_request(done, cached_share=hit[0] if hit is not None else None)

@@ -426,8 +426,12 @@ class MetricView:
         )
         return self._memo(("gauge_change", signal), lambda: self._scalar_per_side(signal, change.format))
 
-    def tokens_per_request(self, done: SidePair | None = None) -> SidePair:
+    def tokens_per_request(self, done: SidePair | None = None, cached_share: SidePair | None = None) -> SidePair:
         """Prompt + generation tokens (counter deltas) per request on each side.
+
+        ``cached_share``: the share of prompt tokens served from the prefix cache per side (a
+        side's ``None`` counts as 0); those are left out, giving the tokens each request computed
+        and holds on its own.
 
         ``done`` is the requests to divide by, by default :meth:`finished_requests` (the counters
         count the tokens of the requests the engine worked on in the window); ``None`` for a
@@ -436,12 +440,14 @@ class MetricView:
         done = self.finished_requests() if done is None else done
         prompt = self.counter_delta("prompt_tokens")
         generated = self.counter_delta("generation_tokens")
+        cached = cached_share or SidePair(None, None)
         values = [
-            (p + g) / n if p is not None and g is not None and n else None
-            for p, g, n in zip(
+            (p * (1.0 - (h or 0.0)) + g) / n if p is not None and g is not None and n else None
+            for p, g, n, h in zip(
                 (prompt.baseline, prompt.candidate),
                 (generated.baseline, generated.candidate),
                 (done.baseline, done.candidate),
+                (cached.baseline, cached.candidate),
                 strict=True,
             )
         ]
