@@ -28,6 +28,7 @@ from sre_agent.analysis.rules_api import Evidence, Regression, SidePair
 from sre_agent.rules._mechanism import (
     LOAD_Z,
     PER_TOKEN_METRICS,
+    clip01,
     per_request,
     rnd,
     side_means,
@@ -224,6 +225,39 @@ def service_time_queue_share(
     return queue
 
 
+#: The engine's latency histogram a headline's queue share is read against, by headline metric.
+_HEADLINE_HISTOGRAM: Final[dict[str, str]] = {"ttft": "ttft_seconds", "e2e": "e2e_seconds", "trace": "e2e_seconds"}
+
+
+def metric_queue_share(comparison: Comparison, regression: Regression, metrics: MetricView) -> float:
+    """Without engine spans: the queue's share of the headline's excess from the engines' histograms, at the same load.
+
+    The metric twin of :func:`service_time_queue_share` for stores with engine metrics but no
+    engine request spans (gateway spans, metrics only): means are additive where quantiles are
+    not, so the share is the rise of the mean queue time (``queue_seconds``) over the rise of the
+    mean of the headline's own histogram (TTFT, else e2e), 0..1. Only at an offered load per
+    replica that did not move and without preemptions from a smaller pool (as there); 0 for
+    per-token headlines and without both histograms (dev 1210224: a template that broke the
+    prefix cache at a saturated baseline; mean queue time 1.2 -> 10.5 s of TTFT's 2.3 -> 11.1 s).
+    """
+    signal = _HEADLINE_HISTOGRAM.get(regression.metric)
+    if signal is None or load_moved(comparison, metrics) is not False:
+        return 0.0
+    queue, total = metrics.histogram("queue_seconds"), metrics.histogram(signal)
+    means = [(h.mean if h is not None and h.count else None) for h in (*queue.values(), *total.values())]
+    if any(m is None for m in means):
+        return 0.0
+    q_b, q_c, t_b, t_c = (float(m) for m in means)  # type: ignore[arg-type]
+    if t_c - t_b <= 0 or q_c - q_b <= 0:
+        return 0.0
+    preemptions = metrics.counter_delta("preemptions")
+    finished = [h.count if h is not None else 0 for h in total.values()]
+    per_b, per_c = per_request(preemptions.baseline, finished[0]), per_request(preemptions.candidate, finished[1])
+    if per_b is not None and per_c is not None and per_c - per_b >= PREEMPTION_RISE and pool_shrank(metrics):
+        return 0.0
+    return clip01((q_c - q_b) / (t_c - t_b))
+
+
 __all__ = [
     "KV_FULL",
     "POOL_SHRANK",
@@ -233,6 +267,7 @@ __all__ = [
     "kv_per_running",
     "load_moved",
     "load_per_replica",
+    "metric_queue_share",
     "pool_shrank",
     "service_time_queue_share",
 ]

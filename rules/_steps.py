@@ -26,7 +26,7 @@ from sre_agent.analysis.busy import replica_expr
 from sre_agent.analysis.compare import SIDES
 from sre_agent.analysis.rules_api import Evidence, RuleSkipped, SidePair
 from sre_agent.rules._engine_cost import EngineCost, engine_cost
-from sre_agent.rules._mechanism import metric_hit_rate, per_request, rnd, side, uncached_tokens
+from sre_agent.rules._mechanism import metric_hit_rate, per_request, rnd, side, side_means, uncached_tokens
 
 if TYPE_CHECKING:
     from sre_agent.analysis.compare import Comparison
@@ -121,15 +121,24 @@ def _cap(hist: HistogramDelta) -> float | None:
     return float(hist.bounds[-1])
 
 
-def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape | None:
+def batch_shape(metrics: MetricView, comparison: Comparison) -> BatchShape | None:
     """Tokens-per-step histogram summary, or ``None`` when either side lacks it.
 
-    ``requests``: engine requests per side, to put the prompt-token counter per request.
+    The prefill work per request (:attr:`BatchShape.work_ratio`) is the requests' own uncached
+    prompt tokens where spans carry prompt lengths, else the prompt-token counter per request.
+    The counter counts the prompts the engine prefilled in the window, the spans the requests
+    that arrived in it: behind a growing backlog the two differ (dev 1210222: a decode x3 left
+    TTFT at 69 s, and the counter per arriving request read the same prompts as x0.81 of the
+    work, which damped the slowdown as "other prefill work").
     """
     hist = metrics.histogram("iteration_tokens")
     b, c = hist.get("baseline"), hist.get("candidate")
     if b is None or c is None or b.count == 0 or c.count == 0:
         return None
+    requests: Mapping[str, int] = comparison.request_counts
+    measured = _span_work_ratio(comparison, metrics)
+    if measured is not None:
+        return _shape(b, c, measured)
     work = 1.0
     prompt = metrics.counter_delta("prompt_tokens")
     if not (requests.get("baseline") and requests.get("candidate")):
@@ -146,6 +155,23 @@ def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape 
     # The uncached share moves prefill work per request whether or not requests can be counted.
     if hit is not None and hit[0].baseline is not None and hit[0].candidate is not None and hit[0].baseline < 1:
         work *= max(1e-3, 1 - hit[0].candidate) / (1 - hit[0].baseline)
+    return _shape(b, c, work)
+
+
+def _span_work_ratio(comparison: Comparison, metrics: MetricView) -> float | None:
+    """Candidate / baseline mean uncached prompt tokens per request from the spans (``None`` without them)."""
+    frame = comparison.requests
+    if frame.height == 0 or "input_tokens" not in frame.columns:
+        return None
+    known = frame.filter(pl.col("input_tokens").is_not_null())
+    means = side_means(known, work=uncached_tokens(comparison, metrics))["work"]
+    if not means.baseline or not means.candidate:
+        return None
+    return float(means.candidate) / float(means.baseline)
+
+
+def _shape(b: HistogramDelta, c: HistogramDelta, work: float) -> BatchShape:
+    """The :class:`BatchShape` of two tokens-per-step histograms at prefill work ratio ``work``."""
     return BatchShape(
         SidePair(b.mean, c.mean),
         SidePair(b.quantile(0.9), c.quantile(0.9)),
@@ -157,6 +183,8 @@ def batch_shape(metrics: MetricView, requests: Mapping[str, int]) -> BatchShape 
 
 
 # ------------------------------------------------------------ decode steps
+#: Decode work's share of a TPOT rise (:attr:`StepMix.decode_share`) from which the decode step led it.
+DECODE_LED: Final[float] = 0.5
 #: Requests per side a decode-step fit needs (three coefficients on noisy per-request means).
 STEP_FIT_MIN: Final[int] = 60
 
@@ -203,12 +231,25 @@ class StepMix:
         bound below :data:`~sre_agent.rules._engine_cost.MIN_SLOWDOWN` rules that out.
         ``None`` when ``g`` or its error is unknown or the baseline's ``g`` is not positive.
         """
+        return self._prefill_cost_rise(1.96)
+
+    def _prefill_cost_rise(self, z: float) -> float | None:
+        """Relative rise of ``g`` plus ``z`` standard errors (``None`` when unknown or ``g_b`` <= 0)."""
         if self.prefill_cost is None:
             return None
         g_b, g_c = self.prefill_cost.baseline, self.prefill_cost.candidate
         if g_b is None or g_c is None or self.prefill_cost_se is None or g_b <= 0:
             return None
-        return (g_c - g_b + 1.96 * self.prefill_cost_se) / g_b
+        return (g_c - g_b + z * self.prefill_cost_se) / g_b
+
+    def prefill_cost_rise_floor(self) -> float | None:
+        """Lower 95 % bound of the relative rise of ``g`` (``None`` as :meth:`prefill_cost_rise_bound`).
+
+        A step budget or chunking change moves how many prompt tokens a step carries, not what
+        each costs; a floor at or above :data:`~sre_agent.rules._engine_cost.MIN_SLOWDOWN` says
+        the prefill path itself got costlier.
+        """
+        return self._prefill_cost_rise(-1.96)
 
     def _share(self, part: float) -> float | None:
         total = max(self.decode_part, 0.0) + max(self.prefill_part, 0.0) + max(self.work_part, 0.0)
@@ -393,6 +434,7 @@ __all__ = [
     "BATCH_SHAPE_FACTOR",
     "BatchShape",
     "CAP_CUT",
+    "DECODE_LED",
     "SAME_WORK",
     "StepMix",
     "batch_shape",

@@ -50,9 +50,17 @@ z >= 3 more than for the shorter half, which rose < 1/3 as much;
 ``_engine_cost.LengthProfile``), since a prompt that fits the new budget is
 computed as before. Confidence 0.7 x ``min(1, long-prompt rise / 0.3)``;
 ``explained`` the prefill stage's share of the tail excess x the share of the
-raw change kept at equal batch. Otherwise, a running batch that moved by 30 % or more at the
+raw change kept at equal batch. When the step fit shows a prompt token costing more in a step
+(the lower 95 % bound of ``g``'s rise >= 10 %), that long-prompt signature is a
+slower prefill path's and keeps x 0.2. Else, where neither shows, a smaller budget
+still shows in the decodes it no longer stalls: the TPOT p99 fell >= 1.5x beyond
+its CI while the TPOT median did not fall, at the same uncached work per request,
+with the queue and prefill holding the excess (confidence 0.6 at a 3x fall).
+Otherwise, a running batch that moved by 30 % or more at the
 same arrival rate and mix while queueing did not carry the excess gives at
 most 0.3, since span overlap alone cannot tell batching from a slowdown.
+A load per replica whose point estimate moved >= 15 % within the spread of
+per-slice arrivals halves any of these.
 
 Quiet when the step shape did not change as above, or when the load per
 replica or the work per request changed (then other rules own the change).
@@ -61,10 +69,12 @@ replica or the work per request changed (then other rules own the change).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Final, Literal
 
 import polars as pl
 
+from sre_agent.analysis import stats
 from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
@@ -78,6 +88,7 @@ from sre_agent.rules._engine_cost import (
 )
 from sre_agent.rules._load import admission_limited, load_moved, load_per_replica
 from sre_agent.rules._mechanism import (
+    PER_TOKEN_METRICS,
     Z_MIN,
     clip01,
     engine_share,
@@ -95,6 +106,8 @@ from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape, 
 MAX_RATE_CHANGE: Final[float] = 0.15
 #: Work-per-request change beyond which batch changes are traffic mix's doing.
 MAX_WORK_CHANGE: Final[float] = 0.20
+#: Confidence kept when the load's point estimate moved within the spread of per-slice arrivals.
+BURSTY_LOAD_DAMPING: Final[float] = 0.5
 #: Running-batch change that counts on spans alone.
 SPAN_BATCH_CHANGE: Final[float] = 1.3
 #: Confidence ceiling on spans alone.
@@ -103,6 +116,16 @@ SPANS_ONLY_CONFIDENCE: Final[float] = 0.3
 BUDGET_CONFIDENCE: Final[float] = 0.7
 #: Rise of the long prompts' prefill cost counted as unmistakable.
 FULL_BUDGET_RISE: Final[float] = 0.3
+#: Confidence kept by the budget signature when the step fit shows a prompt token costing more
+#: in a step (a slower prefill path): below the stage fallback's 0.25, as prefill_slowdown's twin.
+STEP_COST_ROSE_DAMPING: Final[float] = 0.2
+
+#: Fall of the TPOT tail (decode stalls beside prefill chunks) that a smaller step budget shows.
+STALLS_FELL: Final[float] = 1.5
+#: The TPOT quantile that holds the decodes stalled beside large prefill chunks.
+STALL_QUANTILE: Final[float] = 0.99
+#: Confidence of a smaller budget read from the stalls alone (no step histogram, no prefill cost).
+STALLS_CONFIDENCE: Final[float] = 0.6
 
 #: Median inter-token step rise from which bigger steps count as slower steps' echo.
 SLOWER_STEP: Final[float] = 1.5
@@ -161,7 +184,31 @@ def batch_composition(
     metrics: MetricView,
     stages: StageDecomposition,
 ) -> Finding | None:
-    """A ``batch_composition`` finding when steps changed shape at the same load (see module docstring)."""
+    """A ``batch_composition`` finding when steps changed shape at the same load (see module docstring).
+
+    "The same load" is a load that did not move beyond the spread of per-slice arrivals
+    (``_load.load_moved``: a bursty trace puts a burst on one side of a deploy by chance). When
+    its point estimate still moved by :data:`MAX_RATE_CHANGE` or more, the load may be what
+    changed the steps: confidence x :data:`BURSTY_LOAD_DAMPING` (dev 1210097: arrivals x1.85
+    at z 1.8 on Azure's code trace, the running batch 17 -> 40, read as prompts spread over
+    more steps "at the same load").
+    """
+    finding = _at_same_load(comparison, regression, metrics, stages)
+    load = load_per_replica(comparison, metrics)[0]
+    if finding is None or not _changed(load.ratio, MAX_RATE_CHANGE):
+        return finding
+    moved = f"the load per replica moved x{load.ratio:.2f}, within the spread of per-slice arrivals"
+    caveat = Evidence("arrival_change_z", None, rnd(comparison.arrival_change_z, 2), moved)
+    return replace(finding, confidence=finding.confidence * BURSTY_LOAD_DAMPING, evidence=(caveat, *finding.evidence))
+
+
+def _at_same_load(
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    stages: StageDecomposition,
+) -> Finding | None:
+    """The finding of :func:`batch_composition` before its bursty-load caveat."""
     frame = comparison.requests
     work = {
         s: side(frame, s)
@@ -199,7 +246,7 @@ def batch_composition(
                      "prompt tokens / all tokens processed (counter deltas)")
         )  # fmt: skip
     at_stake = engine_share(stages, regression, comparison)
-    shape = batch_shape(metrics, comparison.request_counts)
+    shape = batch_shape(metrics, comparison)
     if shape is not None:
         cap = shape.p99_ratio
         if not shape.changed or cap is None or cap <= 0:
@@ -272,20 +319,83 @@ def _prefill_signature(
     stages: StageDecomposition,
     evidence: list[Evidence],
 ) -> Finding | None:
-    """With no step shape change to read: what the prefill cost at equal batch says about the steps.
+    """With no step shape change to read: what the prefill cost at equal batch and the TPOT tail say.
 
     A smaller budget (:func:`_budget_signature`), else prompts waiting for steps with room
-    (:func:`_prefill_spread`); ``None`` without per-request prefill timing.
+    (:func:`_prefill_spread`), both from per-request prefill timing; else the decode stalls a
+    smaller budget ended (:func:`_stalls_gone`).
     """
     try:
         cost = engine_cost(comparison, metrics, "prefill")
     except RuleSkipped:
+        cost = None
+    found = None
+    if cost is not None:
+        found = _budget_signature(
+            cost, comparison=comparison, regression=regression, metrics=metrics, stages=stages, evidence=evidence
+        ) or _prefill_spread(
+            cost, metrics, comparison=comparison, regression=regression, stages=stages, evidence=evidence
+        )
+    return found or _stalls_gone(comparison, regression, metrics, stages, evidence)
+
+
+def _stalls_gone(
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    stages: StageDecomposition,
+    evidence: list[Evidence],
+) -> Finding | None:
+    """The TPOT tail fell at the same load and work while requests waited longer: a smaller step budget.
+
+    A request's TPOT tail is the decodes that shared steps with large prefill chunks (a long
+    prompt prefilled in one step stalls every decode beside it). A smaller budget caps the
+    prompt tokens a step carries, so those stalls shrink, and spreads each prompt and each
+    admission over more steps, so first tokens wait: vLLM's tuning guide trades exactly these
+    ("smaller values achieve better inter-token latency ... higher values achieve better
+    TTFT", docs.vllm.ai configuration/optimization, chunked prefill). Read where no step
+    histogram shows the budget (SGLang, spans only; dev 1210256, SGLang 16384 -> 256: TPOT p99
+    143 -> 20 ms, TTFT p99 x3.0, the prefill per token not up since short chunks cost less).
+    The plain decode step (the TPOT median) must not have got cheaper: a smaller running batch
+    (fewer slots, a smaller KV pool) lowers every TPOT, not only the stalled ones; and the
+    uncached prompt tokens per request must be the same (fewer long prompts stall fewer decodes).
+    """
+    if regression.metric in PER_TOKEN_METRICS or not regression.significant:
         return None
-    budget = _budget_signature(
-        cost, comparison=comparison, regression=regression, metrics=metrics, stages=stages, evidence=evidence
+    before, after = comparison.histogram("baseline", "tpot"), comparison.histogram("candidate", "tpot")
+    if before.n == 0 or after.n == 0:
+        return None
+    tail = stats.compare_quantile(before, after, STALL_QUANTILE)
+    median = stats.compare_quantile(before, after, 0.5)
+    if tail.ratio is None or tail.ratio_ci is None or median.ratio is None:
+        return None
+    if tail.ratio_ci[1] >= 1.0 or tail.ratio > 1 / STALLS_FELL or median.ratio < 1 / (1 + MIN_SLOWDOWN):
+        return None
+    uncached = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"]
+    if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):
+        return None
+    waited = stage_share(stages, "queue", regression, comparison) + stage_share(
+        stages, "prefill", regression, comparison
     )
-    return budget or _prefill_spread(
-        cost, metrics, comparison=comparison, regression=regression, stages=stages, evidence=evidence
+    if waited <= 0:
+        return None
+    stall_evidence = (
+        Evidence("tpot_p99_s", rnd(tail.baseline, 6), rnd(tail.candidate, 6),
+                 "decodes stalled beside prefill chunks: ratio 95 % CI "
+                 f"{tail.ratio_ci[0]:.2f}..{tail.ratio_ci[1]:.2f}"),
+        Evidence("tpot_p50_s", rnd(median.baseline, 6), rnd(median.candidate, 6), "the plain decode step"),
+        Evidence("uncached_tokens_per_request", rnd(uncached.baseline, 1), rnd(uncached.candidate, 1),
+                 "the same prefill work per request"),
+    )  # fmt: skip
+    return Finding(
+        cause="batch_composition",
+        title=f"Decode stalls beside prefill chunks shrank (TPOT p99 x{tail.ratio:.2f}, p50 x{median.ratio:.2f}) "
+        "while requests waited longer to be prefilled, at the same load and work: a smaller step budget",
+        explained=latency_share(regression, waited),
+        confidence=STALLS_CONFIDENCE * clip01(math.log(1 / tail.ratio) / math.log(2 * STALLS_FELL)),
+        stage="prefill",
+        evidence=(*stall_evidence, *evidence),
+        next_check=NEXT_CHECK + " (SGLang: chunked_prefill_size)",
     )
 
 
@@ -310,6 +420,19 @@ def _budget_signature(
     if profile is None or not profile.long_only:
         return None
     short, long = profile.short, profile.long
+    confidence = BUDGET_CONFIDENCE * clip01(long.rise / FULL_BUDGET_RISE)
+    mix = decode_step_mix(comparison, metrics)
+    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    if floor is not None and floor >= MIN_SLOWDOWN:
+        # A budget moves how many prompt tokens a step carries, not what each costs: the step fit
+        # says a prompt token now costs more in every step it shares, a slower prefill path
+        # (prefill_slowdown's finding). Long prompts then show it most because a short prompt's
+        # time is mostly the decode work of its steps (dev 1210261, SGLang prefill x2.43: long
+        # prompts +83 %, short -7 %, the cost of a prompt token in a step up by at least that).
+        confidence *= STEP_COST_ROSE_DAMPING
+        evidence = [*evidence, Evidence("prefill_cost_per_token_in_step_rise_floor", 0.0, rnd(floor),
+                                        "lower 95 % bound of a prompt token's cost rise in a step (step fit): "
+                                        "a slower prefill path, not a budget")]  # fmt: skip
     at_prefill = stage_share(stages, "prefill", regression, comparison)
     kept = cost.shift.explained_share if cost.shift is not None else 1.0
     waited = (
@@ -335,7 +458,7 @@ def _budget_signature(
         f"uncached tokens and {short.rise:.0%} up to {profile.short_tokens:.0f}, at the same load: "
         "a smaller step budget splits long prompts" + (" and admits requests slower" if waited > 0 else ""),
         explained=latency_share(regression, at_prefill * kept + waited),
-        confidence=BUDGET_CONFIDENCE * clip01(long.rise / FULL_BUDGET_RISE),
+        confidence=confidence,
         stage="prefill",
         evidence=(*budget_evidence, *evidence),
         next_check=NEXT_CHECK + " (SGLang: chunked_prefill_size); export vllm:iteration_tokens to confirm",

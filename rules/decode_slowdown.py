@@ -86,7 +86,7 @@ def decode_slowdown(
         cost,
         share=stage_share(stages, "decode", regression, comparison)
         + service_time_queue_share(comparison, stages, regression, metrics),
-        batch=batch_shape(metrics, comparison.request_counts),
+        batch=batch_shape(metrics, comparison),
         load=load_per_replica(comparison, metrics)[0],
         load_changed=load_moved(comparison, metrics),
     )

@@ -31,7 +31,9 @@ x 0.5 when the offered load per replica changed), halved without any
 cache signal, x 0.4 when only the longest quarter of prompts slowed and no
 step histogram exists (a smaller step budget: ``batch_composition``), x 0.2 when
 the step fit bounds the rise of a prompt token's cost in a step below 10 %
-(``_steps.StepMix.prefill_cost_rise_bound``: the prompts waited for steps).
+(``_steps.StepMix.prefill_cost_rise_bound``: the prompts waited for steps), or,
+for a reading at equal prompt size alone (the batch grew at unchanged load), when
+the fit's 95 % interval of that rise includes none (``prefill_cost_rise_floor``).
 
 Quiet below a 10 % rise at equal buckets or z < 2.
 
@@ -57,7 +59,7 @@ from sre_agent.rules._engine_cost import (
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import PER_TOKEN_METRICS, Z_MIN, latency_share, rnd, stage_share
 from sre_agent.rules._replica_scope import replica_scope
-from sre_agent.rules._steps import batch_shape, decode_step_mix
+from sre_agent.rules._steps import DECODE_LED, batch_shape, decode_step_mix
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
 LONG_ONLY_DAMPING: Final[float] = 0.4
@@ -66,8 +68,6 @@ LONG_ONLY_DAMPING: Final[float] = 0.4
 STEP_COST_FLAT_DAMPING: Final[float] = 0.2
 #: Confidence factor when nothing says how many prompt tokens were cached.
 NO_CACHE_SIGNAL_DAMPING: Final[float] = 0.5
-#: Decode work's share of the TPOT rise (``StepMix.decode_share``) from which decode led the steps.
-DECODE_LED: Final[float] = 0.5
 #: Prefill per token rising up to this many times TPOT's rise is within the shared steps' echo.
 ECHO_MARGIN: Final[float] = 1.25
 #: Lowest confidence factor of an echoed prefill rise (the prefill path may have slowed too).
@@ -111,7 +111,7 @@ def prefill_slowdown(
     verdict = assess_slowdown(
         cost,
         share=share,
-        batch=batch_shape(metrics, comparison.request_counts),
+        batch=batch_shape(metrics, comparison),
         load=load_per_replica(comparison, metrics)[0],
         load_changed=load_moved(comparison, metrics),
     )
@@ -119,7 +119,14 @@ def prefill_slowdown(
         return None
     confidence = verdict.confidence
     evidence = verdict.evidence + extra
-    decode = engine_cost(comparison, metrics, "decode").shift if mix is not None else None
+    decode = None
+    if mix is not None:
+        decode_cost = engine_cost(comparison, metrics, "decode")
+        # Compared on the same control as prefill's verdict: when the batch grew past every
+        # equal-batch bucket, both per-token costs are read at equal prompt size alone (dev
+        # 1210222: decode x3, TPOT +553 % and prefill per token +43 % at equal size, no decode
+        # bucket at equal batch, and the echo read as a prefill regression).
+        decode = decode_cost.shift if decode_cost.shift is not None or not verdict.size_only else decode_cost.size_shift
     if (
         mix is not None
         and mix.decode_share is not None
@@ -136,7 +143,7 @@ def prefill_slowdown(
                               f"decode work per step rose (TPOT +{decode.rise:.0%} at equal batch): "
                               "prefill shares those steps"),)  # fmt: skip
     profile = prefill_length_profile(cost)
-    if profile is not None and profile.long_only and batch_shape(metrics, comparison.request_counts) is None:
+    if profile is not None and profile.long_only and batch_shape(metrics, comparison) is None:
         # Only the longest quarter of prompts got costlier: a smaller step budget's signature
         # (batch_composition's finding), not a slower prefill path, which costs every prompt more.
         confidence *= LONG_ONLY_DAMPING
@@ -152,6 +159,18 @@ def prefill_slowdown(
         confidence *= STEP_COST_FLAT_DAMPING
         evidence += (Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
                               "upper 95 % bound of a prompt token's cost rise in a step (step fit)"),)  # fmt: skip
+    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    if verdict.size_only and floor is not None and floor <= 0 and not (bound is not None and bound < MIN_SLOWDOWN):
+        # Read at equal prompt size only because the batch grew at unchanged load, which only a
+        # slower step can do in a linear regime; near saturation a little more work per step grows
+        # the batch too (longer steps keep more requests running, whose steps grow longer still).
+        # The step fit then says whether the step got slower: here it cannot tell a prompt token's
+        # cost from unchanged (dev 1160102: a tenant's longer prompts, uncached work x1.07, batch
+        # 35 -> 110, prefill +65 % per token at equal size while g rose 4 %, 95 % CI -1..+10 %).
+        confidence *= STEP_COST_FLAT_DAMPING
+        evidence += (Evidence("prefill_cost_per_token_in_step_rise_floor", 0.0, rnd(floor),
+                              "lower 95 % bound of a prompt token's cost rise in a step (step fit): "
+                              "no sure rise behind the grown batch"),)  # fmt: skip
     if not cost.cache_known:
         confidence *= NO_CACHE_SIGNAL_DAMPING
         evidence += (Evidence("cached_tokens", None, None, "no cache signal: every prompt token counted as uncached"),)

@@ -7,8 +7,9 @@ to what the replicas can serve. Its change splits into
 * arrival rate lambda (``load``): more requests per second at the same work each,
   beyond the spread of per-slice arrivals (z >= 3; bursts are not load);
 * replicas R or slots (``capacity``): fewer replicas, or a lower cap on
-  running requests (``max_num_seqs``) while requests wait (the waiting gauge up 10 %
-  or more and queue time holding part of the tail excess);
+  running requests (``max_num_seqs``) while requests wait (the running gauge's peak
+  down 10 % and two requests or more, the waiting gauge up 10 % or more and queue
+  time holding part of the tail excess);
 * work per request (traffic mix: more tokens each), left to ``traffic_mix``;
   more uncached prompt tokens at the same lengths (a cache that stopped hitting) and
   slower tokens share the split but are ``prefix_cache``'s and the slowdown rules' findings.
@@ -35,6 +36,8 @@ from sre_agent.rules._mechanism import queue_drivers_per_replica, wide_enough
 
 #: Relative change below which a driver is treated as unchanged (10 %).
 MIN_CHANGE = 0.10
+#: Fewest running slots a peak must lose to count as a lower cap (one is the gauge's own step).
+MIN_SLOT_DROP = 2.0
 #: Running-request concurrency growth that means batches grew with the load.
 BATCH_GROWTH = 1.10
 
@@ -107,9 +110,12 @@ def queueing(
     # queue time carries part of the tail excess (dev 1100070: peak running 10 -> 9, waiting 0.072
     # -> 0.075, the tail's queue time fell; one replica's slower decode read as capacity at 0.9).
     # And only a cap that binds (spread below its peak, the engine admits slowly: _load.cap_binds).
+    # The peak of a window's running counts moves by one request by chance (the gauge's own step;
+    # dev 1210077: peak 7 -> 6 at 2.7 running on average, a new tenant's longer prompts read as a cap).
     if (
         running_max.ratio is not None
         and running_max.ratio <= 1 - MIN_CHANGE
+        and (running_max.baseline or 0.0) - (running_max.candidate or 0.0) >= MIN_SLOT_DROP
         and cap_binds(metrics)
         and queue_share > 0
         and (waiting.candidate or 0.0) >= (1 + MIN_CHANGE) * (waiting.baseline or 0.0)

@@ -38,7 +38,7 @@ from sre_agent.rules._mechanism import (
     wide_enough,
 )
 from sre_agent.rules._replica_scope import replica_scope
-from sre_agent.rules._steps import decode_step_mix
+from sre_agent.rules._steps import DECODE_LED, decode_step_mix
 
 #: The drivers of the offered load per replica.
 _OFFERED: Final[frozenset[str]] = frozenset({"load", "capacity"})
@@ -98,9 +98,13 @@ def _at_equal_batch(
             cost = engine_cost(comparison, metrics, stage)  # type: ignore[arg-type]
         except RuleSkipped:
             continue
-        # Prefill falls back to equal prompt size (assess_slowdown); decode only when its own rule
-        # has established that the batch grew at unchanged load, which a driver split cannot check.
-        shift = cost.shift or (cost.size_shift if stage == "prefill" else None)
+        # Prefill falls back to equal prompt size (assess_slowdown); decode only when the step fit
+        # puts the rise in the decode work of a step (its fixed and per-sequence cost), not in a
+        # batch that grew for another reason (a slower prefill keeps more requests decoding).
+        # Dev 1210222: decode x3, the batch x4.7 past every equal-batch bucket, the decode term
+        # dropped and the queue went to a x1.02 prefill driver.
+        fallback = _prefill_step_rose(comparison, metrics) if stage == "prefill" else _decode_led(comparison, metrics)
+        shift = cost.shift or (cost.size_shift if fallback else None)
         if shift is None:
             if (cost.running.ratio or 0.0) >= BATCH_GREW:
                 # No batch bucket overlaps and the batch grew: the raw per-token rise may be the bigger
@@ -142,6 +146,23 @@ def _at_equal_batch(
     if more > 0 and owner_of_more is not None:
         out[owner_of_more] = out.get(owner_of_more, 0.0) + more
     return {k: v for k, v in out.items() if v > 0}
+
+
+def _prefill_step_rose(comparison: Comparison, metrics: MetricView) -> bool:
+    """Whether the step fit leaves room for a costlier prompt token in a step (True when it cannot be fitted).
+
+    False when the 95 % interval of that cost's rise includes none: a batch grown at unchanged
+    load then need not be a slower step (near saturation a little more work grows it too).
+    """
+    mix = decode_step_mix(comparison, metrics)
+    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    return floor is None or floor > 0
+
+
+def _decode_led(comparison: Comparison, metrics: MetricView) -> bool:
+    """Whether the step fit puts most of a TPOT rise in the decode work of a step (``_steps.StepMix``)."""
+    mix = decode_step_mix(comparison, metrics)
+    return mix is not None and mix.decode_share is not None and mix.decode_share >= DECODE_LED
 
 
 def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str:
@@ -207,13 +228,16 @@ def stages(
         # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
         growth = queue_drivers_per_replica(comparison, metrics)
         drivers = _at_equal_batch(growth, comparison, metrics, growth)
-        if not drivers:
-            # No driver passed its bar. Queueing follows the offered load per replica; when only its
-            # point estimate rose (arrivals within the spread of a bursty trace's slices), that is
-            # still the one driver measured, named at this finding's low confidence with the caveat.
+        if sum(drivers.values()) < math.log(1 + DRIVER_MIN_CHANGE):
+            # No driver passed its bar, or those that did move utilisation by less than one would
+            # have to alone. Queueing follows the offered load per replica; when only its point
+            # estimate rose (arrivals within the spread of a bursty trace's slices), that is still
+            # the one driver measured, named at this finding's low confidence with the caveat (dev
+            # 1210097: arrivals x1.85 at z 1.8, the queue went to a x1.02 batch composition term).
             queued = queue_drivers(comparison.requests, comparison.window_seconds(), comparison.request_counts)
-            drivers = {k: v for k, v in per_replica(queued, comparison, within_bursts=True).items() if k in _OFFERED}
-            if drivers:
+            offered = {k: v for k, v in per_replica(queued, comparison, within_bursts=True).items() if k in _OFFERED}
+            if sum(offered.values()) > sum(drivers.values()):
+                drivers = offered
                 caveat = (Evidence("arrival_change_z", None, rnd(comparison.arrival_change_z, 2),
                                    "the arrival rate changed within the spread of per-slice arrivals"),)  # fmt: skip
         cause = max(drivers, key=lambda d: drivers[d]) if drivers else "capacity"

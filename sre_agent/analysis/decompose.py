@@ -189,7 +189,8 @@ def queue_drivers(
     Utilisation per replica is arrivals x work x time-per-unit-of-work / replicas, so its log
     change splits into: ``load`` (arrival rate), ``capacity`` (fewer replicas), ``traffic_mix``
     (more work per request at the baseline's speed and cached share: tokens weighted by the
-    baseline's seconds per token), ``prefix_cache`` (more of each prompt to prefill at the
+    baseline's seconds per token; only beyond the spread of the window's token counts, z >=
+    :data:`WORK_Z` with time slices as clusters), ``prefix_cache`` (more of each prompt to prefill at the
     candidate's lengths: a smaller cached share), ``prefill_slowdown`` / ``decode_slowdown``
     (seconds per token rose). ``requests`` is one slice or all of the sample, with a ``side``
     column; ``seconds`` the window lengths; ``totals`` the unsampled request counts per side
@@ -234,7 +235,8 @@ def queue_drivers(
     # the rest of the rise is prompt tokens the cache stopped serving.
     kept = (b["new_in"] or 0.0) / b["inp"] if b["inp"] else 1.0
     work_mix = p_cost * (c["inp"] or 0.0) * kept + d_cost * (c["out"] or 0.0)
-    add("traffic_mix", work_mix / work_b if work_b > 0 else None)
+    if _mix_work_z(requests, p_cost * kept, d_cost) >= WORK_Z:
+        add("traffic_mix", work_mix / work_b if work_b > 0 else None)
     add("prefix_cache", work_c / work_mix if work_mix > 0 else None)
     # Speed terms are weighted by the stage's part of the baseline's service time.
     for stage, cost, tokens in (("prefill", p_cost, "new_in"), ("decode", d_cost, "out")):
@@ -244,6 +246,48 @@ def queue_drivers(
             if speed_ratio >= 1 + DRIVER_MIN_CHANGE:
                 terms[f"{stage}_slowdown"] = weight * math.log(speed_ratio)
     return terms
+
+
+#: z from which the mean work per request (at the baseline's speed) moved beyond sampling noise.
+WORK_Z: Final[float] = 2.0
+
+
+def _mix_work_z(requests: pl.DataFrame, per_prompt_token: float, per_output_token: float) -> float:
+    """z of the change of mean work per request at fixed seconds per token, time slices as clusters.
+
+    Token counts are heavy-tailed (a few huge prompts carry a window's mean) and arrive in bursts,
+    so a mean over one window moves by chance: two halves of one traffic stream (a canary split's
+    versions) differed by 29 % in work per request (dev 1210193, Azure code trace), read as a
+    heavier mix. Each side's mean has the cluster-robust variance over its time slices (the
+    ``slice`` column; one cluster per request without it). ``inf`` when a side has no spread to
+    measure (a constant workload: any change is real).
+    """
+    import polars as pl
+
+    work = (
+        pl.col("input_tokens").fill_null(0) * per_prompt_token + pl.col("output_tokens").fill_null(0) * per_output_token
+    ).alias("_w")
+    cluster = pl.col("slice") if "slice" in requests.columns else pl.int_range(pl.len())
+    sums = (
+        requests.select("side", cluster.alias("_k"), work)
+        .group_by("side", "_k")
+        .agg(pl.col("_w").sum().alias("s"), pl.len().alias("n"))
+    )
+    moments: dict[str, tuple[float, float]] = {}
+    for side in SIDES:
+        part = sums.filter(pl.col("side") == side)
+        n, k = float(part["n"].sum()), part.height
+        if n <= 0:
+            return 0.0
+        mean = float(part["s"].sum()) / n
+        resid = part["s"].to_numpy() - mean * part["n"].to_numpy()
+        variance = (k / (k - 1)) * float((resid**2).sum()) / (n * n) if k > 1 else math.inf
+        moments[side] = (mean, variance)
+    (m_b, v_b), (m_c, v_c) = moments["baseline"], moments["candidate"]
+    se = math.sqrt(v_b + v_c)
+    if se == 0:
+        return math.inf if m_c != m_b else 0.0
+    return (m_c - m_b) / se
 
 
 def stage_drivers(

@@ -171,3 +171,35 @@ def test_queue_drivers_take_the_uncached_tokens_they_are_given() -> None:
     hit = pl.when(pl.col("side") == "baseline").then(0.4).otherwise(0.0)
     given = queue_drivers(frame, seconds, counts, uncached=pl.col("input_tokens") * (1 - hit))
     assert set(given) == {"prefix_cache"}
+
+
+def _bursty_mix(seed: int, *, candidate_scale: float) -> pl.DataFrame:
+    """400 requests a side over 40 time slices; each slice's prompts and answers share a burst factor.
+
+    Token counts are lognormal (sigma 1.2, as Azure's code trace is heavy-tailed) times a per-slice
+    factor (sigma 0.8): a few slices carry much of a window's work, as bursts of one tenant do.
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    for side in ("baseline", "candidate"):
+        scale = candidate_scale if side == "candidate" else 1.0
+        for k in range(40):
+            burst = float(rng.lognormal(0.0, 0.8))
+            for _ in range(10):
+                rows.append({"side": side, "slice": k, "host_name": "r0", "service_instance": "r0",
+                             "input_tokens": int(2000 * scale * burst * rng.lognormal(0.0, 1.2)),
+                             "output_tokens": int(30 * scale * burst * rng.lognormal(0.0, 1.2)) + 1,
+                             "cached_tokens": 0, "prefill_s": 0.2, "decode_s": 1.0})  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def test_a_heavier_mix_must_clear_the_spread_of_bursty_token_counts() -> None:
+    # Two halves of one bursty stream differ in work per request by chance (dev 1210193: a canary
+    # split's versions, +29 %, read as a heavier mix that queued). The mix term counts only when
+    # the mean work moved beyond its cluster-robust spread over time slices.
+    seconds, counts = {"baseline": 300.0, "candidate": 300.0}, {"baseline": 400, "candidate": 400}
+    same = [queue_drivers(_bursty_mix(seed, candidate_scale=1.0), seconds, counts) for seed in range(60)]
+    heavier = [queue_drivers(_bursty_mix(seed, candidate_scale=2.0), seconds, counts) for seed in range(60)]
+    # Without the test, "traffic_mix" appears whenever chance put +10 % on the candidate's side.
+    assert sum("traffic_mix" in terms for terms in same) <= 3
+    assert sum("traffic_mix" in terms for terms in heavier) >= 45

@@ -56,3 +56,14 @@ def test_the_step_fit_bounds_the_rise_of_a_prompt_tokens_cost() -> None:
     assert StepMix(0.0, 0.0, SidePair(100.0, 100.0)).prefill_cost_rise_bound() is None
     zero = StepMix(0.0, 0.0, SidePair(1.0, 1.0), prefill_cost=SidePair(0.0, 1e-4), prefill_cost_se=1e-6)
     assert zero.prefill_cost_rise_bound() is None
+
+
+def test_the_step_fit_floors_the_rise_of_a_prompt_tokens_cost() -> None:
+    # The lower 95 % bound: a 50 % rise +- 1e-5 s/token on 1e-4 clears MIN_SLOWDOWN (a slower
+    # prefill path, which a step budget cannot cause); the same rise twice as noisy does not.
+    sure = StepMix(0.0, 0.0, SidePair(100.0, 100.0), prefill_cost=SidePair(1e-4, 1.5e-4), prefill_cost_se=1e-5)
+    assert sure.prefill_cost_rise_floor() == pytest.approx((5e-5 - 1.96e-5) / 1e-4)
+    assert (sure.prefill_cost_rise_floor() or 0.0) >= MIN_SLOWDOWN
+    noisy = StepMix(0.0, 0.0, SidePair(100.0, 100.0), prefill_cost=SidePair(1e-4, 1.5e-4), prefill_cost_se=2.5e-5)
+    assert (noisy.prefill_cost_rise_floor() or 0.0) < MIN_SLOWDOWN
+    assert StepMix(0.0, 0.0, SidePair(100.0, 100.0)).prefill_cost_rise_floor() is None
