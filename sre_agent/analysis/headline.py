@@ -17,6 +17,7 @@ from typing import Final
 
 from sre_agent.analysis import stats
 from sre_agent.analysis.compare import LATENCIES, SIDES, Comparison
+from sre_agent.analysis.histogram_delta import HistogramDelta
 from sre_agent.analysis.rules_api import MetricEstimate, Regression
 from sre_agent.analysis.stats import SliceHistogram
 
@@ -168,6 +169,12 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             # before, and a backlog draining after a deploy tripled that histogram's p50 while no
             # request's trace moved. Where traces are measured, the e2e histogram is a table row.
             sig = sig and not (name == "e2e" and traced)
+            # Beside spans, the ITL histogram must count the tokens of the requests compared: it
+            # counts intervals when they were generated, the spans requests by their start, and a
+            # baseline cut at its last request before a deploy (serving time) leaves that request's
+            # answer out (dev 1210029: the histogram held half the intervals the baseline's spans
+            # did, the long answers among them, and a healthy deploy's ITL p90 read x8.6).
+            sig = sig and not (name == "itl" and have_spans and not _counts_the_spans_tokens(comparison, b, c))
             out.append(MetricEstimate(name, q, bq, cq_, None, None, sig, source="metrics"))
     if have_spans and not any(e.name == "itl" for e in out):
         out.extend(
@@ -176,6 +183,37 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             if e.name == "tpot"
         )
     return out
+
+
+#: The ITL histogram's observations over the spans' inter-token intervals, per side, within
+#: which both count the same requests' tokens (the histogram loses a scrape's worth at each edge).
+ITL_COVERAGE: Final[tuple[float, float]] = (2 / 3, 3 / 2)
+
+
+def _counts_the_spans_tokens(comparison: Comparison, *histograms: HistogramDelta | None) -> bool:
+    """Whether each side's ITL histogram holds about as many intervals as its requests' answers have.
+
+    The spans' intervals are ``output tokens - 1`` summed over the sample, scaled to the side's
+    request count; within :data:`ITL_COVERAGE` of it, or unknown, counts as the same tokens.
+    """
+    import polars as pl
+
+    frame = comparison.requests
+    if "output_tokens" not in frame.columns:
+        return True
+    intervals = (pl.col("output_tokens").cast(pl.Float64) - 1.0).clip(0.0, None)
+    rows = {
+        r["side"]: r for r in frame.group_by("side").agg(intervals.sum().alias("k"), pl.len().alias("n")).to_dicts()
+    }
+    low, high = ITL_COVERAGE
+    for side, hist in zip(SIDES, histograms, strict=True):
+        row = rows.get(side)
+        if hist is None or row is None or not row["k"]:
+            continue
+        spans = row["k"] * comparison.request_counts.get(side, row["n"]) / max(1, row["n"])
+        if not low <= hist.count / spans <= high:
+            return False
+    return True
 
 
 def _tail_exceeded(baseline: SliceHistogram, candidate: SliceHistogram, q: float, z_crit: float) -> bool:
