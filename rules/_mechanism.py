@@ -227,7 +227,12 @@ def confined_slice(
     baseline's overall ratio). Returns ``(dimension, value, share of the
     positive change, share of candidate traffic)`` for a value with >= 70 %
     of the change and at least 20 points more of the change than of the
-    traffic, else ``None``.
+    traffic, else ``None``. A value carrying most of the traffic cannot clear
+    the 20 points (80 % of the traffic, 99.7 % of the change: dev 1210092, a
+    guardrail x3.3 for its largest tenant); it is confined too when the rest of
+    the traffic, at least :data:`MIN_BUCKET` requests a side, moved by at most
+    a third as much relative to its own baseline (as a replica's own slowdown is
+    told from its peers', ``_replica_scope``).
     """
     data = frame.with_columns(num.cast(pl.Float64).alias("_y"), den.cast(pl.Float64).alias("_x")).drop_nulls(
         ["_y", "_x"]
@@ -263,10 +268,34 @@ def confined_slice(
         share = top / total
         traffic = per[value]["candidate"][2] / max(1, n_c)
         # Confined: most of the change, and clearly more of it than of the traffic (a uniform change
-        # gives every value a share equal to its traffic).
-        if share >= 0.7 and share - traffic >= 0.2 and (best is None or share - traffic > best[2] - best[3]):
+        # gives every value a share equal to its traffic), or than the rest of the traffic moved.
+        apart = share - traffic >= 0.2 or _rest_moved_less(per, value, direction)
+        if share >= 0.7 and apart and (best is None or share - traffic > best[2] - best[3]):
             best = (dim, value, share, traffic)
     return best
+
+
+def _rest_moved_less(per: Mapping[str, Mapping[str, tuple[float, float, int]]], value: str, direction: int) -> bool:
+    """Whether the other values together changed by at most a third of ``value``'s relative change.
+
+    ``per``: value -> side -> (sum of numerator, sum of denominator, rows). Both ``value`` and
+    the rest need :data:`MIN_BUCKET` rows a side; the change is the ratio's relative change in
+    ``direction``.
+    """
+
+    def rate(parts: list[tuple[float, float, int]]) -> tuple[float, int] | None:
+        y, x, n = (sum(part[i] for part in parts) for i in range(3))
+        return (y / x, int(n)) if x > 0 else None
+
+    changes: list[float] = []
+    for group in ([per[value]], [sides for v, sides in per.items() if v != value]):
+        before = rate([sides["baseline"] for sides in group if "baseline" in sides])
+        after = rate([sides["candidate"] for sides in group if "candidate" in sides])
+        if before is None or after is None or min(before[1], after[1]) < MIN_BUCKET or before[0] <= 0:
+            return False
+        changes.append(direction * (after[0] / before[0] - 1.0))
+    own, rest = changes
+    return own > 0 and rest <= own / 3
 
 
 #: Queries per prompt token falling below this share of the baseline's means caching was off for part of a window.
