@@ -32,8 +32,9 @@ cache signal, x 0.4 when only the longest quarter of prompts slowed and no
 step histogram exists (a smaller step budget: ``batch_composition``), x 0.2 when
 the step fit bounds the rise of a prompt token's cost in a step below 10 %
 (``_steps.StepMix.prefill_cost_rise_bound``: the prompts waited for steps), or,
-for a reading at equal prompt size alone (the batch grew at unchanged load), when
-the fit's 95 % interval of that rise includes none (``prefill_cost_rise_floor``).
+for a reading at equal prompt size alone (the batch grew at unchanged load) or with
+20 % more uncached prompt tokens per request, when the fit's 95 % interval of that
+rise includes none (``prefill_cost_rise_floor``).
 
 Quiet below a 10 % rise at equal buckets or z < 2.
 
@@ -57,9 +58,17 @@ from sre_agent.rules._engine_cost import (
     prefill_length_profile,
 )
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
-from sre_agent.rules._mechanism import PER_TOKEN_METRICS, Z_MIN, latency_share, rnd, stage_share
+from sre_agent.rules._mechanism import (
+    PER_TOKEN_METRICS,
+    Z_MIN,
+    latency_share,
+    rnd,
+    side_means,
+    stage_share,
+    uncached_tokens,
+)
 from sre_agent.rules._replica_scope import replica_scope
-from sre_agent.rules._steps import DECODE_LED, batch_shape, decode_step_mix
+from sre_agent.rules._steps import DECODE_LED, SAME_WORK, batch_shape, decode_step_mix
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
 LONG_ONLY_DAMPING: Final[float] = 0.4
@@ -77,6 +86,12 @@ NEXT_CHECK: Final[str] = (
     "benchmark prefill of fixed uncached prompts at equal batch size on both versions; diff attention "
     "backend, kernel and structured-output/tokenizer versions; check TTFT split by response_format"
 )
+
+
+def _more_prefill_work(comparison: Comparison, metrics: MetricView) -> bool:
+    """Whether each request brought :data:`~sre_agent.rules._steps.SAME_WORK` or more uncached prompt tokens."""
+    ratio = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"].ratio
+    return ratio is not None and ratio >= 1 + SAME_WORK
 
 
 @run_late  # waits on the busy intervals read in the background
@@ -160,17 +175,22 @@ def prefill_slowdown(
         evidence += (Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
                               "upper 95 % bound of a prompt token's cost rise in a step (step fit)"),)  # fmt: skip
     floor = mix.prefill_cost_rise_floor() if mix is not None else None
-    if verdict.size_only and floor is not None and floor <= 0 and not (bound is not None and bound < MIN_SLOWDOWN):
-        # Read at equal prompt size only because the batch grew at unchanged load, which only a
-        # slower step can do in a linear regime; near saturation a little more work per step grows
-        # the batch too (longer steps keep more requests running, whose steps grow longer still).
-        # The step fit then says whether the step got slower: here it cannot tell a prompt token's
-        # cost from unchanged (dev 1160102: a tenant's longer prompts, uncached work x1.07, batch
+    more_work = _more_prefill_work(comparison, metrics)
+    unsure = floor is not None and floor <= 0 and not (bound is not None and bound < MIN_SLOWDOWN)
+    if unsure and (verdict.size_only or more_work):
+        # The step fit cannot tell a prompt token's cost in a step from unchanged, and something
+        # else lengthened the prompts' steps. Read at equal prompt size only because the batch
+        # grew at unchanged load, which only a slower step can do in a linear regime: near
+        # saturation a little more work grows the batch too (longer steps keep more requests
+        # running, whose steps grow longer still; dev 1160102: a tenant's longer prompts, batch
         # 35 -> 110, prefill +65 % per token at equal size while g rose 4 %, 95 % CI -1..+10 %).
+        # Or more prefill per request arrived, and each prompt shares its steps with more of it
+        # (dev 1160110: a new tenant's long prompts, uncached work x1.44, prefill per step
+        # 92 -> 146 tokens, +29 % per token at equal batch while g rose 4 %, CI -4..+13 %).
         confidence *= STEP_COST_FLAT_DAMPING
+        why = "more prefill per request shares the steps" if more_work else "no sure rise behind the grown batch"
         evidence += (Evidence("prefill_cost_per_token_in_step_rise_floor", 0.0, rnd(floor),
-                              "lower 95 % bound of a prompt token's cost rise in a step (step fit): "
-                              "no sure rise behind the grown batch"),)  # fmt: skip
+                              f"lower 95 % bound of a prompt token's cost rise in a step: {why}"),)  # fmt: skip
     if not cost.cache_known:
         confidence *= NO_CACHE_SIGNAL_DAMPING
         evidence += (Evidence("cached_tokens", None, None, "no cache signal: every prompt token counted as uncached"),)

@@ -42,6 +42,10 @@ from sre_agent.rules._steps import DECODE_LED, decode_step_mix
 
 #: The drivers of the offered load per replica.
 _OFFERED: Final[frozenset[str]] = frozenset({"load", "capacity"})
+#: The engine stages whose drivers stand in for the queue's when it has none measured...
+_ENGINE_STAGES: Final[tuple[Literal["prefill", "decode"], ...]] = ("prefill", "decode")
+#: ...when they hold at least this share of the tail excess.
+NEXT_STAGE_SHARE: Final[float] = 0.25
 #: How much a stage-only explanation is trusted relative to a mechanism.
 STAGE_ONLY_CONFIDENCE = 0.25
 #: The engine stage whose per-token cost a slowdown cause is about.
@@ -148,6 +152,20 @@ def _at_equal_batch(
     return {k: v for k, v in out.items() if v > 0}
 
 
+def _engine_stage_drivers(
+    comparison: Comparison, metrics: MetricView | None, stage: Literal["prefill", "decode"]
+) -> dict[str, float]:
+    """Why an engine stage took longer (``decompose.stage_drivers``), slowdowns kept at equal batch only."""
+    drivers = stage_drivers(
+        comparison.requests,
+        stage,
+        comparison.window_seconds(),
+        comparison.request_counts,
+        uncached_tokens(comparison, metrics),
+    )
+    return _at_equal_batch(drivers, comparison, metrics, queue_drivers_per_replica(comparison, metrics))
+
+
 def _prefill_step_rose(comparison: Comparison, metrics: MetricView) -> bool:
     """Whether the step fit leaves room for a costlier prompt token in a step (True when it cannot be fitted).
 
@@ -240,18 +258,24 @@ def stages(
                 drivers = offered
                 caveat = (Evidence("arrival_change_z", None, rnd(comparison.arrival_change_z, 2),
                                    "the arrival rate changed within the spread of per-slice arrivals"),)  # fmt: skip
+        if not drivers:
+            # Nothing measured drives the queue. Requests wait for slots and step budget that the
+            # engine stages hold, so the drivers of an engine stage that holds a good part of the
+            # excess too name the mechanism (dev 1160110: a new tenant's long prompts, uncached
+            # work x1.44 but shorter answers, so the work at the baseline's seconds per token
+            # fell; queue 54 %, prefill 46 %, and "capacity" by default).
+            for stage in sorted(_ENGINE_STAGES, key=lambda st: -stages.shares.get(st, 0.0)):
+                if stages.shares.get(stage, 0.0) >= NEXT_STAGE_SHARE:
+                    drivers = _engine_stage_drivers(comparison, metrics, stage)
+                if drivers:
+                    caveat = (Evidence(f"{stage}_share", None, rnd(stages.shares[stage]),
+                                       f"no driver of the queue measured: the {stage} stage's drivers"),)  # fmt: skip
+                    break
         cause = max(drivers, key=lambda d: drivers[d]) if drivers else "capacity"
         check = "compare arrival rate, replica count, tokens per request and seconds per token before and after"
     elif dominant in ("prefill", "decode"):
         # A stage took longer because requests asked for more, the cache helped less, or the engine slowed.
-        drivers = stage_drivers(
-            comparison.requests,
-            dominant,
-            comparison.window_seconds(),
-            comparison.request_counts,
-            uncached_tokens(comparison, metrics),
-        )
-        drivers = _at_equal_batch(drivers, comparison, metrics, queue_drivers_per_replica(comparison, metrics))
+        drivers = _engine_stage_drivers(comparison, metrics, "prefill" if dominant == "prefill" else "decode")
         if not drivers and not _slower_at_equal_batch(comparison, metrics, dominant):
             # Nothing measured drives the stage and its per-token cost did not rise at equal batch:
             # naming the stage's slowdown would name a mechanism the data contradicts.

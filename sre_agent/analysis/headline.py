@@ -185,16 +185,20 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
     return out
 
 
-#: The ITL histogram's observations over the spans' inter-token intervals, per side, within
-#: which both count the same requests' tokens (the histogram loses a scrape's worth at each edge).
+#: How far apart the two sides' ITL histograms may cover their requests' inter-token intervals
+#: (candidate's share over the baseline's) and still count the same kind of tokens.
 ITL_COVERAGE: Final[tuple[float, float]] = (2 / 3, 3 / 2)
 
 
 def _counts_the_spans_tokens(comparison: Comparison, *histograms: HistogramDelta | None) -> bool:
-    """Whether each side's ITL histogram holds about as many intervals as its requests' answers have.
+    """Whether the two sides' ITL histograms cover alike shares of their requests' inter-token intervals.
 
-    The spans' intervals are ``output tokens - 1`` summed over the sample, scaled to the side's
-    request count; within :data:`ITL_COVERAGE` of it, or unknown, counts as the same tokens.
+    A side's share is its histogram's observations over its spans' intervals (``output tokens
+    - 1`` summed over the sample, scaled to the side's request count). The histogram counts
+    intervals when generated, the spans requests by their start: behind a backlog both sides
+    cover less (a saturated fleet: 36 % and 40 %, still alike), but a baseline cut at its last
+    request before a deploy covers half its answers while the candidate covers all of its own.
+    Within :data:`ITL_COVERAGE` of each other, or unknown, they count alike tokens.
     """
     import polars as pl
 
@@ -202,18 +206,16 @@ def _counts_the_spans_tokens(comparison: Comparison, *histograms: HistogramDelta
     if "output_tokens" not in frame.columns:
         return True
     intervals = (pl.col("output_tokens").cast(pl.Float64) - 1.0).clip(0.0, None)
-    rows = {
-        r["side"]: r for r in frame.group_by("side").agg(intervals.sum().alias("k"), pl.len().alias("n")).to_dicts()
-    }
-    low, high = ITL_COVERAGE
+    sums = frame.group_by("side").agg(intervals.sum().alias("k"), pl.len().alias("n"))
+    rows = {r["side"]: r for r in sums.to_dicts()}
+    shares: list[float] = []
     for side, hist in zip(SIDES, histograms, strict=True):
         row = rows.get(side)
         if hist is None or row is None or not row["k"]:
-            continue
-        spans = row["k"] * comparison.request_counts.get(side, row["n"]) / max(1, row["n"])
-        if not low <= hist.count / spans <= high:
-            return False
-    return True
+            return True
+        shares.append(hist.count / (row["k"] * comparison.request_counts.get(side, row["n"]) / max(1, row["n"])))
+    low, high = ITL_COVERAGE
+    return shares[0] <= 0 or low <= shares[1] / shares[0] <= high
 
 
 def _tail_exceeded(baseline: SliceHistogram, candidate: SliceHistogram, q: float, z_crit: float) -> bool:
