@@ -55,7 +55,9 @@ raw change kept at equal batch. When the step fit shows a prompt token costing m
 slower prefill path's and keeps x 0.2. Else, where neither shows, a smaller budget
 still shows in the decodes it no longer stalls: the TPOT p99 fell >= 1.5x beyond
 its CI while the TPOT median did not fall, at the same uncached work per request,
-with the queue and prefill holding the excess (confidence 0.6 at a 3x fall).
+with the queue and prefill holding the excess (confidence 0.6 at a 3x fall); and,
+the mirror (chunked prefill turned off), a per-token headline's tail up >= 1.5x at a
+plain decode step (the median) not slower and no per-token cost up at equal batch.
 Otherwise, a running batch that moved by 30 % or more at the
 same arrival rate and mix while queueing did not carry the excess gives at
 most 0.3, since span overlap alone cannot tell batching from a slowdown.
@@ -336,7 +338,59 @@ def _prefill_signature(
         ) or _prefill_spread(
             cost, metrics, comparison=comparison, regression=regression, stages=stages, evidence=evidence
         )
-    return found or _stalls_gone(comparison, regression, metrics, stages, evidence)
+    return (
+        found
+        or _stalls_gone(comparison, regression, metrics, stages, evidence)
+        or _stalls_grew(comparison, regression, metrics, evidence)
+    )
+
+
+def _stalls_grew(
+    comparison: Comparison, regression: Regression, metrics: MetricView, evidence: list[Evidence]
+) -> Finding | None:
+    """The per-token tail rose at a steady median with every per-token cost flat: decodes stall behind bigger steps.
+
+    The mirror of :func:`_stalls_gone`: with chunked prefill turned off (or a larger budget) a
+    long prompt is prefilled in one step and every decode beside it waits for it, so the ITL/TPOT
+    tail grows while a plain decode step (the median) does not (vLLM RFC#3130). Read only at the
+    same load and work (checked before), with neither decode nor prefill costlier per token at
+    equal batch (:func:`_step_cost_rise`: a slower prefill step stalls decodes too, and is
+    prefill_slowdown's). Where the step histogram shows no change (the budget above every
+    prompt: the steps are as big, only no decode rides along; dev 1200213, chunking off on
+    Azure's code trace: ITL p99 x2.4, median x1.02, g +0 %).
+    """
+    if regression.metric not in PER_TOKEN_METRICS or not regression.significant or regression.ratio is None:
+        return None
+    if regression.ratio < STALLS_FELL:
+        return None
+    median = median_step(metrics)
+    step = median[0] if median is not None else None
+    if step is None or step.ratio is None:
+        before, after = comparison.histogram("baseline", "tpot"), comparison.histogram("candidate", "tpot")
+        step = SidePair(before.quantile(0.5), after.quantile(0.5))
+    if step.ratio is None or step.ratio > 1 + MIN_SLOWDOWN:
+        return None  # the plain decode step slowed: a decode regression or a bigger batch, not stalls
+    slower = _step_cost_rise(comparison, metrics)
+    if slower is not None and slower[1] >= MIN_SLOWDOWN:
+        return None
+    label = f"{regression.metric.upper()} p{round(regression.quantile * 100)}"
+    grew_evidence = (
+        Evidence(f"{regression.metric}_p{round(regression.quantile * 100)}_s", rnd(regression.baseline, 6),
+                 rnd(regression.candidate, 6), "decodes stalled beside whole prompts"),
+        Evidence("decode_step_p50_s", rnd(step.baseline, 6), rnd(step.candidate, 6),
+                 "the plain decode step (inter-token median, else TPOT median)"),
+    )  # fmt: skip
+    return Finding(
+        cause="batch_composition",
+        title=f"Decode stalls behind prompts grew ({label} x{regression.ratio:.2f}, median step x{step.ratio:.2f}) "
+        "at the same load, work and per-token costs: steps carry whole prompts (chunked prefill off) or a "
+        "larger budget",
+        explained=latency_share(regression, 1.0),
+        confidence=STALLS_CONFIDENCE * clip01(math.log(regression.ratio) / math.log(2 * STALLS_FELL)),
+        stage="decode",
+        evidence=(*grew_evidence, *evidence),
+        next_check=NEXT_CHECK,
+    )
 
 
 def _stalls_gone(
