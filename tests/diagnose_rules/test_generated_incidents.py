@@ -333,7 +333,7 @@ _MECHANISM_CASES = [
     # x3.1 and the p99 crossed into the prefill-carrying steps (8 -> 464 tokens, cap 1024 -> 4096);
     # batch_composition led at 0.9. The median decode step rose x3.9 with the tokens per step: the
     # steps grew because they last longer.
-    pytest.param(263, "decode_slowdown", "vllm-v1", "Seconds per output token", id="slower-steps-gather-more"),
+    pytest.param(263, "decode_slowdown", "vllm-v1", "per output token", id="slower-steps-gather-more"),
     # Its control: chunked prefill turned off makes steps bigger (p99 3871 -> 13615 tokens) at the
     # same plain decode step, which stays batch_composition.
     pytest.param(106, "batch_composition", "vllm-v1", "Tokens per engine step rose", id="chunking-off-bigger-steps"),
