@@ -112,7 +112,13 @@ def _at_equal_batch(
         if shift is None:
             if (cost.running.ratio or 0.0) >= BATCH_GREW:
                 # No batch bucket overlaps and the batch grew: the raw per-token rise may be the bigger
-                # batch's alone (a slower prefill keeps more requests decoding), so it names nothing.
+                # batch's alone (a slower prefill keeps more requests decoding), so it names nothing,
+                # unless the step fit says whose: a prompt token surely costlier in every step it
+                # shares, with the costlier prefill holding most of the steps' rise, makes both the
+                # decodes beside it and the batch that grew around them the slower prefill's (dev
+                # 1200152: prefill x2.78, TPOT x4.8, batch 23 -> 63, g +131 % at its lower bound).
+                if driver == "decode_slowdown" and _prefill_led(comparison, metrics):
+                    echo += term
                 out[driver] = 0.0
             continue
         kept = term * shift.explained_share if shift.z >= 2 else 0.0
@@ -175,6 +181,15 @@ def _prefill_step_rose(comparison: Comparison, metrics: MetricView) -> bool:
     mix = decode_step_mix(comparison, metrics)
     floor = mix.prefill_cost_rise_floor() if mix is not None else None
     return floor is None or floor > 0
+
+
+def _prefill_led(comparison: Comparison, metrics: MetricView) -> bool:
+    """Whether the step fit puts most of a TPOT rise in costlier prefill, a prompt token surely >= 10 % costlier."""
+    mix = decode_step_mix(comparison, metrics)
+    if mix is None or mix.prefill_share is None or mix.prefill_share < DECODE_LED:
+        return False
+    floor = mix.prefill_cost_rise_floor()
+    return floor is not None and floor >= MIN_SLOWDOWN
 
 
 def _decode_led(comparison: Comparison, metrics: MetricView) -> bool:

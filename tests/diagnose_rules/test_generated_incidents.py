@@ -479,6 +479,11 @@ _MECHANISM_CASES = [
     # the ITL p99 rose x2.4 at a steady median, same load, work and per-token costs: no rule
     # explained it. Decodes stalled behind whole prompts, the mirror of a smaller budget.
     pytest.param(1200213, "batch_composition", "vllm-v1", "Decode stalls behind", id="chunking-off-stalls"),
+    # Prefill x2.78 into a saturated fleet (TTFT p99 5.7 -> 207 s): TPOT x4.8 and the batch 23 -> 63
+    # past every equal-batch bucket, so the queue's decode driver was dropped and its stage finding
+    # said capacity by default. The step fit: a prompt token at least 131 % costlier in every step,
+    # and the costlier prefill all of the steps' rise; the decodes beside it are its echo.
+    pytest.param(1200152, "prefill_slowdown", "vllm-v1", "Prefill", id="slower-prefill-past-every-batch"),
     pytest.param(1210029, "none", "vllm-v1", "No significant", id="itl-histogram-of-other-tokens"),
     pytest.param(
         1210224, "prefix_cache", "gateway-spans+metrics", "Prefix-cache hit rate fell", id="lost-cache-full-fleet"
