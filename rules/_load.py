@@ -29,6 +29,7 @@ from sre_agent.rules._mechanism import (
     LOAD_Z,
     PER_TOKEN_METRICS,
     clip01,
+    metric_hit_rate,
     per_request,
     rnd,
     side_means,
@@ -173,6 +174,45 @@ def kv_per_running(metrics: MetricView) -> tuple[float, Evidence] | None:
     return per_c / per_b, evidence
 
 
+def held_tokens_per_request(comparison: Comparison, metrics: MetricView) -> SidePair | None:
+    """Tokens a running request holds in the cache on its own, on each side; ``None`` when neither side can say.
+
+    From engine spans: uncached prompt + half the output (the context grows over the decode),
+    averaged over the running requests, i.e. weighted by the time each held its blocks
+    (scheduled to finished): a long answer is running for longer, so it is more of the running
+    population than of the requests. A prompt's cached prefix is held once for every request
+    sharing it, so a cache that stopped hitting gives each request its own copy: more of the
+    pool each, from the same pool (dev 1150164: KV per running request x1.58, hit rate 34 % ->
+    4 %, prompts unchanged). Without spans: uncached prompt + generation counters per finished request.
+    """
+    frame = comparison.requests
+    if frame.height:
+        held = (pl.col("e2e_s") - pl.col("queue_s").fill_null(0.0)).clip(0.0)
+        context = uncached_tokens(comparison, metrics) + pl.col("output_tokens").fill_null(0) / 2
+        means = {
+            str(r["side"]): r["t"]
+            for r in frame.filter(held.is_not_null())
+            .group_by("side")
+            .agg(((context * held).sum() / held.sum()).alias("t"))
+            .to_dicts()
+        }
+        pair = SidePair(means.get("baseline"), means.get("candidate"))
+    else:
+        pair = _private_tokens_from_counters(metrics)
+    return pair if pair.ratio is not None else None
+
+
+def _private_tokens_from_counters(metrics: MetricView) -> SidePair:
+    """Uncached prompt + generation tokens per finished request, from the counters (no spans).
+
+    The prompt counter counts cached tokens too; the side's hit rate takes them out as
+    ``uncached_tokens`` does for spans, when the hit rate is known.
+    """
+    done = metrics.finished_requests()
+    hit = metric_hit_rate(metrics, {"baseline": int(done.baseline or 0), "candidate": int(done.candidate or 0)})
+    return metrics.tokens_per_request(done, cached_share=hit[0] if hit is not None else None)
+
+
 def pool_shrank(metrics: MetricView, longer: float | None = None) -> bool:
     """Whether each running request came to hold more of the KV cache than its tokens explain.
 
@@ -183,6 +223,20 @@ def pool_shrank(metrics: MetricView, longer: float | None = None) -> bool:
     """
     pool = kv_per_running(metrics)
     return pool is None or pool[0] / max(longer or 1.0, 1.0) >= POOL_SHRANK
+
+
+def pool_shrank_by(comparison: Comparison, metrics: MetricView) -> float | None:
+    """How much more of the KV cache a running request holds than its own tokens explain, when >= POOL_SHRANK.
+
+    ``None`` when that cannot be measured or stayed below :data:`POOL_SHRANK`
+    (a lost cache gives each request its own copy of the prefix: the tokens it holds rise as much).
+    """
+    pool = kv_per_running(metrics)
+    tokens = held_tokens_per_request(comparison, metrics)
+    if pool is None or tokens is None or tokens.ratio is None:
+        return None
+    beyond = pool[0] / max(tokens.ratio, 1.0)
+    return beyond if beyond >= POOL_SHRANK else None
 
 
 def service_time_queue_share(
@@ -266,8 +320,10 @@ __all__ = [
     "kv_limited",
     "kv_per_running",
     "load_moved",
+    "held_tokens_per_request",
     "load_per_replica",
     "metric_queue_share",
     "pool_shrank",
+    "pool_shrank_by",
     "service_time_queue_share",
 ]

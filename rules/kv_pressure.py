@@ -53,22 +53,18 @@ from __future__ import annotations
 import math
 from typing import Final
 
-import polars as pl
-
 from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
-from sre_agent.rules._load import kv_per_running, pool_shrank
+from sre_agent.rules._load import held_tokens_per_request, kv_per_running, pool_shrank
 from sre_agent.rules._mechanism import (
     clip01,
     engine_share,
     latency_share,
-    metric_hit_rate,
     rnd,
     significance,
     tail_shares,
-    uncached_tokens,
 )
 
 #: Counter over-dispersion: preemptions arrive in bursts, not one by one.
@@ -151,7 +147,7 @@ def kv_pressure(
     pool = kv_per_running(metrics)
     if pool is not None:
         evidence.append(pool[1])
-        tokens = _tokens_per_request(comparison, metrics)
+        tokens = held_tokens_per_request(comparison, metrics)
         if tokens is not None:
             evidence.append(Evidence("tokens_per_running_request", rnd(tokens.baseline, 1), rnd(tokens.candidate, 1),
                                      "uncached tokens a running request holds in the cache"))  # fmt: skip
@@ -206,42 +202,3 @@ def _scope(by_replica: dict[tuple[str, str], float]) -> tuple[dict[str, str], Ev
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
-
-
-def _tokens_per_request(comparison: Comparison, metrics: MetricView) -> SidePair | None:
-    """Tokens a running request holds in the cache on its own, on each side; ``None`` when neither side can say.
-
-    From engine spans: uncached prompt + half the output (the context grows over the decode),
-    averaged over the running requests, i.e. weighted by the time each held its blocks
-    (scheduled to finished): a long answer is running for longer, so it is more of the running
-    population than of the requests. A prompt's cached prefix is held once for every request
-    sharing it, so a cache that stopped hitting gives each request its own copy: more of the
-    pool each, from the same pool (dev 1150164: KV per running request x1.58, hit rate 34 % ->
-    4 %, prompts unchanged). Without spans: uncached prompt + generation counters per finished request.
-    """
-    frame = comparison.requests
-    if frame.height:
-        held = (pl.col("e2e_s") - pl.col("queue_s").fill_null(0.0)).clip(0.0)
-        context = uncached_tokens(comparison, metrics) + pl.col("output_tokens").fill_null(0) / 2
-        means = {
-            str(r["side"]): r["t"]
-            for r in frame.filter(held.is_not_null())
-            .group_by("side")
-            .agg(((context * held).sum() / held.sum()).alias("t"))
-            .to_dicts()
-        }
-        pair = SidePair(means.get("baseline"), means.get("candidate"))
-    else:
-        pair = _private_tokens_from_counters(metrics)
-    return pair if pair.ratio is not None else None
-
-
-def _private_tokens_from_counters(metrics: MetricView) -> SidePair:
-    """Uncached prompt + generation tokens per finished request, from the counters (no spans).
-
-    The prompt counter counts cached tokens too; the side's hit rate takes them out as
-    ``uncached_tokens`` does for spans, when the hit rate is known.
-    """
-    done = metrics.finished_requests()
-    hit = metric_hit_rate(metrics, {"baseline": int(done.baseline or 0), "candidate": int(done.candidate or 0)})
-    return metrics.tokens_per_request(done, cached_share=hit[0] if hit is not None else None)

@@ -40,7 +40,9 @@ accounts for failed requests).
 ``min(1, drop / 0.2)``; counters or gauge only (exact totals without a
 per-request variance): ``0.85 x min(1, drop / 0.2)``; x 0.2 when the drop is
 confined to a slice with no baseline requests (a new tenant's prompts had
-nothing cached before: the mix's change).
+nothing cached before: the mix's change); x 0.3 when each running request holds
+>= 15 % more of the KV cache than its own tokens explain (a smaller pool evicts
+the cached prefixes: kv_pressure's finding).
 
 Quiet (``None``) when the hit rate fell by less than 5 points or 10 %;
 :class:`RuleSkipped` when no hit-rate signal exists on both sides.
@@ -57,7 +59,7 @@ from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair
-from sre_agent.rules._load import metric_queue_share, service_time_queue_share
+from sre_agent.rules._load import metric_queue_share, pool_shrank_by, service_time_queue_share
 from sre_agent.rules._mechanism import (
     MIN_BUCKET,
     clip01,
@@ -83,6 +85,8 @@ FULL_DROP: Final[float] = 0.20
 METRIC_ONLY_CONFIDENCE: Final[float] = 0.85
 #: Confidence kept by a drop confined to traffic that did not exist before the deploy (the mix's).
 NEW_SLICE_DAMPING: Final[float] = 0.2
+#: Confidence kept when the KV pool itself shrank: its evictions are the drop's cause.
+SMALLER_POOL_DAMPING: Final[float] = 0.3
 
 NEXT_CHECK: Final[str] = (
     "compare prefix hashes of the system prompt before and after; check enable_prefix_caching (or SGLang's "
@@ -268,6 +272,15 @@ def prefix_cache(
                 confidence *= NEW_SLICE_DAMPING
                 evidence.append(Evidence(f"baseline_requests[{found[0]}={found[1]}]", 0, 0,
                                          "new since the deploy: nothing of it was cached before"))  # fmt: skip
+    smaller = pool_shrank_by(comparison, metrics)
+    if smaller is not None:
+        # Each running request holds more of the KV cache than its own tokens explain: the pool
+        # shrank, and a smaller pool evicts the cached prefixes (kv_pressure's finding; dev
+        # 1150228: num_gpu_blocks cut, hit rate 34 % -> 9 %, KV per running request x6.4 against
+        # x1.45 of the tokens it holds).
+        confidence *= SMALLER_POOL_DAMPING
+        evidence.append(Evidence("kv_share_per_running_beyond_its_tokens", 1.0, rnd(smaller),
+                                 "the pool shrank: a smaller cache evicts the cached prefixes"))  # fmt: skip
     where = f" in {next(iter(scope))}={next(iter(scope.values()))}" if scope else ""
     return Finding(
         cause="prefix_cache",

@@ -29,6 +29,7 @@ from sre_agent.analysis.decompose import DRIVER_MIN_CHANGE, StageDecomposition, 
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped
 from sre_agent.rules._engine_cost import BATCH_GREW, MIN_SLOWDOWN, engine_cost
+from sre_agent.rules._load import pool_shrank_by
 from sre_agent.rules._mechanism import (
     per_replica,
     queue_drivers_per_replica,
@@ -65,6 +66,7 @@ _MECHANISM = {
     "capacity": "fewer replicas for the offered load",
     "traffic_mix": "more work per request",
     "prefix_cache": "fewer prompt tokens served from the prefix cache",
+    "kv_pressure": "a smaller KV pool evicted the cached prefixes and preempted requests",
     "prefill_slowdown": "prefill seconds per uncached token rose at equal batch",
     "batch_composition": "prompts spread over more engine steps at the same cost per step (step budget, chunking)",
     "decode_slowdown": "seconds per output token rose at equal batch",
@@ -261,6 +263,11 @@ def stages(
         # Queueing is a symptom: name what drove utilisation up (load, replicas, work, speed).
         growth = queue_drivers_per_replica(comparison, metrics)
         drivers = _at_equal_batch(growth, comparison, metrics, growth)
+        if "prefix_cache" in drivers and metrics is not None and pool_shrank_by(comparison, metrics) is not None:
+            # The cache lost its prefixes because the KV pool shrank (each running request holds
+            # more of it than its tokens explain): the pool's evictions are the queue's driver
+            # (dev 1150228: num_gpu_blocks cut, hit rate 34 % -> 9 %).
+            drivers["kv_pressure"] = drivers.pop("prefix_cache")
         if sum(drivers.values()) < math.log(1 + DRIVER_MIN_CHANGE):
             # No driver passed its bar, or those that did move utilisation by less than one would
             # have to alone. Queueing follows the offered load per replica; when only its point

@@ -484,6 +484,10 @@ _MECHANISM_CASES = [
     # said capacity by default. The step fit: a prompt token at least 131 % costlier in every step,
     # and the costlier prefill all of the steps' rise; the decodes beside it are its echo.
     pytest.param(1200152, "prefill_slowdown", "vllm-v1", "Prefill", id="slower-prefill-past-every-batch"),
+    # num_gpu_blocks cut to 4160: the smaller pool evicted the cached prefixes (hit rate 34 % -> 9 %)
+    # and preempted requests; prefix_cache led at 0.85. Each running request held x6.4 the KV
+    # share against x1.45 of its own tokens: the pool shrank, the lost prefixes are its doing.
+    pytest.param(1150228, "kv_pressure", "vllm-v1", "KV pool", id="smaller-pool-evicts-prefixes"),
     pytest.param(1210029, "none", "vllm-v1", "No significant", id="itl-histogram-of-other-tokens"),
     pytest.param(
         1210224, "prefix_cache", "gateway-spans+metrics", "Prefix-cache hit rate fell", id="lost-cache-full-fleet"
