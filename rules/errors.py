@@ -26,9 +26,11 @@ metric for engine categories); 0 when failing requests are not in the tail
 error rate itself (``error_rate``), ``explained`` is 1.
 
 ``confidence``: significance of z x ``min(1, rise / 0.05)``; x 0.3 when the
-top category is an engine one whose rise is confined to a tenant, route or model
-the baseline never served (those requests' own asks made them fail or truncate:
-the mix changed, ``traffic_mix``); x 0.5 when the
+rise is confined to a tenant, route or model the baseline never served (those
+requests' own asks made them fail or truncate: the mix changed), with a
+``traffic_mix`` finding at the undamped confidence beside it (nothing else names
+a failed share new traffic brought); a logical-request category is confined by
+the gateway's root span attributes (requests rejected before any engine saw them); x 0.5 when the
 moved category is a timeout of logical requests while no engine category
 moved (the gateway's deadline cut requests the engine was serving: the
 attempt policy, ``retry_amplification``, made those errors). When engine
@@ -137,7 +139,7 @@ def _moved(frame: pl.DataFrame, duration: str, q: float, level: str) -> list[tup
     return out
 
 
-def errors(comparison: Comparison, regression: Regression, dimensions: list[str]) -> Finding | None:
+def errors(comparison: Comparison, regression: Regression, dimensions: list[str]) -> list[Finding] | None:
     """An ``errors`` finding when an error, abort or finish-reason share rose (see module docstring)."""
     q = regression.quantile if regression.quantile >= 0.5 else 0.9
     moved: list[tuple[float, str, Evidence, float]] = []
@@ -178,6 +180,14 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
                 new_traffic = _new_traffic(categorised, found[0], found[1])
     if not moved:
         return None
+    root_top = max((m for m in moved if m not in engine_moved), key=lambda m: m[0], default=None)
+    if not scope and roots_seen and root_top is not None and (not engine_moved or root_top[0] >= moved[0][0]):
+        # Logical requests failed more: the slice of the traffic they belong to, from the root
+        # spans' own attributes (the gateway rejects some requests before any engine sees them).
+        found_root = _root_slice(comparison, roots, root_top[1])
+        if found_root is not None:
+            scope, evidence, new_traffic = found_root
+            scope_evidence.append(evidence)
     if not scope and roots_seen and len(moved) > len(engine_moved):
         # Logical requests failed more: an engine that rejects requests before serving them
         # leaves no span, but the gateway's attempt still names the replica it called.
@@ -198,7 +208,8 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
                 "timeouts made by the gateway: the engine's own error share did not rise",
             )
         )  # fmt: skip
-    if new_traffic and moved[0] in engine_moved:
+    undamped = confidence
+    if new_traffic:
         # The rise lives in requests of a tenant, route or model the baseline never served: what
         # those requests ask (answers longer than their max_tokens, prompts beyond the context)
         # made them fail or truncate, so the mix changed (traffic_mix), not the stack.
@@ -209,7 +220,7 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
     # When the headline is the failed share itself, a moved error share is the whole regression.
     explained = 1.0 if regression.metric == "error_rate" else max(m[3] for m in moved)
     first = moved[0][2]
-    return Finding(
+    finding = Finding(
         cause="errors",
         title=f"{label} share rose {_pct(first.baseline)} -> {_pct(first.candidate)}"
         + (f" ({len(moved) - 1} more categories moved)" if len(moved) > 1 else ""),
@@ -220,6 +231,52 @@ def errors(comparison: Comparison, regression: Regression, dimensions: list[str]
         evidence=tuple(m[2] for m in moved[:6]) + tuple(scope_evidence),
         next_check=NEXT_CHECK,
     )
+    if not new_traffic:
+        return [finding]
+    # The mix's finding, at the confidence the errors finding gave up: nothing else names a failed
+    # share that new traffic brought (the reweighting rule reads latencies, not failures).
+    mix = Finding(
+        cause="traffic_mix",
+        title=f"Traffic new since the deploy fails on its own asks: {_slice(scope)}, "
+        f"{label} share {_pct(first.baseline)} -> {_pct(first.candidate)}",
+        explained=explained,
+        confidence=undamped,
+        stage=None,
+        scope=scope,
+        evidence=finding.evidence,
+        next_check="look at what the new traffic asks (prompt length against the context, max_tokens, model) "
+        "and admit, reshape or reject it at the gateway",
+    )
+    return [mix, finding]
+
+
+def _root_slice(
+    comparison: Comparison, roots: pl.DataFrame, label: str
+) -> tuple[dict[str, str], Evidence, bool] | None:
+    """The root spans' attribute value confining a logical-request category's rise, and whether it is new.
+
+    ``roots``: the root spans with their ``cat:`` columns; the dimensions come from the gateway's
+    root spans (:attr:`OtherSpans.root_dimensions`). ``None`` when no value confines the rise.
+    """
+    dims = comparison.other_spans.root_dimensions
+    # An attribute that restates the outcome (the response's status code, error.type) is no slice.
+    columns = [
+        d
+        for d in dims.columns
+        if d not in {"trace_id", "side"}
+        and d not in CATEGORY_SOURCES
+        and not d.endswith("status_code")
+        and not d.startswith(SERVING_DIMENSIONS)
+    ]
+    if not columns or "trace_id" not in roots.columns:
+        return None
+    joined = roots.join(dims.drop("side").unique("trace_id"), on="trace_id", how="inner")
+    found = confined_slice(joined, columns, pl.col(f"cat:{label}"), pl.lit(1.0), direction=1)
+    if found is None:
+        return None
+    evidence = Evidence(f"{label}_rise_share[{found[0]}={found[1]}]", None, rnd(found[2]),
+                        f"share of the rise among logical requests; {found[3]:.0%} of the traffic")  # fmt: skip
+    return {found[0]: found[1]}, evidence, _new_traffic(joined, found[0], found[1])
 
 
 def _new_traffic(frame: pl.DataFrame, dimension: str, value: str) -> bool:

@@ -111,8 +111,10 @@ class OtherSpans:
         return frame
 
     def roots(self) -> pl.DataFrame:
-        """Root spans (logical requests): ``side``, ``slice``, ``duration_s``, ``status_code``, ``error_type``."""
-        return self._frame(f"SELECT side, slice, duration_s, status_code, error_type FROM {self._sql} WHERE is_root")
+        """Root spans (logical requests): trace id, side, slice, duration, status code and error type."""
+        return self._frame(
+            f"SELECT trace_id, side, slice, duration_s, status_code, error_type FROM {self._sql} WHERE is_root"
+        )
 
     @cached_property
     def root_dimensions(self) -> pl.DataFrame:
