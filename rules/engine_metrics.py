@@ -253,10 +253,19 @@ def engine_metrics(
     fewer = replicas.ratio <= 1 - MIN_FALL
     drained = (waiting.candidate or 0.0) < (waiting.baseline or 0.0)
     terms: dict[str, float] = {}
-    if rate_moved and (arrivals or not fewer or not drained):
-        terms["load"] = _log(rate.ratio)
-    if (rate_flat or throughput_fell_under_backlog or arrivals) and (fewer or cap_fell):
-        terms["capacity"] = -_log(replicas.ratio) + (-_log(lower_cap) if cap_fell else 0.0)
+    if comparison.windows_overlap:
+        # Two versions serving side by side (a canary split): each side's replicas are the version's
+        # by design, so its offered load is per replica (dev 1200131: a canary on 2 of 3 replicas
+        # with 0.92 against 0.52 req/s read as load up 78 %, 0.48 against 0.52 per replica).
+        if rate_moved and load_per_replica >= 1 + MIN_RISE:
+            terms["load"] = _log(load_per_replica)
+    else:
+        if rate_moved and (arrivals or not fewer or not drained):
+            terms["load"] = _log(rate.ratio)
+        if (rate_flat or throughput_fell_under_backlog or arrivals) and (fewer or cap_fell):
+            terms["capacity"] = -_log(replicas.ratio) + (-_log(lower_cap) if cap_fell else 0.0)
+    if comparison.windows_overlap and cap_fell:
+        terms["capacity"] = -_log(lower_cap)
     if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE and per_replica_flat and not other_mechanism:
         terms["decode_slowdown"] = _log(itl_mean.ratio)
     terms = {k: v for k, v in terms.items() if v > 0}
@@ -288,10 +297,12 @@ def engine_metrics(
         scope: dict[str, str] = {}
         extra: tuple[Evidence, ...] = ()
         if cause == "load":
-            title = (f"Offered load rose {rate.ratio - 1:.0%} ({rnd(rate.baseline)} -> {rnd(rate.candidate)} req/s) "
+            rise = (load_per_replica if comparison.windows_overlap else rate.ratio) - 1
+            per = " per replica" if comparison.windows_overlap else ""
+            title = (f"Offered load{per} rose {rise:.0%} ({rnd(rate.baseline)} -> {rnd(rate.candidate)} req/s) "
                      f"on {replicas.candidate:.0f} replicas (engine metrics)")  # fmt: skip
             change, stage, next_check = (
-                rate.ratio - 1,
+                rise,
                 "queue",
                 (
                     "check which clients or tenants sent more requests at the deploy (gateway logs); scale out or "
