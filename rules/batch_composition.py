@@ -353,11 +353,12 @@ def _stalls_grew(
     The mirror of :func:`_stalls_gone`: with chunked prefill turned off (or a larger budget) a
     long prompt is prefilled in one step and every decode beside it waits for it, so the ITL/TPOT
     tail grows while a plain decode step (the median) does not (vLLM RFC#3130). Read only at the
-    same load and work (checked before), with neither decode nor prefill costlier per token at
-    equal batch (:func:`_step_cost_rise`: a slower prefill step stalls decodes too, and is
-    prefill_slowdown's). Where the step histogram shows no change (the budget above every
-    prompt: the steps are as big, only no decode rides along; dev 1200213, chunking off on
-    Azure's code trace: ITL p99 x2.4, median x1.02, g +0 %).
+    same load and uncached work per request, with neither decode nor prefill surely costlier
+    per token at equal batch (:func:`_step_cost_rise`, z >= 2: a slower prefill step stalls
+    decodes too, and a slowdown of some replicas also lifts the tail over a steady median).
+    Where the step histogram shows no change (the budget above every prompt: the steps are as
+    big, only no decode rides along; dev 1200213, chunking off on Azure's code trace: ITL p99
+    x2.4, median x1.02, g +0 %).
     """
     if regression.metric not in PER_TOKEN_METRICS or not regression.significant or regression.ratio is None:
         return None
@@ -377,8 +378,18 @@ def _stalls_grew(
         step = SidePair(before.quantile(0.5), after.quantile(0.5))
     if step.ratio is None or step.ratio > 1 + MIN_SLOWDOWN:
         return None  # the plain decode step slowed: a decode regression or a bigger batch, not stalls
-    slower = _step_cost_rise(comparison, metrics)
-    if slower is not None and slower[1] >= MIN_SLOWDOWN:
+    if _step_cost_rise(comparison, metrics) is not None:
+        # Any per-token cost surely up at equal batch: stalls lengthen a few decodes' intervals and
+        # barely move the mean; a slowdown of some of the replicas moves it (dev 1200272: decode
+        # x1.91 on one replica of six, +8.9 % over all at z 10.8, TPOT p99 x1.62 at a steady median).
+        return None
+    # The same prefill work per request: more of each prompt to prefill (a lost prefix cache,
+    # longer prompts) makes the steps that carry it longer too (dev 1150206: caching off, uncached
+    # prompt tokens per request x1.55 by the counters, ITL p99 x2.5).
+    shape = batch_shape(metrics, comparison)
+    uncached = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"].ratio
+    work = uncached if uncached is not None else (shape.work_ratio if shape is not None else None)
+    if work is None or _changed(work, MAX_WORK_CHANGE):
         return None
     label = f"{regression.metric.upper()} p{round(regression.quantile * 100)}"
     grew_evidence = (
