@@ -218,7 +218,7 @@ def _scope(
         return None
     # A value confining the shift within the group's own spans is the tighter scope; only when
     # the spans show no such variation does the group's single caller slice stand for it.
-    within = confined_slice(joined, dims, pl.col("duration_s"), pl.lit(1.0), direction=1)
+    within = confined_slice(joined, dims, pl.col("duration_s"), pl.lit(1.0), direction=1, rest_moved_less=True)
     if within is not None:
         return {within[0]: within[1]}, within[2], within[3]
     return _caller_slice(joined, per_trace, dims)

@@ -611,3 +611,17 @@ def test_a_running_peak_one_lower_is_no_cap(tmp_path: Path) -> None:
     assert incident.truth.cause == "traffic_mix"  # type: ignore[attr-defined]
     assert findings, "no finding at all"
     assert not any("max running requests" in title for _, _, title in findings), findings
+
+
+def test_an_error_on_every_route_is_not_scoped_to_the_busiest(tmp_path: Path) -> None:
+    # The engine answers 503 to 6 % of every request; the route carrying 81 % of the traffic held
+    # 87 % of the rise and the other route's error share rose less by chance (a fifth of the
+    # traffic, a dozen errors). "The rest moved at most a third as much" confines durations, not
+    # a rare outcome's share: no slice.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident = generate(1150259, SHARED_TRACES, max_per_side=1200)
+    assert incident.truth.cause == "errors"
+    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    report = diagnose(tmp_path / "store.duckdb", selection)
+    assert report.findings[0].cause == "errors", report.findings
+    assert not report.findings[0].scope, report.findings[0]
