@@ -14,7 +14,11 @@ stage share after it. Seconds per token only count as an engine slowdown for
 the part of their rise that remains at equal running batch and prompt length
 (``_engine_cost.engine_cost``): a TPOT that rose because each replica now runs
 more requests (fewer replicas, more arrivals) is that batch growth's doing,
-and its term moves to the capacity or load driver that made the batch grow.
+and its term moves to the capacity or load driver that made the batch grow. Where no batch
+bucket overlaps, the step fit (``_steps.StepMix``) says whose the rise is: the decode work's, or
+a prompt token's surely costlier step (then the slower prefill's). A queue with no driver
+measured takes the drivers of the engine stage holding the next part of the excess, and a
+prefix-cache driver whose prefixes a smaller KV pool evicted is ``kv_pressure``'s.
 """
 
 from __future__ import annotations
