@@ -39,7 +39,9 @@ them), the engine categories' ``explained`` is scaled by the share of the
 rise that reached users.
 Scope: the attribute value holding >= 70 % of the rise and 20 points more
 of it than of the traffic (engine categories, on the sampled requests' dimensions
-other than the attributes the categories are read from).
+other than the attributes the categories are read from; logical-request
+categories, on the gateway's root span attributes other than those restating
+the outcome).
 When only logical requests failed more (an engine that rejects a request before
 serving it leaves no span), the same test runs on the gateway's engine calls by the
 host they called (``server.address``), named also by the engine's ``host.name`` /
