@@ -17,6 +17,7 @@ equal batch, and the queue-side rules (``queueing``, ``kv_pressure``,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
@@ -174,7 +175,18 @@ def kv_per_running(metrics: MetricView) -> tuple[float, Evidence] | None:
     return per_c / per_b, evidence
 
 
+#: Held tokens per request per comparison: kv_pressure, prefix_cache and the stage fallback all ask.
+_HELD_CACHE: weakref.WeakKeyDictionary[Comparison, tuple[SidePair | None]] = weakref.WeakKeyDictionary()
+
+
 def held_tokens_per_request(comparison: Comparison, metrics: MetricView) -> SidePair | None:
+    """:func:`_held_tokens_per_request`, once per comparison (its metrics are the comparison's)."""
+    if comparison not in _HELD_CACHE:
+        _HELD_CACHE[comparison] = (_held_tokens_per_request(comparison, metrics),)
+    return _HELD_CACHE[comparison][0]
+
+
+def _held_tokens_per_request(comparison: Comparison, metrics: MetricView) -> SidePair | None:
     """Tokens a running request holds in the cache on its own, on each side; ``None`` when neither side can say.
 
     From engine spans: uncached prompt + half the output (the context grows over the decode),
@@ -319,8 +331,8 @@ __all__ = [
     "SAME_LOAD",
     "kv_limited",
     "kv_per_running",
-    "load_moved",
     "held_tokens_per_request",
+    "load_moved",
     "load_per_replica",
     "metric_queue_share",
     "pool_shrank",

@@ -375,6 +375,23 @@ def uncached_tokens(comparison: Comparison, metrics: MetricView | None) -> pl.Ex
     return (prompt - pl.col("cached_tokens").fill_null(prompt * side_hit)).clip(0)
 
 
+#: Uncached prompt tokens per request per comparison (and whether metrics were given): several rules ask.
+_UNCACHED_CACHE: weakref.WeakKeyDictionary[Comparison, dict[bool, SidePair]] = weakref.WeakKeyDictionary()
+
+
+def uncached_per_request(comparison: Comparison, metrics: MetricView | None) -> SidePair:
+    """Mean uncached prompt tokens per request on each side (:func:`uncached_tokens` over the sample).
+
+    The prefill work each request brings: the batch-composition and prefill rules hold their
+    "same work" claims to it. Computed once per comparison.
+    """
+    known = _UNCACHED_CACHE.setdefault(comparison, {})
+    key = metrics is not None
+    if key not in known:
+        known[key] = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"]
+    return known[key]
+
+
 def per_request(total: float | None, requests: int) -> float | None:
     """A window total divided by the window's requests (``None`` when unknown or no requests)."""
     return None if total is None or requests <= 0 else total / requests
@@ -482,6 +499,7 @@ __all__ = [
     "significance",
     "stage_share",
     "tail_shares",
+    "uncached_per_request",
     "uncached_tokens",
     "wide_enough",
     "windows_overlap",

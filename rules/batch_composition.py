@@ -9,8 +9,9 @@ stalls every decode sharing it (ITL/TPOT tails rise, vllm RFC#3130).
 
 Signals:
 
-* ``vllm:iteration_tokens`` histogram: mean, p99 and cap (the highest bucket
-  holding five steps or more) of tokens per step per window. The budget shows in the
+* ``vllm:iteration_tokens`` histogram: mean, p99 and cap (the bucket where the
+  largest steps begin, as many on both sides: 0.1 % of the side with fewer) of
+  tokens per step per window. The budget shows in the
   largest steps: the shape counts as changed when the cap moved by a bucket
   (x2) and the p99 by x1.5, each either way (a cut below long prompts splits
   their one big step into many budget-sized chunks: the cap falls, the p99
@@ -97,10 +98,9 @@ from sre_agent.rules._mechanism import (
     latency_share,
     rnd,
     side,
-    side_means,
     stage_share,
     tail_shares,
-    uncached_tokens,
+    uncached_per_request,
 )
 from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape, decode_step_mix, median_step
 
@@ -254,7 +254,7 @@ def _at_same_load(
         if not shape.changed or cap is None or cap <= 0:
             # The step p99 stayed put. A budget that binds only the rare prompts longer than it
             # leaves the bulk of the steps alone, but still shows in those prompts' prefill cost.
-            return _prefill_signature(comparison, regression, metrics, stages, [*shape.evidence(), *evidence])
+            return _prefill_signature(comparison, regression, metrics, stages, [*shape.evidence(), *evidence], shape)
         strength = abs(math.log(cap))
         largest_only = strength < math.log(BATCH_SHAPE_FACTOR) and bool(shape.cap.ratio)
         if largest_only and shape.cap.ratio:
@@ -294,7 +294,7 @@ def _at_same_load(
             evidence=tuple(evidence),
             next_check=NEXT_CHECK,
         )
-    budget = _prefill_signature(comparison, regression, metrics, stages, evidence)
+    budget = _prefill_signature(comparison, regression, metrics, stages, evidence, None)
     if budget is not None:
         return budget
     ratio = running.ratio
@@ -314,18 +314,20 @@ def _at_same_load(
     )
 
 
-def _prefill_signature(
+def _prefill_signature(  # noqa: PLR0917 - the rule's own state, passed on once
     comparison: Comparison,
     regression: Regression,
     metrics: MetricView,
     stages: StageDecomposition,
     evidence: list[Evidence],
+    shape: BatchShape | None,
 ) -> Finding | None:
     """With no step shape change to read: what the prefill cost at equal batch and the TPOT tail say.
 
     A smaller budget (:func:`_budget_signature`), else prompts waiting for steps with room
     (:func:`_prefill_spread`), both from per-request prefill timing; else the decode stalls a
-    smaller budget ended (:func:`_stalls_gone`).
+    smaller budget ended (:func:`_stalls_gone`) or chunking off began (:func:`_stalls_grew`;
+    ``shape`` is the step histogram's summary, ``None`` without it).
     """
     try:
         cost = engine_cost(comparison, metrics, "prefill")
@@ -341,12 +343,16 @@ def _prefill_signature(
     return (
         found
         or _stalls_gone(comparison, regression, metrics, stages, evidence)
-        or _stalls_grew(comparison, regression, metrics, evidence)
+        or _stalls_grew(comparison, regression, metrics, evidence, shape)
     )
 
 
 def _stalls_grew(
-    comparison: Comparison, regression: Regression, metrics: MetricView, evidence: list[Evidence]
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    evidence: list[Evidence],
+    shape: BatchShape | None,
 ) -> Finding | None:
     """The per-token tail rose at a steady median with every per-token cost flat: decodes stall behind bigger steps.
 
@@ -386,8 +392,7 @@ def _stalls_grew(
     # The same prefill work per request: more of each prompt to prefill (a lost prefix cache,
     # longer prompts) makes the steps that carry it longer too (dev 1150206: caching off, uncached
     # prompt tokens per request x1.55 by the counters, ITL p99 x2.5).
-    shape = batch_shape(metrics, comparison)
-    uncached = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"].ratio
+    uncached = uncached_per_request(comparison, metrics).ratio
     work = uncached if uncached is not None else (shape.work_ratio if shape is not None else None)
     if work is None or _changed(work, MAX_WORK_CHANGE):
         return None
@@ -443,7 +448,7 @@ def _stalls_gone(
         return None
     if tail.ratio_ci[1] >= 1.0 or tail.ratio > 1 / STALLS_FELL or median.ratio < 1 / (1 + MIN_SLOWDOWN):
         return None
-    uncached = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"]
+    uncached = uncached_per_request(comparison, metrics)
     if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):
         return None
     waited = stage_share(stages, "queue", regression, comparison) + stage_share(
@@ -562,7 +567,7 @@ def _prefill_spread(
     bound = mix.prefill_cost_rise_bound() if mix is not None else None
     if bound is None or bound >= MIN_SLOWDOWN:
         return None
-    uncached = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"]
+    uncached = uncached_per_request(comparison, metrics)
     if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):
         # More of each prompt to prefill (a cache that stopped hitting, longer prompts) makes every
         # step carry more prefill and each prompt wait longer for it: that work's rule owns it

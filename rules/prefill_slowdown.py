@@ -63,9 +63,8 @@ from sre_agent.rules._mechanism import (
     Z_MIN,
     latency_share,
     rnd,
-    side_means,
     stage_share,
-    uncached_tokens,
+    uncached_per_request,
 )
 from sre_agent.rules._replica_scope import replica_scope
 from sre_agent.rules._steps import DECODE_LED, SAME_WORK, batch_shape, decode_step_mix
@@ -90,7 +89,7 @@ NEXT_CHECK: Final[str] = (
 
 def _more_prefill_work(comparison: Comparison, metrics: MetricView) -> bool:
     """Whether each request brought :data:`~sre_agent.rules._steps.SAME_WORK` or more uncached prompt tokens."""
-    ratio = side_means(comparison.requests, uncached=uncached_tokens(comparison, metrics))["uncached"].ratio
+    ratio = uncached_per_request(comparison, metrics).ratio
     return ratio is not None and ratio >= 1 + SAME_WORK
 
 

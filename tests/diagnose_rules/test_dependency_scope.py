@@ -80,3 +80,15 @@ def test_the_largest_tenant_alone_slowing_is_confined_to_it() -> None:
         everyone = _guardrail_spans(seed, hooli_factor=3.3, initech_factor=3.3)
         found = confined_slice(everyone, ["tenant.id"], pl.col("duration_s"), pl.lit(1.0), rest_moved_less=True)
         assert found is None, seed
+
+
+def test_a_small_change_for_everyone_is_no_slice_of_the_largest_tenant() -> None:
+    # The rest moving "at most a third as much" must not turn chance into a slice: the same x1.2
+    # and x1.5 for both tenants over 100 draws gives none (the dependency rule reads >= 20 % rises).
+    from rules._mechanism import confined_slice
+
+    for factor in (1.2, 1.5):
+        for seed in range(100):
+            spans = _guardrail_spans(seed, hooli_factor=factor, initech_factor=factor)
+            found = confined_slice(spans, ["tenant.id"], pl.col("duration_s"), pl.lit(1.0), rest_moved_less=True)
+            assert found is None, (factor, seed, found)
