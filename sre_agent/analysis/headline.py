@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from sre_agent.analysis import stats
@@ -141,6 +142,14 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
         )
     metrics = comparison.metrics
     traced = any(name == "trace" and cq.log_ratio_se is not None for name, cq in compared)
+    # A metric histogram's second route (_histogram_share_rise) is a test of each headline
+    # latency it times, at half the family's level, the family counting those latencies too.
+    timed = sum(
+        1
+        for name, signal in _METRIC_HISTOGRAMS.items()
+        if name in HEADLINE_METRICS and metrics.has(signal) and not (have_spans and name != "itl")
+    )
+    share_level = FAMILY_ALPHA / (2 * max(1, family + timed))
     for name, signal in _METRIC_HISTOGRAMS.items():
         if have_spans and name != "itl":
             continue
@@ -175,7 +184,20 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             # answer out (dev 1210029: the histogram held half the intervals the baseline's spans
             # did, the long answers among them, and a healthy deploy's ITL p90 read x8.6).
             sig = sig and not (name == "itl" and have_spans and not _counts_the_spans_tokens(comparison, b, c))
-            out.append(MetricEstimate(name, q, bq, cq_, None, None, sig, source="metrics"))
+            by_share = bool(
+                not sig
+                and enough
+                and name in _SHARE_ROUTE_HISTOGRAMS
+                and not (name == "e2e" and traced)
+                and bq
+                and cq_
+                and cq_ / bq >= 1 + 2 * (MIN_EFFECT - 1)
+                and b
+                and c
+                and (rise := _histogram_share_rise(b, c, q, comparison.slices)) is not None
+                and rise.beyond(share_level)
+            )
+            out.append(MetricEstimate(name, q, bq, cq_, None, None, sig or by_share, "metrics", by_share))
     if have_spans and not any(e.name == "itl" for e in out):
         out.extend(
             MetricEstimate("itl", e.quantile, e.baseline, e.candidate, e.ci, e.ratio_ci, e.significant, "derived")
@@ -183,6 +205,65 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             if e.name == "tpot"
         )
     return out
+
+
+#: Metric histograms whose quantiles may be significant by the share of observations above the
+#: baseline's bucket (:func:`_histogram_share_rise`). Not ITL: its observations are tokens, and a
+#: request's tokens share the step speed of its minutes (see :func:`_tail_exceeded`).
+_SHARE_ROUTE_HISTOGRAMS: Final[frozenset[str]] = frozenset({"e2e", "ttft", "queue"})
+
+
+@dataclass(frozen=True)
+class ShareRise:
+    """More observations above a bucket edge on the candidate side (:func:`_histogram_share_rise`).
+
+    Attributes:
+        edge_s: the upper bound of the bucket holding the baseline's quantile, seconds.
+        baseline / candidate: each side's share of observations above it.
+        t: the difference over its standard error (time-block variances, both sides).
+        df: Welch-Satterthwaite degrees of freedom of that standard error.
+    """
+
+    edge_s: float
+    baseline: float
+    candidate: float
+    t: float
+    df: float
+
+    def beyond(self, level: float) -> bool:
+        """Whether the rise is significant at one-sided ``level`` (Student's t at :attr:`df`)."""
+        return self.t >= stats.student_t_isf(level, self.df)
+
+
+def _histogram_share_rise(
+    baseline: HistogramDelta, candidate: HistogramDelta, q: float, slices: int
+) -> ShareRise | None:
+    """Did more candidate observations than baseline ones land above the bucket of the baseline's ``q`` quantile?
+
+    Each side's share of observations above the upper bound of the bucket holding the
+    baseline's ``q`` quantile, their difference and its t, each share's variance by batch
+    means over time slices (:func:`stats.share_with_variance`, on the scrape blocks merged
+    into at most ``slices``). A 30 s scrape of a 5-minute window gives 10 blocks, of which a
+    bursty trace may fill 4: a variance from so few is itself noisy, so the bar is Student's
+    t at the Welch-Satterthwaite degrees of freedom, not the normal one. ``None`` when the
+    quantile is in the +Inf bucket or a side has no time blocks.
+
+    The metric route's other test, whether the two sides' order-statistic intervals are apart,
+    runs each interval out to bucket edges and reads the observations' independence from raw
+    scrape blocks, one replica's scrape each: between-replica differences count there as time
+    correlation. A prompt template that defeated the prefix cache moved TTFT p99 0.25 -> 0.48 s
+    over 1,100 requests a side, intervals 0.1-0.5 and 0.25-0.5 s overlapping, while 0.8 % against
+    11 % of requests above 0.25 s is t = 8.9 on 16 df (seed 1230193, 59 scrapes a side).
+    """
+    holding = baseline.bucket_of_rank(q)
+    if holding is None or holding >= len(baseline.bounds):
+        return None
+    b_side, c_side = baseline.exceedances(holding + 1, slices), candidate.exceedances(holding + 1, slices)
+    if b_side is None or c_side is None:
+        return None
+    (pb, vb, db), (pc, vc, dc) = stats.share_with_variance(*b_side), stats.share_with_variance(*c_side)
+    df = (vb + vc) ** 2 / (vb**2 / db + vc**2 / dc)
+    return ShareRise(baseline.bounds[holding], pb, pc, (pc - pb) / math.sqrt(vb + vc), df)
 
 
 #: How far apart the two sides' ITL histograms may cover their requests' inter-token intervals
@@ -300,7 +381,9 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         )
         tail_p = tail[2] if tail else None
     note = "" if best.source == "spans" else "estimated from metric histograms (no spans): no confidence interval"
-    if best.by_tail_share:
+    if best.by_tail_share and best.source == "metrics":
+        note += _histogram_share_note(comparison, best)
+    elif best.by_tail_share:
         # Significant by the tail-exceedance route (_tail_exceeded): say which test decided.
         label = f"p{round(best.quantile * 100)}"
         shares = f": {tail[0]:.1%} -> {tail[1]:.1%} (p = {tail[2]:.2g})" if tail else ""
@@ -322,6 +405,19 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
         note,
         switched_from,
         reason,
+    )
+
+
+def _histogram_share_note(comparison: Comparison, best: MetricEstimate) -> str:
+    """What decided a metric histogram's quantile by the share route (:func:`_histogram_share_rise`)."""
+    hist = comparison.metrics.histogram(_METRIC_HISTOGRAMS[best.name])
+    b, c = hist["baseline"], hist["candidate"]
+    rise = _histogram_share_rise(b, c, best.quantile, comparison.slices) if b and c else None
+    if rise is None:
+        return ""
+    return (
+        f"; significant by the share of observations above {rise.edge_s:g} s: "
+        f"{rise.baseline:.1%} -> {rise.candidate:.1%} (t = {rise.t:.1f}, {rise.df:.0f} df)"
     )
 
 

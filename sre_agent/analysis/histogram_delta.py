@@ -54,12 +54,8 @@ class HistogramDelta:
         blocks = [b for b in self.blocks if sum(b) > 0]
         if n == 0 or len(blocks) < 4:
             return n
-        rank, seen, cut = q * n, 0, len(self.counts)
-        for i, c in enumerate(self.counts):
-            seen += c
-            if seen >= rank:
-                cut = i + 1  # buckets above the one holding the quantile
-                break
+        holding = self.bucket_of_rank(q)
+        cut = len(self.counts) if holding is None else holding + 1  # buckets above the quantile's
         counts = ShareCounts(tuple(sum(b) for b in blocks), tuple(sum(b[cut:]) for b in blocks))
         share = counts.share
         if not 0.0 < share < 1.0:
@@ -67,6 +63,32 @@ class HistogramDelta:
         # The canary's batch-means variance, floored at the binomial one: the effect is >= 1.
         effect = counts.variance(share) / (share * (1.0 - share) / n)
         return max(1, round(n / effect))
+
+    def bucket_of_rank(self, q: float) -> int | None:
+        """Index of the bucket holding the observation of rank ``q * count`` (``None`` when empty)."""
+        rank, seen = q * self.count, 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if c and seen >= rank:
+                return i
+        return None
+
+    def exceedances(self, cut: int, slices: int) -> tuple[list[int], list[int]] | None:
+        """Per time slice: (observations in buckets ``cut`` and above, observations); ``None`` without blocks.
+
+        The scrape-interval blocks are merged into at most ``slices`` consecutive slices, so a
+        slice spans the same share of the window as a span comparison's time slice whatever
+        the scrape interval (:func:`sre_agent.analysis.stats.share_with_variance` reads
+        correlation at multiples of it).
+        """
+        blocks = [b for b in self.blocks if sum(b) > 0]
+        if not blocks:
+            return None
+        per = -(-len(blocks) // max(1, slices))
+        groups = [blocks[i : i + per] for i in range(0, len(blocks), per)]
+        above = [sum(sum(b[cut:]) for b in g) for g in groups]
+        total = [sum(sum(b) for b in g) for g in groups]
+        return above, total
 
     @property
     def count(self) -> int:
