@@ -142,6 +142,13 @@ def _at_equal_batch(
         out[driver] = kept
         if batch_driver is not None:
             out[batch_driver] = out.get(batch_driver, 0.0) + (term - kept - moved)
+        elif mix is not None and mix.work_share:
+            # The per-token rise is gone at equal batch and no replica got more requests: the batch
+            # and the prefill per step grew around steps that carry more prefill at the old cost,
+            # so of the rise the step fit measured, more prefill arriving owns its share (dev
+            # 1230267: a tenant with 33 % longer prompts grew 10 % -> 44 %, TPOT +37 %, 91 % of the
+            # fitted rise more prefill per step; the queue went to `capacity` by default).
+            more += (term - kept - moved) * mix.work_share
     prefill = out.get("prefill_slowdown", 0.0)
     mix = decode_step_mix(comparison, metrics) if prefill > 0 else None
     bound = mix.prefill_cost_rise_bound() if mix is not None else None

@@ -641,3 +641,29 @@ def test_a_lost_prefix_cache_is_a_regression_without_spans(tmp_path: Path) -> No
     assert report.regression.significant, report.regression
     assert report.regression.metric == "ttft", report.regression
     assert report.findings[0].cause == "prefix_cache", report.findings
+
+
+@pytest.mark.parametrize(
+    ("seed", "detail"),
+    [
+        # A tenant with a third longer prompts grows from 10 % to 44 % of the traffic (SGLang):
+        # TPOT +37 %, no per-token cost up at equal batch, 91 % of the step fit's rise is more
+        # prefill per step at the old cost.
+        (1230267, "grows"),
+        # A new tenant's 5,100-token prompts with 14-token answers, a fifth of the traffic
+        # (spans only): half the fitted rise is more prefill per step.
+        (1230112, "new tenant"),
+    ],
+)
+def test_more_prefill_per_step_at_unchanged_load_is_the_mix(seed: int, detail: str, tmp_path: Path) -> None:
+    # The queue grew, no replica got more requests, and the decode's per-token rise vanished at
+    # equal batch: the decode term was dropped and the queue went to `capacity` by default. The
+    # step fit says who brought the work: the part of the rise from more prefill per step at the
+    # old cost belongs to the longer prompts.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(seed, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "traffic_mix"  # type: ignore[attr-defined]
+    assert detail in incident.truth.detail  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "traffic_mix", findings
+    assert all(cause != "capacity" for cause, _, _ in findings), findings
