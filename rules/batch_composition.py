@@ -102,7 +102,14 @@ from sre_agent.rules._mechanism import (
     tail_shares,
     uncached_per_request,
 )
-from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, BatchShape, batch_shape, decode_step_mix, median_step
+from sre_agent.rules._steps import (
+    BATCH_SHAPE_FACTOR,
+    DECODE_LED,
+    BatchShape,
+    batch_shape,
+    decode_step_mix,
+    median_step,
+)
 
 #: Arrival-rate change beyond which batch changes are load's doing.
 MAX_RATE_CHANGE: Final[float] = 0.15
@@ -566,6 +573,13 @@ def _prefill_spread(
     mix = decode_step_mix(comparison, metrics)
     bound = mix.prefill_cost_rise_bound() if mix is not None else None
     if bound is None or bound >= MIN_SLOWDOWN:
+        return None
+    if mix is not None and mix.decode_share is not None and mix.decode_share >= DECODE_LED:
+        # The steps themselves got slower by their decode work (the fixed and per-sequence cost):
+        # a prompt's chunks ride those steps, so its prefill per token rises with them at an
+        # unchanged cost per prompt token. That is the slower decode's echo, not prompts spread
+        # over more steps (dev 1220058: decode x2.59, prefill per token +112 % at equal batch,
+        # the decode work 99 % of the fitted TPOT rise, read as batch_composition at 0.7).
         return None
     uncached = uncached_per_request(comparison, metrics)
     if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):

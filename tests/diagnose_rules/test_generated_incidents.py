@@ -667,3 +667,29 @@ def test_more_prefill_per_step_at_unchanged_load_is_the_mix(seed: int, detail: s
     assert findings, "no finding at all"
     assert findings[0][0] == "traffic_mix", findings
     assert all(cause != "capacity" for cause, _, _ in findings), findings
+
+
+def test_prefill_riding_slower_decode_steps_is_not_batch_composition(tmp_path: Path) -> None:
+    # Decode x2.59 into a saturating fleet: prefill per uncached token rose 112 % at equal batch
+    # while a prompt token's cost in a step did not, and batch_composition read "prompts spread
+    # over more steps" at 0.7. The step fit put 99 % of the TPOT rise in the decode work of a step:
+    # the steps themselves got slower, and prompts riding them with it.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(1220058, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "decode_slowdown"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "decode_slowdown", findings
+    assert all(cause != "batch_composition" for cause, _, _ in findings), findings
+
+
+def test_a_cap_cut_in_a_rolling_restart_is_read_where_requests_waited(tmp_path: Path) -> None:
+    # max_num_seqs 256 -> 12 in a rolling restart: replicas not yet restarted still ran the old
+    # batch, so the candidate window's running peak read 100 -> 92 and the queueing rule saw no
+    # lower cap; the running gauge where requests waited read 87 -> 12.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(1220280, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "capacity"  # type: ignore[attr-defined]
+    assert incident.deploy_style == "rolling_restart"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "capacity", findings
+    assert "max running requests" in findings[0][2], findings[0]
