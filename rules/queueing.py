@@ -259,4 +259,3 @@ def _running_cap(running_max: SidePair, metrics: MetricView, comparison: Compari
         return running_max
     saturated = SidePair(reference, under.candidate)
     return saturated if (saturated.ratio or 1.0) < running_max.ratio else running_max
-
