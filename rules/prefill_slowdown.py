@@ -52,6 +52,7 @@ from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, run_late
 from sre_agent.rules._engine_cost import (
+    FULL_SLOWDOWN,
     MIN_SLOWDOWN,
     assess_slowdown,
     engine_cost,
@@ -61,13 +62,15 @@ from sre_agent.rules._load import load_moved, load_per_replica, service_time_que
 from sre_agent.rules._mechanism import (
     PER_TOKEN_METRICS,
     Z_MIN,
+    clip01,
     latency_share,
     rnd,
+    significance,
     stage_share,
     uncached_per_request,
 )
 from sre_agent.rules._replica_scope import replica_scope
-from sre_agent.rules._steps import DECODE_LED, SAME_WORK, batch_shape, decode_step_mix
+from sre_agent.rules._steps import DECODE_LED, SAME_WORK, StepMix, batch_shape, decode_step_mix
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
 LONG_ONLY_DAMPING: Final[float] = 0.4
@@ -80,6 +83,9 @@ NO_CACHE_SIGNAL_DAMPING: Final[float] = 0.5
 ECHO_MARGIN: Final[float] = 1.25
 #: Lowest confidence factor of an echoed prefill rise (the prefill path may have slowed too).
 ECHO_FLOOR: Final[float] = 0.1
+#: Confidence factor of a slowdown read from the step fit alone (a weaker control than equal
+#: batch and prompt size; as a reading at equal prompt size alone, _engine_cost.SIZE_ONLY_DAMPING).
+STEP_FIT_ONLY_DAMPING: Final[float] = 0.6
 
 NEXT_CHECK: Final[str] = (
     "benchmark prefill of fixed uncached prompts at equal batch size on both versions; diff attention "
@@ -130,7 +136,7 @@ def prefill_slowdown(
         load_changed=load_moved(comparison, metrics),
     )
     if verdict is None:
-        return None
+        return _costlier_in_every_step(mix, share, regression, comparison, metrics)
     confidence = verdict.confidence
     evidence = verdict.evidence + extra
     decode = None
@@ -202,5 +208,52 @@ def prefill_slowdown(
         stage="prefill",
         scope=scope,
         evidence=evidence + scope_evidence,
+        next_check=NEXT_CHECK,
+    )
+
+
+def _costlier_in_every_step(
+    mix: StepMix | None, share: float, regression: Regression, comparison: Comparison, metrics: MetricView
+) -> Finding | None:
+    """A prompt token surely costlier in every step it shares, where the equal-batch buckets cannot say.
+
+    The step fit (``tpot = a + b * running + g * prefill_per_step``, :class:`_steps.StepMix`)
+    reads ``g``, a prompt token's cost in a step, from every decoding request at once; the
+    equal-batch buckets read prefill per token from the requests that land in buckets both
+    sides fill. A canary on two of three replicas with a saturated baseline filled 21 % of its
+    requests' buckets (+21 %, z = 1.1), while ``g`` rose +50 % with a lower 95 % bound of +43 %
+    and the costlier prefill held all of the steps' rise (dev 1230016, prefill x1.49: "no rule
+    explains the regression"). Read only when each request brought no more uncached prompt
+    tokens (longer prompts cost more per token in attention) and the fit puts most of the TPOT
+    rise in costlier prefill; damped x :data:`STEP_FIT_ONLY_DAMPING` as the weaker control.
+    """
+    if mix is None or mix.prefill_cost is None or mix.prefill_cost_se is None:
+        return None
+    floor = mix.prefill_cost_rise_floor()
+    if floor is None or floor < MIN_SLOWDOWN or mix.prefill_share is None or mix.prefill_share < DECODE_LED:
+        return None
+    if _more_prefill_work(comparison, metrics):
+        return None
+    g_b, g_c = mix.prefill_cost.baseline, mix.prefill_cost.candidate
+    if not g_b or g_c is None or mix.prefill_cost_se <= 0:
+        return None
+    rise = g_c / g_b - 1.0
+    z = (g_c - g_b) / mix.prefill_cost_se
+    confidence = significance(z) * min(1.0, rise / FULL_SLOWDOWN) * STEP_FIT_ONLY_DAMPING
+    evidence = (
+        Evidence("prefill_cost_per_token_in_step_s", rnd(g_b, 8), rnd(g_c, 8),
+                 f"a prompt token's cost in a decode step (step fit), z = {z:.1f}; lower 95 % bound of the rise "
+                 f"{floor:+.0%}"),
+        Evidence("tpot_rise_from_shared_prefill_s", 0.0, rnd(mix.prefill_part),
+                 f"{mix.prefill_share:.0%} of the fitted TPOT rise is costlier prefill in shared steps"),
+    )  # fmt: skip
+    return Finding(
+        cause="prefill_slowdown",
+        title=f"A prompt token costs {rise:.0%} more in every engine step it shares (step fit; prefill per token "
+        "at equal batch did not clear its bar)",
+        explained=latency_share(regression, clip01(share)),
+        confidence=confidence,
+        stage="prefill",
+        evidence=evidence,
         next_check=NEXT_CHECK,
     )

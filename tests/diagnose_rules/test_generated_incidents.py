@@ -693,3 +693,16 @@ def test_a_cap_cut_in_a_rolling_restart_is_read_where_requests_waited(tmp_path: 
     assert findings, "no finding at all"
     assert findings[0][0] == "capacity", findings
     assert "max running requests" in findings[0][2], findings[0]
+
+
+def test_a_prompt_token_costlier_in_every_step_is_a_prefill_slowdown(tmp_path: Path) -> None:
+    # A canary (prefill x1.49) on two of three replicas beside a saturated baseline: the
+    # equal-batch buckets held 21 % of the canary's requests and read +21 % at z = 1.1, and "no rule
+    # explains the regression". The step fit reads a prompt token's cost in a step from every
+    # decoding request: +50 %, at least +43 %, with all of the TPOT rise in costlier prefill.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(1230016, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "prefill_slowdown"  # type: ignore[attr-defined]
+    assert incident.deploy_style == "canary_split"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "prefill_slowdown", findings
