@@ -397,25 +397,28 @@ def per_request(total: float | None, requests: int) -> float | None:
     return None if total is None or requests <= 0 else total / requests
 
 
-def wide_enough(stages: StageDecomposition, regression: Regression, comparison: Comparison) -> StageDecomposition:
+def wide_enough(
+    stages: StageDecomposition, regression: Regression, comparison: Comparison, where: pl.Expr | None = None
+) -> StageDecomposition:
     """The stage decomposition, at a lower quantile when the headline's tail is too small to split.
 
     At p99 a side of 600 requests has 6 tail requests, fewer than the decomposition's minimum
     (``decompose.MIN_TAIL``), and every stage-based rule would fall silent although the headline
     regressed. The widest tail that holds the minimum on the smaller side (quantile
     ``1 - MIN_TAIL / n``, never below p50) is then decomposed instead; its ``quantile`` says
-    which, so a finding can state it.
+    which, so a finding can state it. ``where``: the slice of requests ``stages`` was read on.
     """
     if stages.shares or regression.metric == "error_rate" or not regression.significant:
         return stages
-    counts = comparison.requests.group_by("side").len()
+    requests = comparison.requests if where is None else comparison.requests.filter(where)
+    counts = requests.group_by("side").len()
     n = min((int(r["len"]) for r in counts.to_dicts()), default=0)
     if n == 0 or len(counts) < 2:
         return stages
     q = max(0.5, 1.0 - MIN_TAIL / n)
     if q >= stages.quantile:
         return stages
-    return stage_decomposition(comparison, replace(regression, quantile=q))
+    return stage_decomposition(comparison, replace(regression, quantile=q), where)
 
 
 def per_replica(

@@ -305,19 +305,24 @@ def _prefilled_by(t: np.ndarray, parts: tuple[np.ndarray, ...]) -> np.ndarray:
     return out
 
 
-def step_mix(comparison: Comparison, cost: EngineCost, metrics: MetricView | None = None) -> StepMix | None:
+def step_mix(
+    comparison: Comparison, cost: EngineCost, metrics: MetricView | None = None, where: pl.Expr | None = None
+) -> StepMix | None:
     """Split a decode :class:`EngineCost`'s TPOT change into decode work and shared prefill (see :class:`StepMix`).
 
     Prompt tokens prefilled come from every sampled request of the replica (uncached
     tokens, spread over its prefill: scheduling to first token; with ``metrics``, the hit
     rate from the counters where spans lack cached tokens), scaled by the side's sample
-    fraction. ``None`` when a side has fewer than :data:`STEP_FIT_MIN` decoding requests or
-    no prefill timing.
+    fraction. ``where``: only the requests of a slice of whole replicas (one host), whose
+    steps are their own. ``None`` when a side has fewer than :data:`STEP_FIT_MIN` decoding
+    requests or no prefill timing.
     """
     frame = cost.frame
     if frame is None or "running" not in frame.columns:
         return None
     requests = comparison.requests.filter(pl.col("e2e_s").is_not_null() & pl.col("ttft_s").is_not_null())
+    if where is not None:
+        requests = requests.filter(where)
     requests = requests.select(
         "side",
         "span_id",

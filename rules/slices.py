@@ -17,8 +17,10 @@ from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import queue_drivers, stage_decomposition, stage_drivers
 from sre_agent.analysis.localise import Localisation
 from sre_agent.analysis.metric_view import MetricView
-from sre_agent.analysis.rules_api import Evidence, Finding, Regression
-from sre_agent.rules._mechanism import uncached_tokens
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped
+from sre_agent.rules._engine_cost import MIN_SLOWDOWN, engine_cost
+from sre_agent.rules._mechanism import uncached_tokens, wide_enough
+from sre_agent.rules._steps import DECODE_LED, step_mix
 
 #: A slice-level stage explanation is localisation plus a stage, not a mechanism: damp it.
 SLICE_CONFIDENCE = 0.6
@@ -80,10 +82,13 @@ def slices(
             next_check=f"compare {best.dimension}={best.value}'s request lengths and rate before and after; "
             "replay the baseline with the candidate's mix",
         )
-    expr = pl.lit(True)
-    for key, value in scope.items():
-        expr = expr & (pl.col(key) == value)
-    decomposition = stage_decomposition(comparison, regression, expr)
+    # The slice's requests by the dimension that scored it: the scope's other attributes name the
+    # same candidate requests, but one may exist on the candidate side alone (a version deployed
+    # to that replica only), and filtering by it leaves the slice no baseline to compare with
+    # (dev 1230269: prefill x1.55 on replica-2 with its own version, read as `capacity` by default).
+    expr = pl.col(best.dimension).cast(pl.String).fill_null("(missing)") == best.value
+    # A slice's tail is thinner than the fleet's: its p99 of 270 requests holds 4 (dev 1230269).
+    decomposition = wide_enough(stage_decomposition(comparison, regression, expr), regression, comparison, expr)
     stage = decomposition.dominant
     if stage is None:
         return None
@@ -120,6 +125,7 @@ def slices(
                 uncached_tokens(comparison, metrics),
             )
             cause = max(drivers, key=lambda d: drivers[d]) if drivers else cause
+    cause = _whose_steps(cause, comparison, metrics, expr)
     return Finding(
         cause=cause,
         title=f"The regression is confined to {label}: {best.excess_share:.0%} of the extra slow requests on "
@@ -131,3 +137,30 @@ def slices(
         evidence=tuple(evidence),
         next_check=check,
     )
+
+
+def _whose_steps(cause: str, comparison: Comparison, metrics: MetricView | None, where: pl.Expr) -> str:
+    """A slice's engine slowdown named by its own step fit: costlier prefill, or slower decode work.
+
+    One replica's prefill and decode share its steps, so each stage's raw time per token rises
+    with the other's: prefill x1.55 on replica-2 alone raised its TPOT x2.4 and its prefill per
+    token x1.4, and the larger raw driver named decode (dev 1230269). The fit on that replica's
+    own requests (:func:`_steps.step_mix`) says whose rise it is: most of it in a prompt token's
+    cost in a step, surely up by :data:`MIN_SLOWDOWN`, is prefill's; most in the decode work of a
+    step is decode's. Other causes, and a fit that cannot be made, keep the raw reading.
+    """
+    if cause not in ("decode_slowdown", "prefill_slowdown") or metrics is None:
+        return cause
+    try:
+        mix = step_mix(comparison, engine_cost(comparison, metrics, "decode"), metrics, where)
+    except RuleSkipped:
+        return cause
+    if mix is None:
+        return cause
+    floor = mix.prefill_cost_rise_floor()
+    if mix.prefill_share is not None and mix.prefill_share >= DECODE_LED and floor is not None and floor >= MIN_SLOWDOWN:
+        return "prefill_slowdown"
+    if mix.decode_share is not None and mix.decode_share >= DECODE_LED:
+        return "decode_slowdown"
+    return cause
+

@@ -706,3 +706,21 @@ def test_a_prompt_token_costlier_in_every_step_is_a_prefill_slowdown(tmp_path: P
     assert incident.deploy_style == "canary_split"  # type: ignore[attr-defined]
     assert findings, "no finding at all"
     assert findings[0][0] == "prefill_slowdown", findings
+
+
+def test_one_replicas_costlier_prefill_is_read_by_its_own_step_fit(tmp_path: Path) -> None:
+    # Prefill x1.55 on replica-2 alone, which also runs a version of its own. Filtering the slice by
+    # that version left it no baseline, and its p99 tail held 4 requests: no slice finding, and the
+    # stage fallback named `capacity`. Read by host, at a tail wide enough to split, the slice's raw
+    # drivers name decode (TPOT x2.4 against prefill per token x1.4, the two share its steps); the
+    # replica's own step fit puts 97 % of the rise in a prompt token's cost in a step.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident = generate(1230269, SHARED_TRACES, max_per_side=1200)
+    truth = incident.truth
+    assert truth.cause == "prefill_slowdown"
+    assert dict(truth.scope) == {"host.name": "replica-2"}, truth.scope
+    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    report = diagnose(tmp_path / "store.duckdb", selection)
+    assert report.findings, "no finding at all"
+    assert report.findings[0].cause == "prefill_slowdown", report.findings
+    assert report.findings[0].scope.get("host.name") == "replica-2", report.findings[0].scope
