@@ -38,6 +38,8 @@ from sre_agent.rules._mechanism import queue_drivers_per_replica, uncached_per_r
 MIN_CHANGE = 0.10
 #: Fewest running slots a peak must lose to count as a lower cap (one is the gauge's own step).
 MIN_SLOT_DROP = 2.0
+#: Factor by which the running count where requests waited must fall to stand for a lower cap.
+SATURATION_CUT = 2.0
 #: Running-request concurrency growth that means batches grew with the load.
 BATCH_GROWTH = 1.10
 
@@ -258,4 +260,10 @@ def _running_cap(running_max: SidePair, metrics: MetricView, comparison: Compari
     if under.candidate is None or not reference or not same_work or running_max.ratio is None:
         return running_max
     saturated = SidePair(reference, under.candidate)
+    # Where an engine saturates moves with what each step holds too: chunked prefill turned off
+    # admitted 13 where 15.5 ran before (dev 1200051), a scheduling change read as a cap cut at
+    # 0.9. A configured cut moves it by multiples (256 -> 12, 64 -> 4): the saturation reading
+    # stands for the cap only when it at least halved.
+    if (saturated.ratio or 1.0) > 1 / SATURATION_CUT:
+        return running_max
     return saturated if (saturated.ratio or 1.0) < running_max.ratio else running_max

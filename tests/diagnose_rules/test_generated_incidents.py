@@ -724,3 +724,14 @@ def test_one_replicas_costlier_prefill_is_read_by_its_own_step_fit(tmp_path: Pat
     assert report.findings, "no finding at all"
     assert report.findings[0].cause == "prefill_slowdown", report.findings
     assert report.findings[0].scope.get("host.name") == "replica-2", report.findings[0].scope
+
+
+def test_chunking_off_lowers_saturation_without_a_cap_cut(tmp_path: Path) -> None:
+    # The control for 1220280's cap read where requests waited: chunked prefill turned off, the
+    # engine saturated at 13 running requests where it ran 15.5 before. Where an engine saturates
+    # moves with what each step holds; only a fall by half or more stands for a configured cap.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(1200051, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "batch_composition"  # type: ignore[attr-defined]
+    assert "chunked prefill" in incident.truth.detail  # type: ignore[attr-defined]
+    assert not any("max running requests" in title for _, _, title in findings), findings
