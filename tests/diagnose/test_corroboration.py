@@ -1,0 +1,57 @@
+"""A headline short of the family-wise bar, corroborated by a mechanism measured under its own control.
+
+``diagnosis._corroborated`` turns "no regression" into one only when both hold: a
+user-facing quantile's own 95 % CI lies above zero (up >= 10 %), and an engine mechanism
+compared under its own control (equal batch, same load, a counter) moved at confidence
+>= 0.5. Each half alone, or a cause read without such a control, leaves the verdict alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sre_agent.analysis.diagnosis import CORROBORATING, _corroborated
+from sre_agent.analysis.rules_api import Finding, MetricEstimate, Regression
+
+NONE = Regression("e2e", 0.99, 11.19, 16.69, (-0.4, 15.2), False)
+#: TPOT p50 x2.14 with a CI above zero (dev 1230025's numbers), e2e p99 through zero.
+NOMINAL = [
+    MetricEstimate("tpot", 0.5, 0.0197, 0.0422, (0.0018, 0.0631), (1.09, 4.2), False),
+    MetricEstimate("e2e", 0.99, 11.19, 16.69, (-0.4, 15.2), (0.96, 2.36), False),
+]
+
+
+def _finding(cause: str, confidence: float) -> Finding:
+    return Finding(cause=cause, title="t", explained=0.5, confidence=confidence)
+
+
+def test_a_nominal_rise_with_a_controlled_mechanism_is_a_regression() -> None:
+    out = _corroborated(NONE, NOMINAL, [_finding("decode_slowdown", 0.66)])
+    assert out is not None
+    assert out.significant
+    assert (out.metric, out.quantile) == ("tpot", 0.5)
+    assert "decode_slowdown" in out.note
+
+
+@pytest.mark.parametrize(
+    ("estimates", "findings"),
+    [
+        (NOMINAL, [_finding("decode_slowdown", 0.45)]),  # the mechanism is not sure enough
+        (NOMINAL, [_finding("load", 0.95)]),  # arrivals are no control of their own: the mix of a window moves
+        (NOMINAL, [_finding("traffic_mix", 0.9)]),
+        (NOMINAL[1:], [_finding("decode_slowdown", 0.9)]),  # no quantile's own CI above zero
+        ([MetricEstimate("itl", 0.99, 0.01, 0.02, None, None, False, "metrics")], [_finding("decode_slowdown", 0.9)]),
+        ([MetricEstimate("queue", 0.5, 0.1, 0.5, (0.2, 0.6), (2.0, 6.0), False)], [_finding("prefix_cache", 0.9)]),
+    ],
+)
+def test_either_half_alone_leaves_no_regression(estimates: list[MetricEstimate], findings: list[Finding]) -> None:
+    assert _corroborated(NONE, estimates, findings) is None
+
+
+def test_a_significant_headline_is_left_as_it_is() -> None:
+    significant = Regression("ttft", 0.99, 1.0, 2.0, (0.5, 1.5), True)
+    assert _corroborated(significant, NOMINAL, [_finding("decode_slowdown", 0.9)]) is None
+
+
+def test_only_engine_mechanisms_corroborate() -> None:
+    assert {"load", "capacity", "traffic_mix", "dependency", "errors", "retry_amplification"}.isdisjoint(CORROBORATING)
