@@ -50,7 +50,8 @@ from typing import Final
 from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
-from sre_agent.analysis.rules_api import Evidence, Finding, Regression, run_late
+from sre_agent.analysis.busy import replica_expr
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped, run_late
 from sre_agent.rules._engine_cost import (
     FULL_SLOWDOWN,
     MIN_SLOWDOWN,
@@ -70,7 +71,7 @@ from sre_agent.rules._mechanism import (
     uncached_per_request,
 )
 from sre_agent.rules._replica_scope import replica_scope
-from sre_agent.rules._steps import DECODE_LED, SAME_WORK, StepMix, batch_shape, decode_step_mix
+from sre_agent.rules._steps import DECODE_LED, SAME_WORK, StepMix, batch_shape, decode_step_mix, step_mix
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
 LONG_ONLY_DAMPING: Final[float] = 0.4
@@ -232,7 +233,7 @@ def _costlier_in_every_step(
     floor = mix.prefill_cost_rise_floor()
     if floor is None or floor < MIN_SLOWDOWN or mix.prefill_share is None or mix.prefill_share < DECODE_LED:
         return None
-    if _more_prefill_work(comparison, metrics):
+    if _more_prefill_work(comparison, metrics) or _a_replica_decode_led(comparison, metrics):
         return None
     g_b, g_c = mix.prefill_cost.baseline, mix.prefill_cost.candidate
     if not g_b or g_c is None or mix.prefill_cost_se <= 0:
@@ -257,3 +258,24 @@ def _costlier_in_every_step(
         evidence=evidence,
         next_check=NEXT_CHECK,
     )
+
+
+def _a_replica_decode_led(comparison: Comparison, metrics: MetricView) -> bool:
+    """Whether some replica's own step fit puts most of its TPOT rise in the decode work of a step.
+
+    The fleet's fit pools replicas: one replica whose decode slowed (its batch piling up with
+    prefill behind it) made the pooled cost of a prompt token in a step rise +1,045 % (the
+    slow-host scenario: decode slower on gpu-2 alone). A slower prefill path slows no replica's
+    decode work; a replica whose own fit says otherwise vetoes the pooled reading.
+    """
+    try:
+        cost = engine_cost(comparison, metrics, "decode")
+    except RuleSkipped:
+        return False
+    replica = replica_expr()
+    for value in comparison.requests.select(replica.alias("r"))["r"].unique().drop_nulls().to_list():
+        mix = step_mix(comparison, cost, metrics, replica == value)
+        if mix is not None and mix.decode_share is not None and mix.decode_share >= DECODE_LED:
+            return True
+    return False
+
