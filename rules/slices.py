@@ -102,6 +102,7 @@ def slices(
         )
         for s in decomposition.baseline
     )
+    drivers: dict[str, float] = {}
     if stage == "queue":
         # The slice queues: name what drove its utilisation up (its load, its speed, its work).
         part = comparison.requests.filter(expr)
@@ -125,7 +126,7 @@ def slices(
                 uncached_tokens(comparison, metrics),
             )
             cause = max(drivers, key=lambda d: drivers[d]) if drivers else cause
-    cause = _whose_steps(cause, comparison, metrics, expr)
+    cause = _whose_steps(cause, drivers, comparison, metrics, expr)
     return Finding(
         cause=cause,
         title=f"The regression is confined to {label}: {best.excess_share:.0%} of the extra slow requests on "
@@ -139,15 +140,21 @@ def slices(
     )
 
 
-def _whose_steps(cause: str, comparison: Comparison, metrics: MetricView | None, where: pl.Expr) -> str:
-    """A slice's engine slowdown named by its own step fit: costlier prefill, or slower decode work.
+def _whose_steps(
+    cause: str, drivers: dict[str, float], comparison: Comparison, metrics: MetricView | None, where: pl.Expr
+) -> str:
+    """A slice's engine slowdown named by its own step fit: costlier prefill, slower decode work, or neither.
 
     One replica's prefill and decode share its steps, so each stage's raw time per token rises
     with the other's: prefill x1.55 on replica-2 alone raised its TPOT x2.4 and its prefill per
     token x1.4, and the larger raw driver named decode (dev 1230269). The fit on that replica's
     own requests (:func:`_steps.step_mix`) says whose rise it is: most of it in a prompt token's
     cost in a step, surely up by :data:`MIN_SLOWDOWN`, is prefill's; most in the decode work of a
-    step is decode's. Other causes, and a fit that cannot be made, keep the raw reading.
+    step is decode's. When it is neither, the raw rise is the batch that grew around the steps,
+    and the slice's largest other driver names it (dev 1220117: arrivals x2 with one replica of
+    three taking the surge, its TPOT up with a batch 36 -> 229 while the decode work held 37 % of
+    the fitted rise: `load`, not `decode_slowdown`). Other causes, and a fit that cannot be made,
+    keep the raw reading.
     """
     if cause not in ("decode_slowdown", "prefill_slowdown") or metrics is None:
         return cause
@@ -162,5 +169,5 @@ def _whose_steps(cause: str, comparison: Comparison, metrics: MetricView | None,
         return "prefill_slowdown"
     if mix.decode_share is not None and mix.decode_share >= DECODE_LED:
         return "decode_slowdown"
-    return cause
-
+    others = {d: v for d, v in drivers.items() if d not in ("decode_slowdown", "prefill_slowdown")}
+    return max(others, key=lambda d: others[d]) if others else cause

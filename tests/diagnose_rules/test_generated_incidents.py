@@ -749,3 +749,16 @@ def test_a_decode_slowdown_at_equal_batch_corroborates_a_headline_short_of_the_f
     assert report.regression.significant, report.regression
     assert "corroborates" in report.regression.note, report.regression.note
     assert report.findings[0].cause == "decode_slowdown", report.findings
+
+
+def test_one_replica_taking_a_surge_is_load_not_its_decode(tmp_path: Path) -> None:
+    # Arrivals x2 with prefix-affinity routing: replica-2 took the surge (91 % of the extra slow
+    # requests) and its TPOT rose with a batch of 36 -> 229, so the slice's largest raw driver was
+    # decode. Its own step fit put 37 % of the TPOT rise in the decode work of a step: the batch
+    # grew around the steps, and the slice's arrivals name it.
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident, findings = _diagnosed(1220117, tmp_path, traces=SHARED_TRACES, per_side=1200)
+    assert incident.truth.cause == "load"  # type: ignore[attr-defined]
+    assert findings, "no finding at all"
+    assert findings[0][0] == "load", findings
+    assert all(cause != "decode_slowdown" for cause, _, _ in findings[:2]), findings
