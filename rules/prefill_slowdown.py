@@ -47,10 +47,10 @@ from __future__ import annotations
 
 from typing import Final
 
+from sre_agent.analysis.busy import replica_expr
 from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
-from sre_agent.analysis.busy import replica_expr
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped, run_late
 from sre_agent.rules._engine_cost import (
     FULL_SLOWDOWN,
@@ -278,4 +278,3 @@ def _a_replica_decode_led(comparison: Comparison, metrics: MetricView) -> bool:
         if mix is not None and mix.decode_share is not None and mix.decode_share >= DECODE_LED:
             return True
     return False
-

@@ -165,7 +165,8 @@ def _whose_steps(
     if mix is None:
         return cause
     floor = mix.prefill_cost_rise_floor()
-    if mix.prefill_share is not None and mix.prefill_share >= DECODE_LED and floor is not None and floor >= MIN_SLOWDOWN:
+    prefill_led = mix.prefill_share is not None and mix.prefill_share >= DECODE_LED
+    if prefill_led and floor is not None and floor >= MIN_SLOWDOWN:
         return "prefill_slowdown"
     if mix.decode_share is not None and mix.decode_share >= DECODE_LED:
         return "decode_slowdown"

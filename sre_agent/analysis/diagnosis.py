@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from sre_agent.analysis import stats
 from sre_agent.analysis.compare import SIDES, Comparison
 from sre_agent.analysis.decompose import stage_decomposition
-from sre_agent.analysis.headline import HEADLINE_METRICS, MIN_EFFECT, QUANTILES, estimate_metrics, headline
+from sre_agent.analysis.headline import (
+    HEADLINE_METRICS,
+    MIN_EFFECT,
+    QUANTILES,
+    STAGE_METRICS,
+    estimate_metrics,
+    headline,
+)
 from sre_agent.analysis.localise import Localisation, localise
 from sre_agent.analysis.report import Report
 from sre_agent.analysis.rules_api import (
@@ -175,9 +182,14 @@ def _none_finding(regression: Regression) -> Finding:
     if regression.tail_p is not None:
         evidence.append(Evidence("tail_test_p", None, regression.tail_p, "share above the baseline quantile"))
     confidence = 0.5 if regression.baseline is None or regression.ci is None else 0.9
+    why = (
+        regression.note
+        if regression.note.startswith(f"{label} moved with the traffic mix")
+        else f"{label} within noise or below {MIN_EFFECT - 1:.0%}"
+    )
     return Finding(
         cause="none",
-        title=f"No significant latency regression ({label} within noise or below {MIN_EFFECT - 1:.0%})",
+        title=f"No significant latency regression ({why})",
         explained=1.0,
         confidence=confidence,
         evidence=tuple(evidence),
@@ -231,6 +243,30 @@ def _corroborated(
         f"{by.cause} (confidence {by.confidence:.2f}), measured under its own control, corroborates it"
     )
     return Regression(best.name, best.quantile, best.baseline, best.candidate, best.ci, True, note=note)
+
+
+#: Share of a stage headline that a mix finding must reproduce for the stage to have slowed for no request.
+MIX_REPRODUCES: Final[float] = 0.9
+
+
+def _stage_moved_with_the_mix(regression: Regression, findings: list[Finding], order: dict[str, int]) -> Regression:
+    """No regression when a stage headline is the traffic mix's alone.
+
+    A stage is the headline only when no user-facing latency rose (users did not feel it, but
+    a component slowed). When the leading finding is ``traffic_mix`` reproducing
+    :data:`MIX_REPRODUCES` of the stage's change, no component slowed for any request: the
+    quantile moved because more requests went through the slower path (a RAG route grew from 9
+    to 13 % of the traffic, its retrieval ~110 ms against a guardrail's 25 ms, and the
+    dependency p90 read x1.79 while every route's dependency time held; dev 1230259).
+    """
+    if not regression.significant or regression.metric not in STAGE_METRICS or not findings:
+        return regression
+    top = min(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
+    if top.cause != "traffic_mix" or top.explained < MIX_REPRODUCES:
+        return regression
+    label = f"{regression.metric} p{round(regression.quantile * 100)}"
+    note = f"{label} moved with the traffic mix: no user-facing latency rose, no request's {regression.metric} slowed"
+    return replace(regression, significant=False, note=note)
 
 
 def _unexplained(context: RuleContext, regression: Regression) -> list[str]:
@@ -323,6 +359,7 @@ def diagnose(
         corroborated = _corroborated(regression, estimates, findings)
         if corroborated is not None:
             regression = corroborated
+        regression = _stage_moved_with_the_mix(regression, findings, order)
         ranked = _rank(findings, regression, order, localisation)
         notes = [*comparison.notes, *comparison.quality_notes(), *skip_notes]
         if comparison.sampled:

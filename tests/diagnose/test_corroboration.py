@@ -55,3 +55,22 @@ def test_a_significant_headline_is_left_as_it_is() -> None:
 
 def test_only_engine_mechanisms_corroborate() -> None:
     assert {"load", "capacity", "traffic_mix", "dependency", "errors", "retry_amplification"}.isdisjoint(CORROBORATING)
+
+
+def test_a_stage_headline_the_mix_reproduces_is_no_regression() -> None:
+    from sre_agent.analysis.diagnosis import _stage_moved_with_the_mix
+
+    stage = Regression("dependency", 0.9, 0.047, 0.084, (0.012, 0.072), True)
+    mix = Finding(cause="traffic_mix", title="t", explained=1.0, confidence=0.6, rule="slices")
+    out = _stage_moved_with_the_mix(stage, [mix], {"slices": 0})
+    assert not out.significant
+    assert "moved with the traffic mix" in out.note
+    # A user-facing headline the mix explains is a regression users feel, with traffic_mix its cause.
+    e2e = Regression("e2e", 0.99, 1.0, 2.0, (0.5, 1.5), True)
+    assert _stage_moved_with_the_mix(e2e, [mix], {"slices": 0}).significant
+    # A mix that reproduces part of the stage's change leaves the rest to explain.
+    half = Finding(cause="traffic_mix", title="t", explained=0.5, confidence=0.6, rule="slices")
+    assert _stage_moved_with_the_mix(stage, [half], {"slices": 0}).significant
+    # A stage finding leading the mix keeps the headline.
+    dep = Finding(cause="dependency", title="t", explained=1.0, confidence=0.9, rule="dependency")
+    assert _stage_moved_with_the_mix(stage, [mix, dep], {"slices": 0, "dependency": 1}).significant
