@@ -102,14 +102,7 @@ from sre_agent.rules._mechanism import (
     tail_shares,
     uncached_per_request,
 )
-from sre_agent.rules._steps import (
-    BATCH_SHAPE_FACTOR,
-    DECODE_LED,
-    BatchShape,
-    batch_shape,
-    decode_step_mix,
-    median_step,
-)
+from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, DECODE_LED, BatchShape, batch_shape, decode_step_mix, median_step
 
 #: Arrival-rate change beyond which batch changes are load's doing.
 MAX_RATE_CHANGE: Final[float] = 0.15
