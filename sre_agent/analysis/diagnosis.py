@@ -253,8 +253,9 @@ def _stage_moved_with_the_mix(regression: Regression, findings: list[Finding], o
     """No regression when a stage headline is the traffic mix's alone.
 
     A stage is the headline only when no user-facing latency rose (users did not feel it, but
-    a component slowed). When the leading finding is ``traffic_mix`` reproducing
-    :data:`MIX_REPRODUCES` of the stage's change, no component slowed for any request: the
+    a component slowed). When the leading finding is the mix's composition (the reweighted
+    baseline, or a slow slice that grew) reproducing :data:`MIX_REPRODUCES` of the stage's
+    change, no component slowed for any request: the
     quantile moved because more requests went through the slower path (a RAG route grew from 9
     to 13 % of the traffic, its retrieval ~110 ms against a guardrail's 25 ms, and the
     dependency p90 read x1.79 while every route's dependency time held; dev 1230259).
@@ -262,7 +263,11 @@ def _stage_moved_with_the_mix(regression: Regression, findings: list[Finding], o
     if not regression.significant or regression.metric not in STAGE_METRICS or not findings:
         return regression
     top = min(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
-    if top.cause != "traffic_mix" or top.explained < MIX_REPRODUCES:
+    # Composition only: the reweighted baseline (rule traffic_mix) or a slow slice that grew without
+    # its own requests slowing (the slices rule's stage-less finding). A queue that more work per
+    # request lengthened is every request's, a regression the mix caused (dev 1230112).
+    composition = top.rule == "traffic_mix" or (top.rule == "slices" and top.stage is None)
+    if top.cause != "traffic_mix" or not composition or top.explained < MIX_REPRODUCES:
         return regression
     label = f"{regression.metric} p{round(regression.quantile * 100)}"
     note = f"{label} moved with the traffic mix: no user-facing latency rose, no request's {regression.metric} slowed"

@@ -71,6 +71,9 @@ def test_a_stage_headline_the_mix_reproduces_is_no_regression() -> None:
     # A mix that reproduces part of the stage's change leaves the rest to explain.
     half = Finding(cause="traffic_mix", title="t", explained=0.5, confidence=0.6, rule="slices")
     assert _stage_moved_with_the_mix(stage, [half], {"slices": 0}).significant
+    # A queue that more work per request lengthened (the stage fallback's mix driver) is every request's.
+    congestion = Finding(cause="traffic_mix", title="t", explained=1.0, confidence=0.25, stage="queue", rule="stages")
+    assert _stage_moved_with_the_mix(stage, [congestion], {"stages": 0}).significant
     # A stage finding leading the mix keeps the headline.
     dep = Finding(cause="dependency", title="t", explained=1.0, confidence=0.9, rule="dependency")
     assert _stage_moved_with_the_mix(stage, [mix, dep], {"slices": 0, "dependency": 1}).significant
