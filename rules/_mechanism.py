@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 PER_TOKEN_METRICS: Final[tuple[str, ...]] = ("tpot", "itl")
 #: z below which a change is not evidence at all.
 Z_MIN: Final[float] = 2.0
+#: Prefill per token rising up to this many times TPOT's rise (both at equal batch) is within the
+#: echo of decode steps that got slower: a prompt's chunks ride those steps.
+ECHO_MARGIN: Final[float] = 1.25
 #: z of an arrival-rate change (against the per-slice spread) below which it is burstiness, not load.
 LOAD_Z: Final[float] = 3.0
 #: z from which a change is certain (confidence 1 before effect-size damping).
@@ -478,6 +481,7 @@ def queue_drivers_per_replica(comparison: Comparison, metrics: MetricView | None
 
 
 __all__ = [
+    "ECHO_MARGIN",
     "LOAD_Z",
     "MIN_BUCKET",
     "SERVING_DIMENSIONS",

@@ -91,6 +91,7 @@ from sre_agent.rules._engine_cost import (
 )
 from sre_agent.rules._load import admission_limited, load_moved, load_per_replica
 from sre_agent.rules._mechanism import (
+    ECHO_MARGIN,
     PER_TOKEN_METRICS,
     Z_MIN,
     clip01,
@@ -567,12 +568,13 @@ def _prefill_spread(
     bound = mix.prefill_cost_rise_bound() if mix is not None else None
     if bound is None or bound >= MIN_SLOWDOWN:
         return None
-    if mix is not None and mix.decode_share is not None and mix.decode_share >= DECODE_LED:
-        # The steps themselves got slower by their decode work (the fixed and per-sequence cost):
-        # a prompt's chunks ride those steps, so its prefill per token rises with them at an
-        # unchanged cost per prompt token. That is the slower decode's echo, not prompts spread
-        # over more steps (dev 1220058: decode x2.59, prefill per token +112 % at equal batch,
-        # the decode work 99 % of the fitted TPOT rise, read as batch_composition at 0.7).
+    decode = engine_cost(comparison, metrics, "decode").shift
+    decode_led = mix is not None and mix.decode_share is not None and mix.decode_share >= DECODE_LED
+    if decode_led and decode is not None and decode.z >= Z_MIN and shift.rise <= decode.rise * ECHO_MARGIN:
+        # The steps got slower by their decode work, per output token at equal batch as much as
+        # prompts per token: prompts ride those steps, the slower decode's echo (dev 1220058:
+        # decode x2.59, TPOT +132 %, prefill per token +112 %). Chunking turned off moves the fit's
+        # decode part too, but not TPOT at equal batch as much as the prompts' own wait (1100005).
         return None
     uncached = uncached_per_request(comparison, metrics)
     if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):

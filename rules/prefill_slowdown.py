@@ -61,6 +61,7 @@ from sre_agent.rules._engine_cost import (
 )
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
 from sre_agent.rules._mechanism import (
+    ECHO_MARGIN,
     PER_TOKEN_METRICS,
     Z_MIN,
     clip01,
@@ -80,8 +81,6 @@ LONG_ONLY_DAMPING: Final[float] = 0.4
 STEP_COST_FLAT_DAMPING: Final[float] = 0.2
 #: Confidence factor when nothing says how many prompt tokens were cached.
 NO_CACHE_SIGNAL_DAMPING: Final[float] = 0.5
-#: Prefill per token rising up to this many times TPOT's rise is within the shared steps' echo.
-ECHO_MARGIN: Final[float] = 1.25
 #: Lowest confidence factor of an echoed prefill rise (the prefill path may have slowed too).
 ECHO_FLOOR: Final[float] = 0.1
 #: Confidence factor of a slowdown read from the step fit alone (a weaker control than equal
@@ -250,8 +249,8 @@ def _costlier_in_every_step(
     )  # fmt: skip
     return Finding(
         cause="prefill_slowdown",
-        title=f"A prompt token costs {rise:.0%} more in every engine step it shares (step fit; prefill per token "
-        "at equal batch did not clear its bar)",
+        title=f"Prefill: a prompt token costs {rise:.0%} more in every engine step it shares (step fit; prefill per "
+        "token at equal batch did not clear its bar)",
         explained=latency_share(regression, clip01(share)),
         confidence=confidence,
         stage="prefill",

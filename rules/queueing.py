@@ -32,14 +32,12 @@ from sre_agent.analysis.decompose import StageDecomposition, replicas_expr
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, SidePair
 from sre_agent.rules._load import cap_binds, kv_limited
-from sre_agent.rules._mechanism import queue_drivers_per_replica, uncached_per_request, wide_enough
+from sre_agent.rules._mechanism import queue_drivers_per_replica, wide_enough
 
 #: Relative change below which a driver is treated as unchanged (10 %).
 MIN_CHANGE = 0.10
 #: Fewest running slots a peak must lose to count as a lower cap (one is the gauge's own step).
 MIN_SLOT_DROP = 2.0
-#: Factor by which the running count where requests waited must fall to stand for a lower cap.
-SATURATION_CUT = 2.0
 #: Running-request concurrency growth that means batches grew with the load.
 BATCH_GROWTH = 1.10
 
@@ -114,18 +112,17 @@ def queueing(
     # And only a cap that binds (spread below its peak, the engine admits slowly: _load.cap_binds).
     # The peak of a window's running counts moves by one request by chance (the gauge's own step;
     # dev 1210077: peak 7 -> 6 at 2.7 running on average, a new tenant's longer prompts read as a cap).
-    cap = _running_cap(running_max, metrics, comparison)
     if (
-        cap.ratio is not None
-        and cap.ratio <= 1 - MIN_CHANGE
-        and (cap.baseline or 0.0) - (cap.candidate or 0.0) >= MIN_SLOT_DROP
+        running_max.ratio is not None
+        and running_max.ratio <= 1 - MIN_CHANGE
+        and (running_max.baseline or 0.0) - (running_max.candidate or 0.0) >= MIN_SLOT_DROP
         and cap_binds(metrics)
         and queue_share > 0
         and (waiting.candidate or 0.0) >= (1 + MIN_CHANGE) * (waiting.baseline or 0.0)
         and (waiting.candidate or 0.0) > 0
         and not kv_limited(metrics, comparison.request_counts)
     ):
-        slot_term = _log_up(1 / cap.ratio)  # a lower cap on running requests while requests wait
+        slot_term = _log_up(1 / running_max.ratio)  # a lower cap on running requests while requests wait
     work_term = drivers.get("traffic_mix", 0.0)
     # Engine slowdowns and a cache that stopped hitting also raise utilisation; they share the queue
     # but are reported by their own rules.
@@ -198,15 +195,15 @@ def queueing(
         what = (
             f"replicas {replicas.baseline:.0f} -> {replicas.candidate:.0f}"
             if replica_term > 0 and replicas.baseline is not None and replicas.candidate is not None
-            else f"max running requests {cap.baseline:.0f} -> {cap.candidate:.0f} while requests wait"
+            else f"max running requests {running_max.baseline:.0f} -> {running_max.candidate:.0f} while requests wait"
         )
         if slot_term > 0:
             evidence.append(
                 Evidence(
                     "max_running_requests",
-                    cap.baseline,
-                    cap.candidate,
-                    "the effective max_num_seqs: the running gauge where requests waited, else its peak",
+                    running_max.baseline,
+                    running_max.candidate,
+                    "peak of the running gauge: the effective max_num_seqs",
                 )
             )
         findings.append(
@@ -240,30 +237,3 @@ def queueing(
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(float(x), 4)
-
-
-def _running_cap(running_max: SidePair, metrics: MetricView, comparison: Comparison) -> SidePair:
-    """The running cap each side saturates at: its peak, or where requests waited when that is lower.
-
-    The peak over a window misses a cap cut by a rolling restart: the replicas not yet restarted
-    still run the old cap's batch (dev 1220280: max_num_seqs 256 -> 12, peak 100 -> 92, running
-    where requests waited 87 -> 12). The running gauge under a backlog (the median at the
-    scrapes where the same replica had requests waiting) reads the cap wherever the new one
-    held, against the baseline's own saturation. A lower saturation is a cap only when each
-    running request holds as many uncached tokens as before: with more of every prompt to
-    prefill, fewer fit the same engine, which is the cache's or the mix's.
-    """
-    under = metrics.running_under_backlog()
-    reference = under.baseline if under.baseline is not None else running_max.baseline
-    held = uncached_per_request(comparison, metrics).ratio
-    same_work = held is not None and abs(held - 1) < MIN_CHANGE
-    if under.candidate is None or not reference or not same_work or running_max.ratio is None:
-        return running_max
-    saturated = SidePair(reference, under.candidate)
-    # Where an engine saturates moves with what each step holds too: chunked prefill turned off
-    # admitted 13 where 15.5 ran before (dev 1200051), a scheduling change read as a cap cut at
-    # 0.9. A configured cut moves it by multiples (256 -> 12, 64 -> 4): the saturation reading
-    # stands for the cap only when it at least halved.
-    if (saturated.ratio or 1.0) > 1 / SATURATION_CUT:
-        return running_max
-    return saturated if (saturated.ratio or 1.0) < running_max.ratio else running_max
