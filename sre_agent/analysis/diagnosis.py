@@ -28,6 +28,7 @@ from sre_agent.analysis.headline import (
     STAGE_METRICS,
     estimate_metrics,
     headline,
+    leading,
 )
 from sre_agent.analysis.localise import Localisation, localise
 from sre_agent.analysis.report import Report
@@ -128,6 +129,11 @@ def run_rules(
     return findings, failures, notes, timings
 
 
+def _rank_key(order: dict[str, int]) -> Callable[[Finding], tuple[float, int]]:
+    """Findings' order: the highest score first, ties by the rules' registration order."""
+    return lambda f: (-f.score, order.get(f.rule, 0))
+
+
 def _rank(
     findings: list[Finding], regression: Regression, order: dict[str, int], localisation: Localisation | None
 ) -> list[Finding]:
@@ -140,7 +146,7 @@ def _rank(
     if owner is not None:
         # The regression *is* the failed (retried) share: that cause's finding accounts for all of it.
         findings = [replace(f, explained=1.0) if f.cause == owner else f for f in findings]
-    ranked = sorted(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
+    ranked = sorted(findings, key=_rank_key(order))
     if not regression.significant:
         # Nothing regressed: say so first; whatever moved is listed after, for context.
         ranked.insert(0, _none_finding(regression))
@@ -234,8 +240,7 @@ def _corroborated(
     ]
     if not strong or not nominal:
         return None
-    top_q = max(e.quantile for e in nominal)
-    best = max((e for e in nominal if e.quantile == top_q), key=lambda e: e.ratio or 0.0)
+    best = leading(nominal)
     by = max(strong, key=lambda f: f.confidence)
     label = f"{best.name} p{round(best.quantile * 100)}"
     note = (
@@ -262,7 +267,7 @@ def _stage_moved_with_the_mix(regression: Regression, findings: list[Finding], o
     """
     if not regression.significant or regression.metric not in STAGE_METRICS or not findings:
         return regression
-    top = min(findings, key=lambda f: (-f.score, order.get(f.rule, 0)))
+    top = min(findings, key=_rank_key(order))
     # Composition only: the reweighted baseline (rule traffic_mix) or a slow slice that grew without
     # its own requests slowing (the slices rule's stage-less finding). A queue that more work per
     # request lengthened is every request's, a regression the mix caused (dev 1230112).

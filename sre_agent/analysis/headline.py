@@ -30,6 +30,7 @@ __all__ = [
     "STAGE_METRICS",
     "estimate_metrics",
     "headline",
+    "leading",
 ]
 
 #: Quantiles estimated for every latency.
@@ -322,6 +323,21 @@ def _tail_exceeded(baseline: SliceHistogram, candidate: SliceHistogram, q: float
     return tail is not None and tail[1] > tail[0] and tail[2] <= stats.normal_sf(z_crit)
 
 
+def leading(candidates: list[MetricEstimate]) -> MetricEstimate:
+    """The estimate to report among risen ones: the highest quantile, then the largest ratio.
+
+    The tail first (incidents are about p99), then p90, then the median. Among changes already
+    judged real, the largest one (half its ratio without a CI, as metric-only estimates have): a
+    CI's width says how noisy a latency is (time correlation widens some far more than others),
+    not how much it rose. ``candidates`` must not be empty.
+    """
+    top_q = max(e.quantile for e in candidates)
+    return max(
+        (e for e in candidates if e.quantile == top_q),
+        key=lambda e: (e.ratio or 0.0) if e.ratio_ci is not None else (e.ratio or 0.0) / 2,
+    )
+
+
 def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regression:
     """The regression to explain: of the user-facing quantiles that surely rose, the one that rose most.
 
@@ -345,11 +361,6 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
             and (e.candidate or 0) - (e.baseline or 0) >= STAGE_MIN_DELTA_S
         ]
 
-    def strength(e: MetricEstimate) -> float:
-        # Among changes already judged real, the largest one: a CI's width says how noisy a
-        # latency is (time correlation widens some far more than others), not how much it rose.
-        return (e.ratio or 0.0) if e.ratio_ci is not None else (e.ratio or 0.0) / 2
-
     if not candidates:
         share = _error_regression(comparison) or _retry_regression(comparison)
         if share is not None:
@@ -357,8 +368,7 @@ def headline(comparison: Comparison, estimates: list[MetricEstimate]) -> Regress
     if candidates:
         # The tail first (incidents are about p99), then p90, then the median; within a quantile,
         # the metric whose ratio is largest.
-        top_q = max(e.quantile for e in candidates)
-        best = max((e for e in candidates if e.quantile == top_q), key=strength)
+        best = leading(candidates)
     else:
         fallback = [e for e in estimates if e.name == "e2e" and e.quantile == 0.99] or [
             e for e in estimates if e.quantile == 0.99
