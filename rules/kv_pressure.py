@@ -30,7 +30,9 @@ accounts for failed requests).
 ``confidence``: significance of a Poisson z score of the preemption rate
 with an over-dispersion of 2 (one step preempts several requests at once),
 at least 0.7 when the KV cache also filled up (p90 >= 80 % after rising 30
-points or more), times ``min(1, candidate KV p90 / 0.9)``. Without a preemption counter, a KV
+points or more) or each running request holds 15 % more of it than its tokens explain (a
+smaller pool), times ``min(1, candidate KV p90 / 0.9)`` (the peak instead of the p90 for a
+smaller pool, which fills at the window's peaks). Without a preemption counter, a KV
 cache that went from below 80 % to above 95 % at p90 gives at most 0.4.
 
 x 0.2 when the KV share one running request holds (mean usage / mean running
@@ -57,7 +59,7 @@ from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped, SidePair
-from sre_agent.rules._load import held_tokens_per_request, kv_per_running, pool_shrank
+from sre_agent.rules._load import held_tokens_per_request, kv_per_running, pool_shrank, pool_shrank_by
 from sre_agent.rules._mechanism import (
     clip01,
     engine_share,
@@ -134,9 +136,16 @@ def kv_pressure(
     # Two independent signals agreeing (preemptions appeared and the cache filled up) are stronger
     # evidence than the bursty preemption count alone.
     filled = (usage_p90.candidate or 0.0) >= FILLED_USAGE and (usage_p90.delta or 0.0) >= FILLED_RISE
+    # So are preemptions that rose while each running request came to hold far more of the cache
+    # than its tokens explain (a smaller pool, measured): 0 -> 30 preemptions at z = 3.8 with KV
+    # per running request x12.5 at the same tokens was 0.23, scaled down by a p90 usage of 34 %
+    # (dev 1230236, num_gpu_blocks cut). A pool that small fills at the window's peaks, not at
+    # its p90: then the peak is the usage that preempts.
+    shrank = pool_shrank_by(comparison, metrics) is not None
     if rise > 0 and z >= 2.0 and (unit == "second" or rise >= MIN_RISE):
-        confidence = max(significance(z), CORROBORATED_CONFIDENCE if filled else 0.0) * min(
-            1.0, (usage_p90.candidate or FULL_USAGE) / FULL_USAGE
+        usage = (usage_max if shrank else usage_p90).candidate
+        confidence = max(significance(z), CORROBORATED_CONFIDENCE if filled or shrank else 0.0) * min(
+            1.0, (usage or FULL_USAGE) / FULL_USAGE
         )
         # Per second there is no request count to scale by: the engine share alone bounds it.
         coverage = clip01(rise / max(1e-9, 1.0 - regression.quantile)) if unit == "request" else 1.0

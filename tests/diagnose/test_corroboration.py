@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from sre_agent.analysis.diagnosis import CORROBORATING, _corroborated
+from sre_agent.analysis.diagnosis import (
+    CORROBORATING,
+    MECHANISM_CONFIDENCE,
+    _by_mechanism,
+    _corroborated,
+    _provisional,
+)
 from sre_agent.analysis.rules_api import Finding, MetricEstimate, Regression
 
 NONE = Regression("e2e", 0.99, 11.19, 16.69, (-0.4, 15.2), False)
@@ -77,3 +83,62 @@ def test_a_stage_headline_the_mix_reproduces_is_no_regression() -> None:
     # A stage finding leading the mix keeps the headline.
     dep = Finding(cause="dependency", title="t", explained=1.0, confidence=0.9, rule="dependency")
     assert _stage_moved_with_the_mix(stage, [mix, dep], {"slices": 0, "dependency": 1}).significant
+
+
+#: Trace p50 x1.65 whose time-block CI runs through zero (load x1.47 at a deploy, dev-unseen 1240064).
+RISEN_IN_NOISE = [
+    MetricEstimate("trace", 0.5, 0.62, 1.03, (-0.5, 2.6), (0.3, 5.2), False),
+    MetricEstimate("ttft", 0.99, 2.42, 4.24, None, None, False, "metrics"),
+    MetricEstimate("e2e", 0.99, 8.7, 9.4, None, None, False, "metrics"),
+]
+
+
+def _ruled(cause: str, confidence: float, rule: str) -> Finding:
+    return _finding(cause, confidence).with_rule(rule)
+
+
+def test_the_provisional_headline_is_the_highest_risen_quantile() -> None:
+    provisional = _provisional(RISEN_IN_NOISE)
+    assert provisional is not None
+    assert (provisional.metric, provisional.quantile) == ("ttft", 0.99)
+    assert provisional.significant  # so that the rules explain it
+    # Nothing rose by MIN_EFFECT (twice that without a CI): nothing to test.
+    assert _provisional([MetricEstimate("e2e", 0.99, 8.7, 9.4, (-1.0, 2.0), (0.9, 1.2), False)]) is None
+    assert _provisional([MetricEstimate("ttft", 0.5, 0.0747, 0.0889, None, None, False, "metrics")]) is None
+
+
+@pytest.mark.parametrize(
+    ("cause", "rule"),
+    [
+        ("load", "engine_metrics"),
+        ("prefix_cache", "prefix_cache"),
+        ("traffic_mix", "queueing"),
+        ("batch_composition", "batch_composition"),
+    ],
+)
+def test_a_mechanism_tested_beyond_its_own_noise_makes_the_regression(cause: str, rule: str) -> None:
+    provisional = _provisional(RISEN_IN_NOISE)
+    assert provisional is not None
+    out = _by_mechanism(provisional, [_ruled(cause, MECHANISM_CONFIDENCE, rule)])
+    assert out is not None
+    assert out.significant
+    assert (out.metric, out.quantile) == ("ttft", 0.99)
+    assert cause in out.note
+    assert "within the window's own noise" in out.note
+
+
+@pytest.mark.parametrize(
+    "finding",
+    [
+        _ruled("load", MECHANISM_CONFIDENCE - 0.01, "engine_metrics"),  # not sure enough
+        _ruled("capacity", 0.95, "stages"),  # a split of the latency is no test of a mechanism
+        _ruled("decode_slowdown", 0.95, "slices"),
+        _ruled("dependency", 0.95, "dependency"),  # a stage of its own, with its own headline route
+        _ruled("errors", 0.95, "errors"),
+        _ruled("capacity", 0.8, "engine_metrics"),  # a cap read from the gauge's median, no test of its own
+    ],
+)
+def test_a_split_or_a_weak_mechanism_leaves_no_regression(finding: Finding) -> None:
+    provisional = _provisional(RISEN_IN_NOISE)
+    assert provisional is not None
+    assert _by_mechanism(provisional, [finding]) is None
