@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sre_agent import diagnose
+from sre_agent.analysis.report import Report
 from sre_agent.replays.incidents import generate, replay_into_store
 
 pytestmark = pytest.mark.slow
@@ -33,6 +34,15 @@ def _diagnosed(
     assert info["shows"], info["effect"]
     report = diagnose(tmp_path / "store.duckdb", selection)
     return incident, [(f.cause, f.stage, f.title) for f in report.findings]
+
+
+def _shared_report(seed: int, cause: str, tmp_path: Path) -> Report:
+    """The report on incident ``seed`` drawn from the real traces (1,200 requests a side), its cause checked."""
+    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
+    incident = generate(seed, SHARED_TRACES, max_per_side=1200)
+    assert incident.truth.cause == cause, incident.truth
+    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    return diagnose(tmp_path / "store.duckdb", selection)
 
 
 def test_new_tenant_with_longer_prompts_is_traffic_mix(tmp_path: Path) -> None:
@@ -618,11 +628,7 @@ def test_an_error_on_every_route_is_not_scoped_to_the_busiest(tmp_path: Path) ->
     # 87 % of the rise and the other route's error share rose less by chance (a fifth of the
     # traffic, a dozen errors). "The rest moved at most a third as much" confines durations, not
     # a rare outcome's share: no slice.
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident = generate(1150259, SHARED_TRACES, max_per_side=1200)
-    assert incident.truth.cause == "errors"
-    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
-    report = diagnose(tmp_path / "store.duckdb", selection)
+    report = _shared_report(1150259, "errors", tmp_path)
     assert report.findings[0].cause == "errors", report.findings
     assert not report.findings[0].scope, report.findings[0]
 
@@ -717,11 +723,7 @@ def test_a_decode_slowdown_at_equal_batch_corroborates_a_headline_short_of_the_f
     # Decode x2.15 in a rolling restart: TPOT p50 x2.14 with its 95 % CI above zero, but z = 2.2
     # against the family-wise bar of 2.5 over four latencies, and the report said "no regression"
     # above a decode_slowdown at 0.66. TPOT at equal batch, a control of its own, confirms the rise.
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident = generate(1230025, SHARED_TRACES, max_per_side=1200)
-    assert incident.truth.cause == "decode_slowdown"
-    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
-    report = diagnose(tmp_path / "store.duckdb", selection)
+    report = _shared_report(1230025, "decode_slowdown", tmp_path)
     assert report.regression.significant, report.regression
     assert "corroborates" in report.regression.note, report.regression.note
     assert report.findings[0].cause == "decode_slowdown", report.findings
@@ -745,11 +747,7 @@ def test_a_stage_quantile_moved_by_the_mix_is_no_regression(tmp_path: Path) -> N
     # requests beside chat completions (a 25 ms guardrail). No user-facing latency rose; the
     # dependency p90 crossed from one route's times into the other's (x1.79) and was reported as
     # a stage regression led by traffic_mix.
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident = generate(1230259, SHARED_TRACES, max_per_side=1200)
-    assert incident.truth.cause == "none"
-    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
-    report = diagnose(tmp_path / "store.duckdb", selection)
+    report = _shared_report(1230259, "none", tmp_path)
     assert not report.regression.significant, report.regression
     assert report.findings[0].cause == "none", report.findings
 
@@ -774,11 +772,7 @@ def test_a_stage_quantile_moved_by_the_mix_is_no_regression(tmp_path: Path) -> N
 def test_a_mechanism_beyond_its_own_noise_makes_a_regression_of_a_latency_within_noise(
     seed: int, cause: str, tmp_path: Path
 ) -> None:
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident = generate(seed, SHARED_TRACES, max_per_side=1200)
-    assert incident.truth.cause == cause
-    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
-    report = diagnose(tmp_path / "store.duckdb", selection)
+    report = _shared_report(seed, cause, tmp_path)
     assert report.regression.significant, report.regression
     assert "within the window's own noise" in report.regression.note, report.regression.note
     assert report.findings[0].cause == cause, report.findings
@@ -789,11 +783,7 @@ def test_what_would_explain_a_rise_within_noise_is_listed_after_none(tmp_path: P
     # TPOT p99 x1.84 within its noise, no mechanism sure enough to make it a regression. "No
     # regression" stays first; the step shape that would explain the rise follows it, where the
     # report used to list nothing at all.
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident = generate(1240298, SHARED_TRACES, max_per_side=1200)
-    assert incident.truth.cause == "batch_composition"
-    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
-    report = diagnose(tmp_path / "store.duckdb", selection)
+    report = _shared_report(1240298, "batch_composition", tmp_path)
     assert not report.regression.significant, report.regression
     causes = [f.cause for f in report.findings]
     assert causes[0] == "none", causes
