@@ -58,10 +58,19 @@ from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, run_late
-from sre_agent.rules._engine_cost import assess_slowdown, engine_cost
+from sre_agent.rules._engine_cost import FULL_SLOWDOWN, EngineCost, assess_slowdown, engine_cost
 from sre_agent.rules._load import load_moved, load_per_replica, service_time_queue_share
-from sre_agent.rules._mechanism import Z_MIN, clip01, latency_share, rnd, side_means, stage_share, uncached_tokens
-from sre_agent.rules._replica_scope import replica_scope
+from sre_agent.rules._mechanism import (
+    Z_MIN,
+    clip01,
+    latency_share,
+    rnd,
+    side_means,
+    significance,
+    stage_share,
+    uncached_tokens,
+)
+from sre_agent.rules._replica_scope import confined_slowdown, replica_scope
 from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step
 
 #: How far the median inter-token step must outgrow the running batch to be a slower step.
@@ -91,7 +100,9 @@ def decode_slowdown(
         load_changed=load_moved(comparison, metrics),
     )
     if verdict is None:
-        return _step_beyond_batch(comparison, regression, stages, metrics)
+        return _step_beyond_batch(comparison, regression, stages, metrics) or _one_replica(
+            cost, regression, stages, comparison, metrics
+        )
     confidence, evidence = verdict.confidence, verdict.evidence
     explained = verdict.explained
     mix = decode_step_mix(comparison, metrics)
@@ -130,6 +141,36 @@ def decode_slowdown(
         stage="decode",
         scope=scope,
         evidence=evidence + scope_evidence,
+        next_check=NEXT_CHECK,
+    )
+
+
+def _one_replica(
+    cost: EngineCost, regression: Regression, stages: StageDecomposition, comparison: Comparison, metrics: MetricView
+) -> Finding | None:
+    """A decode slowdown of one replica's own steps, diluted below the bar when pooled (:func:`confined_slowdown`).
+
+    ``explained`` as for the pooled reading (the decode and queue share of the excess), scaled
+    by the replica's part of the pooled log rise it accounts for at most: one replica of four
+    slower by 40 % explains what that replica's requests add to the tail.
+    """
+    confined = confined_slowdown(cost)
+    if confined is None or regression.metric == "error_rate":
+        return None
+    scope, evidence, rise, z = confined
+    share = stage_share(stages, "decode", regression, comparison) + service_time_queue_share(
+        comparison, stages, regression, metrics
+    )
+    (replica,) = scope.values()
+    return Finding(
+        cause="decode_slowdown",
+        title=f"Time per output token rose {rise:.0%} on {replica} alone, compared with itself "
+        "(pooled over every replica the rise stays below 10 %)",
+        explained=latency_share(regression, clip01(share)),
+        confidence=significance(z) * min(1.0, rise / FULL_SLOWDOWN),
+        stage="decode",
+        scope=scope,
+        evidence=evidence,
         next_check=NEXT_CHECK,
     )
 

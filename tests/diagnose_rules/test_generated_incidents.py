@@ -789,3 +789,26 @@ def test_what_would_explain_a_rise_within_noise_is_listed_after_none(tmp_path: P
     assert causes[0] == "none", causes
     assert "batch_composition" in causes[1:3], causes
     assert any("within its noise" in note for note in report.notes), report.notes
+
+
+@pytest.mark.parametrize(
+    ("seed", "replica"),
+    [
+        # Decode x1.41 on replica-4 of four: +39 % at equal prompt size on its own (z = 8.5), the others
+        # +0.6 %, pooled +5.7 %, below the pooled bar of 10 %; the ITL histogram's p99 crossed a
+        # bucket edge (x2.5) and "no rule explains the regression".
+        (1250079, "replica-4"),
+        # The same on replica-1, whose running batch grew more than its peers' because its requests
+        # stayed longer (the router gave it no more of them): the size-only comparison was vetoed
+        # as if it had been given more load.
+        (1250068, "replica-1"),
+    ],
+)
+def test_one_replicas_slower_decode_below_the_pooled_bar_is_found_on_that_replica(
+    seed: int, replica: str, tmp_path: Path
+) -> None:
+    report = _shared_report(seed, "decode_slowdown", tmp_path)
+    assert report.findings, "no finding at all"
+    top = report.findings[0]
+    assert top.cause == "decode_slowdown", report.findings
+    assert top.scope.get("host.name") == replica, top.scope
