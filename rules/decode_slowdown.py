@@ -71,7 +71,7 @@ from sre_agent.rules._mechanism import (
     uncached_tokens,
 )
 from sre_agent.rules._replica_scope import confined_slowdown, replica_scope
-from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step
+from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step, step_mix
 
 #: How far the median inter-token step must outgrow the running batch to be a slower step.
 STEP_BEYOND_BATCH: Final[float] = 1.15
@@ -150,9 +150,9 @@ def _one_replica(
 ) -> Finding | None:
     """A decode slowdown of one replica's own steps, diluted below the bar when pooled (:func:`confined_slowdown`).
 
-    ``explained`` as for the pooled reading (the decode and queue share of the excess), scaled
-    by the replica's part of the pooled log rise it accounts for at most: one replica of four
-    slower by 40 % explains what that replica's requests add to the tail.
+    ``explained`` as for the pooled reading (the decode and queue share of the excess), and
+    both it and ``confidence`` times the decode work's share of the replica's own fitted TPOT
+    rise (:func:`~sre_agent.rules._steps.step_mix` on its requests; 1 when it cannot be fitted).
     """
     confined = confined_slowdown(cost)
     if confined is None or regression.metric == "error_rate":
@@ -161,13 +161,18 @@ def _one_replica(
     share = stage_share(stages, "decode", regression, comparison) + service_time_queue_share(
         comparison, stages, regression, metrics
     )
-    (replica,) = scope.values()
+    ((attribute, replica),) = scope.items()
+    # The replica's decode steps carry its own prefill chunks: its own step fit says how much of
+    # its TPOT rise is the decode work (a prefill x1.55 on replica-2 raised its TPOT 34 %, 97 % of
+    # that a prompt token's cost in the step; dev 1230269), as the pooled reading asks of the fleet.
+    mix = step_mix(comparison, cost, metrics, pl.col(attribute).cast(pl.String) == replica)
+    decode_share = mix.decode_share if mix is not None and mix.decode_share is not None else 1.0
     return Finding(
         cause="decode_slowdown",
         title=f"Time per output token rose {rise:.0%} on {replica} alone, compared with itself "
         "(pooled over every replica the rise stays below 10 %)",
-        explained=latency_share(regression, clip01(share)),
-        confidence=significance(z) * min(1.0, rise / FULL_SLOWDOWN),
+        explained=latency_share(regression, clip01(share) * decode_share),
+        confidence=significance(z) * min(1.0, rise / FULL_SLOWDOWN) * decode_share,
         stage="decode",
         scope=scope,
         evidence=evidence,
