@@ -4,6 +4,10 @@
 user-facing quantile's own 95 % CI lies above zero (up >= 10 %), and an engine mechanism
 compared under its own control (equal batch, same load, a counter) moved at confidence
 >= 0.5. Each half alone, or a cause read without such a control, leaves the verdict alone.
+
+``diagnosis._provisional`` / ``_by_mechanism``: the quantile that rose most by its point estimate
+becomes the headline when a mechanism tested beyond its own noise explains it at >= 0.6; a weaker
+mechanism, a split of the latency between stages or slices, or a cap read from a gauge do not.
 """
 
 from __future__ import annotations
