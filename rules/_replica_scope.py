@@ -55,9 +55,8 @@ def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
     covering >= :data:`MIN_COVERAGE` of its requests), rose at most :data:`REST_SHARE` of it,
     compared at equal batch and prompt size, else (no significant equal-batch comparison) at
     equal prompt size alone, and then only when its running batch grew no more than its
-    peers' (x1.1), or its requests did not (one whose requests stay longer runs more of them at
-    once), or its cost rose beyond what that batch allows: a replica given more load is costlier
-    per token at equal size, but at most in proportion to its batch. At
+    peers' (x1.1) or its requests did not (a replica given more load is costlier per token at
+    equal size anyway; one whose requests stay longer runs more of them at once). At
     least :data:`MIN_PEERS` other replicas.
     """
     frame = cost.frame
@@ -86,20 +85,15 @@ def slowed_replica(cost: EngineCost) -> SlowedReplica | None:
             continue
         if own.z < Z_MIN or own.rise < MIN_SLOWDOWN:
             continue
-        batch_grew = _batch_growth(mine) / _batch_growth(others)
         if (
             bucket == "size_bucket"
-            and batch_grew > 1 + SAME_LOAD
+            and _batch_growth(mine) > (1 + SAME_LOAD) * _batch_growth(others)
             and _growth(mine) > (1 + SAME_LOAD) * _growth(others)
-            and 1 + own.rise <= batch_grew * (1 + MIN_SLOWDOWN)
         ):
-            # Its batch grew more than its peers' because the router gave it more requests, and
-            # its cost rose no more than that batch allows (a step grows at most in proportion to
-            # its batch at the same cost): the size-only comparison cannot tell. With its share
-            # of the requests kept, the batch grew because its requests stayed longer, which is
-            # the slowdown itself (Little's law; dev 1250068: decode x1.41 on replica-1, +39 % at
-            # equal size, z = 11.5); and a cost that more than doubled beside a batch x1.26 is
-            # no bigger batch's (dev 1250034: prefill x2.2 on replica-1 with 8 % more requests).
+            # Its batch grew more than its peers' because the router gave it more requests: the
+            # size-only comparison cannot tell. With its share of the requests kept, the batch grew
+            # because its requests stayed longer, which is the slowdown itself (Little's law;
+            # dev-unseen 1250068: decode x1.41 on replica-1, +39 % at equal size, z = 11.5).
             return None
         if rest.rise > REST_SHARE * own.rise:
             return None

@@ -812,15 +812,3 @@ def test_one_replicas_slower_decode_below_the_pooled_bar_is_found_on_that_replic
     top = report.findings[0]
     assert top.cause == "decode_slowdown", report.findings
     assert top.scope.get("host.name") == replica, top.scope
-
-
-def test_a_replicas_prefill_cost_beyond_what_its_batch_allows_is_its_own(tmp_path: Path) -> None:
-    # Prefill x2.2 on replica-1 of three (SGLang): +123 % at equal prompt size on its own, z = 51,
-    # the others +0.6 %. Its batch grew x1.26 against its peers' and the router gave it 8 % more
-    # requests, so the size-only comparison was vetoed as a replica given more load, and the
-    # finding named no replica. A step grows at most in proportion to its batch at the same cost.
-    report = _shared_report(1250034, "prefill_slowdown", tmp_path)
-    assert report.findings, "no finding at all"
-    top = report.findings[0]
-    assert top.cause == "prefill_slowdown", report.findings
-    assert top.scope.get("host.name") == "replica-1", top.scope
