@@ -438,6 +438,35 @@ def decode_step_mix(comparison: Comparison, metrics: MetricView) -> StepMix | No
     return _MIX_CACHE[comparison][0]
 
 
+#: Step fits of one slice of whole replicas, per comparison: a slice's rule, the slowdown rules and
+#: the second run of the rules (a rise within noise) ask for the same ones.
+_SLICE_MIX_CACHE: weakref.WeakKeyDictionary[Comparison, dict[tuple[str, str], tuple[StepMix | None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def slice_step_mix(comparison: Comparison, metrics: MetricView | None, column: str, value: str) -> StepMix | None:
+    """:func:`step_mix` of the decode cost on the requests whose ``column`` is ``value``, once per comparison.
+
+    ``column`` ``"replica"`` is the replica as :func:`~sre_agent.analysis.busy.replica_expr` names
+    it; any other is a request attribute (a missing value reads ``"(missing)"``, as the slice
+    search names it). ``None`` when the fit cannot be made.
+    """
+    known = _SLICE_MIX_CACHE.setdefault(comparison, {})
+    if (column, value) not in known:
+        where = (
+            replica_expr() == value
+            if column == "replica"
+            else pl.col(column).cast(pl.String).fill_null("(missing)") == value
+        )
+        try:
+            mix = step_mix(comparison, engine_cost(comparison, metrics, "decode"), metrics, where) if metrics else None
+        except RuleSkipped:
+            mix = None
+        known[(column, value)] = (mix,)
+    return known[(column, value)][0]
+
+
 __all__ = [
     "BATCH_SHAPE_FACTOR",
     "BatchShape",
@@ -448,5 +477,6 @@ __all__ = [
     "batch_shape",
     "decode_step_mix",
     "median_step",
+    "slice_step_mix",
     "step_mix",
 ]

@@ -71,7 +71,7 @@ from sre_agent.rules._mechanism import (
     uncached_tokens,
 )
 from sre_agent.rules._replica_scope import confined_slowdown, replica_scope
-from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step, step_mix
+from sre_agent.rules._steps import SAME_WORK, batch_shape, decode_step_mix, median_step, slice_step_mix
 
 #: How far the median inter-token step must outgrow the running batch to be a slower step.
 STEP_BEYOND_BATCH: Final[float] = 1.15
@@ -165,7 +165,7 @@ def _one_replica(
     # The replica's decode steps carry its own prefill chunks: its own step fit says how much of
     # its TPOT rise is the decode work (a prefill x1.55 on replica-2 raised its TPOT 34 %, 97 % of
     # that a prompt token's cost in the step; dev 1230269), as the pooled reading asks of the fleet.
-    mix = step_mix(comparison, cost, metrics, pl.col(attribute).cast(pl.String) == replica)
+    mix = slice_step_mix(comparison, metrics, attribute, replica)
     decode_share = mix.decode_share if mix is not None and mix.decode_share is not None else 1.0
     return Finding(
         cause="decode_slowdown",

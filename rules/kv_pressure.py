@@ -141,8 +141,8 @@ def kv_pressure(
     # per running request x12.5 at the same tokens was 0.23, scaled down by a p90 usage of 34 %
     # (dev 1230236, num_gpu_blocks cut). A pool that small fills at the window's peaks, not at
     # its p90: then the peak is the usage that preempts.
-    shrank = pool_shrank_by(comparison, metrics) is not None
     if rise > 0 and z >= 2.0 and (unit == "second" or rise >= MIN_RISE):
+        shrank = pool_shrank_by(comparison, metrics) is not None
         usage = (usage_max if shrank else usage_p90).candidate
         confidence = max(significance(z), CORROBORATED_CONFIDENCE if filled or shrank else 0.0) * min(
             1.0, (usage or FULL_USAGE) / FULL_USAGE

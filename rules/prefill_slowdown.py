@@ -51,7 +51,7 @@ from sre_agent.analysis.busy import replica_expr
 from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
-from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped, run_late
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression, run_late
 from sre_agent.rules._engine_cost import (
     FULL_SLOWDOWN,
     MIN_SLOWDOWN,
@@ -72,7 +72,7 @@ from sre_agent.rules._mechanism import (
     uncached_per_request,
 )
 from sre_agent.rules._replica_scope import replica_scope
-from sre_agent.rules._steps import DECODE_LED, SAME_WORK, StepMix, batch_shape, decode_step_mix, step_mix
+from sre_agent.rules._steps import DECODE_LED, SAME_WORK, StepMix, batch_shape, decode_step_mix, slice_step_mix
 
 #: Confidence factor when only the long prompts slowed and no step histogram says why.
 LONG_ONLY_DAMPING: Final[float] = 0.4
@@ -267,13 +267,8 @@ def _a_replica_decode_led(comparison: Comparison, metrics: MetricView) -> bool:
     slow-host scenario: decode slower on gpu-2 alone). A slower prefill path slows no replica's
     decode work; a replica whose own fit says otherwise vetoes the pooled reading.
     """
-    try:
-        cost = engine_cost(comparison, metrics, "decode")
-    except RuleSkipped:
-        return False
-    replica = replica_expr()
-    for value in comparison.requests.select(replica.alias("r"))["r"].unique().drop_nulls().to_list():
-        mix = step_mix(comparison, cost, metrics, replica == value)
+    for value in comparison.requests.select(replica_expr().alias("r"))["r"].unique().drop_nulls().to_list():
+        mix = slice_step_mix(comparison, metrics, "replica", value)
         if mix is not None and mix.decode_share is not None and mix.decode_share >= DECODE_LED:
             return True
     return False

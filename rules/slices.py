@@ -17,11 +17,13 @@ from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import queue_drivers, stage_decomposition, stage_drivers
 from sre_agent.analysis.localise import Localisation
 from sre_agent.analysis.metric_view import MetricView
-from sre_agent.analysis.rules_api import Evidence, Finding, Regression, RuleSkipped
-from sre_agent.rules._engine_cost import MIN_SLOWDOWN, engine_cost
+from sre_agent.analysis.rules_api import Evidence, Finding, Regression
+from sre_agent.rules._engine_cost import MIN_SLOWDOWN
 from sre_agent.rules._mechanism import uncached_tokens, wide_enough
-from sre_agent.rules._steps import DECODE_LED, step_mix
+from sre_agent.rules._steps import DECODE_LED, StepMix, slice_step_mix
 
+#: The engine slowdowns a slice's own step fit tells apart (:func:`_whose_steps`).
+_SLOWDOWNS = frozenset({"decode_slowdown", "prefill_slowdown"})
 #: A slice-level stage explanation is localisation plus a stage, not a mechanism: damp it.
 SLICE_CONFIDENCE = 0.6
 
@@ -126,7 +128,8 @@ def slices(
                 uncached_tokens(comparison, metrics),
             )
             cause = max(drivers, key=lambda d: drivers[d]) if drivers else cause
-    cause = _whose_steps(cause, drivers, comparison, metrics, expr)
+    if cause in _SLOWDOWNS:
+        cause = _whose_steps(cause, drivers, slice_step_mix(comparison, metrics, best.dimension, best.value))
     return Finding(
         cause=cause,
         title=f"The regression is confined to {label}: {best.excess_share:.0%} of the extra slow requests on "
@@ -140,28 +143,20 @@ def slices(
     )
 
 
-def _whose_steps(
-    cause: str, drivers: dict[str, float], comparison: Comparison, metrics: MetricView | None, where: pl.Expr
-) -> str:
+def _whose_steps(cause: str, drivers: dict[str, float], mix: StepMix | None) -> str:
     """A slice's engine slowdown named by its own step fit: costlier prefill, slower decode work, or neither.
 
     One replica's prefill and decode share its steps, so each stage's raw time per token rises
     with the other's: prefill x1.55 on replica-2 alone raised its TPOT x2.4 and its prefill per
     token x1.4, and the larger raw driver named decode (dev 1230269). The fit on that replica's
-    own requests (:func:`_steps.step_mix`) says whose rise it is: most of it in a prompt token's
+    own requests (``mix``, :func:`_steps.slice_step_mix`) says whose rise it is: most of it in a prompt token's
     cost in a step, surely up by :data:`MIN_SLOWDOWN`, is prefill's; most in the decode work of a
     step is decode's. When it is neither, the raw rise is the batch that grew around the steps,
     and the slice's largest other driver names it (dev 1220117: arrivals x2 with one replica of
     three taking the surge, its TPOT up with a batch 36 -> 229 while the decode work held 37 % of
     the fitted rise: `load`, not `decode_slowdown`). Other causes, and a fit that cannot be made,
-    keep the raw reading.
+    keep the raw reading. Called for the two slowdowns only.
     """
-    if cause not in ("decode_slowdown", "prefill_slowdown") or metrics is None:
-        return cause
-    try:
-        mix = step_mix(comparison, engine_cost(comparison, metrics, "decode"), metrics, where)
-    except RuleSkipped:
-        return cause
     if mix is None:
         return cause
     floor = mix.prefill_cost_rise_floor()
@@ -170,5 +165,5 @@ def _whose_steps(
         return "prefill_slowdown"
     if mix.decode_share is not None and mix.decode_share >= DECODE_LED:
         return "decode_slowdown"
-    others = {d: v for d, v in drivers.items() if d not in ("decode_slowdown", "prefill_slowdown")}
+    others = {d: v for d, v in drivers.items() if d not in _SLOWDOWNS}
     return max(others, key=lambda d: others[d]) if others else cause

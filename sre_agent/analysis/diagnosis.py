@@ -23,6 +23,7 @@ from sre_agent.analysis.compare import SIDES, Comparison
 from sre_agent.analysis.decompose import stage_decomposition
 from sre_agent.analysis.headline import (
     HEADLINE_METRICS,
+    METRIC_MIN_EFFECT,
     MIN_EFFECT,
     QUANTILES,
     STAGE_METRICS,
@@ -212,6 +213,14 @@ CORROBORATING: Final[frozenset[str]] = frozenset(
 CORROBORATION_CONFIDENCE: Final[float] = 0.5
 
 
+def _surest(
+    findings: list[Finding], causes: frozenset[str], confidence: float, *, skip: frozenset[str] = frozenset()
+) -> Finding | None:
+    """The most confident finding of ``causes`` at ``confidence`` or more, from a rule not in ``skip``."""
+    strong = [f for f in findings if f.cause in causes and f.rule not in skip and f.confidence >= confidence]
+    return max(strong, key=lambda f: f.confidence) if strong else None
+
+
 def _corroborated(
     regression: Regression, estimates: list[MetricEstimate], findings: list[Finding]
 ) -> Regression | None:
@@ -228,7 +237,7 @@ def _corroborated(
     """
     if regression.significant:
         return None
-    strong = [f for f in findings if f.cause in CORROBORATING and f.confidence >= CORROBORATION_CONFIDENCE]
+    by = _surest(findings, CORROBORATING, CORROBORATION_CONFIDENCE)
     nominal = [
         e
         for e in estimates
@@ -238,10 +247,9 @@ def _corroborated(
         and e.ci[0] > 0
         and (e.ratio or 0.0) >= MIN_EFFECT
     ]
-    if not strong or not nominal:
+    if by is None or not nominal:
         return None
     best = leading(nominal)
-    by = max(strong, key=lambda f: f.confidence)
     label = f"{best.name} p{round(best.quantile * 100)}"
     note = (
         f"{label} rose beyond its own 95 % CI but not the family-wise bar over the latencies; "
@@ -283,7 +291,7 @@ def _provisional(estimates: list[MetricEstimate]) -> Regression | None:
         for e in estimates
         if e.name in HEADLINE_METRICS
         and e.source != "derived"
-        and (e.ratio or 0.0) >= (MIN_EFFECT if e.ci is not None else 1 + 2 * (MIN_EFFECT - 1))
+        and (e.ratio or 0.0) >= (MIN_EFFECT if e.ci is not None else METRIC_MIN_EFFECT)
     ]
     if not risen:
         return None
@@ -306,14 +314,9 @@ def _by_mechanism(provisional: Regression, findings: list[Finding]) -> Regressio
     and the note says the latency alone would not have shown it. A deploy that changed nothing
     must then fool the mechanism's test, not only the latency's.
     """
-    strong = [
-        f
-        for f in findings
-        if f.cause in MECHANISMS and f.rule not in _PARTITIONS and f.confidence >= MECHANISM_CONFIDENCE
-    ]
-    if not strong:
+    by = _surest(findings, MECHANISMS, MECHANISM_CONFIDENCE, skip=_PARTITIONS)
+    if by is None:
         return None
-    by = max(strong, key=lambda f: f.confidence)
     label = f"{provisional.metric} p{round(provisional.quantile * 100)}"
     note = (
         f"{label} rose x{provisional.ratio:.2f}, within the window's own noise; {by.cause} "

@@ -25,6 +25,7 @@ from sre_agent.analysis.stats import SliceHistogram
 __all__ = [
     "FAMILY_ALPHA",
     "HEADLINE_METRICS",
+    "METRIC_MIN_EFFECT",
     "MIN_EFFECT",
     "QUANTILES",
     "STAGE_METRICS",
@@ -38,6 +39,8 @@ QUANTILES: Final[tuple[float, ...]] = (0.5, 0.9, 0.99)
 #: Smallest relative increase reported as a regression (10 %): smaller moves are within
 #: the run-to-run noise of serving stacks and not worth an incident.
 MIN_EFFECT: Final[float] = 1.10
+#: ...twice that for a quantile without a CI (a metric histogram's, interpolated inside its bucket).
+METRIC_MIN_EFFECT: Final[float] = 1 + 2 * (MIN_EFFECT - 1)
 #: Chance, over the user-facing latencies together, that a deploy that changed nothing shows a
 #: significant rise in any of them (one-sided, family-wise; split evenly, Bonferroni).
 FAMILY_ALPHA: Final[float] = 0.025
@@ -172,7 +175,7 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
             b_iv = b.quantile_interval(q) if b else None
             c_iv = c.quantile_interval(q) if c else None
             apart = bool(b_iv and c_iv and c_iv[0] >= b_iv[1])
-            sig = bool(enough and apart and bq and cq_ and cq_ / bq >= 1 + 2 * (MIN_EFFECT - 1))
+            sig = bool(enough and apart and bq and cq_ and cq_ / bq >= METRIC_MIN_EFFECT)
             # The gateway's root spans time every request users sent, by when it started, with a
             # CI. The e2e histogram times the same requests minus the gateway, by when they
             # *finished*: with minute-long requests a window's finishers started in the window
@@ -192,7 +195,7 @@ def estimate_metrics(comparison: Comparison) -> list[MetricEstimate]:
                 and not (name == "e2e" and traced)
                 and bq
                 and cq_
-                and cq_ / bq >= 1 + 2 * (MIN_EFFECT - 1)
+                and cq_ / bq >= METRIC_MIN_EFFECT
                 and b
                 and c
                 and (rise := _histogram_share_rise(b, c, q, comparison.slices)) is not None

@@ -41,7 +41,8 @@ def _shared_report(seed: int, cause: str, tmp_path: Path) -> Report:
     assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
     incident = generate(seed, SHARED_TRACES, max_per_side=1200)
     assert incident.truth.cause == cause, incident.truth
-    _, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    info, selection = replay_into_store(incident, tmp_path / "store.duckdb")
+    assert info["shows"], info["effect"]
     return diagnose(tmp_path / "store.duckdb", selection)
 
 
@@ -680,12 +681,11 @@ def test_prefill_riding_slower_decode_steps_is_not_batch_composition(tmp_path: P
     # while a prompt token's cost in a step did not, and batch_composition read "prompts spread
     # over more steps" at 0.7. The step fit put 99 % of the TPOT rise in the decode work of a step:
     # the steps themselves got slower, and prompts riding them with it.
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident, findings = _diagnosed(1220058, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "decode_slowdown"  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "decode_slowdown", findings
-    assert all(cause != "batch_composition" for cause, _, _ in findings), findings
+    report = _shared_report(1220058, "decode_slowdown", tmp_path)
+    causes = [f.cause for f in report.findings]
+    assert causes, "no finding at all"
+    assert causes[0] == "decode_slowdown", report.findings
+    assert "batch_composition" not in causes, report.findings
 
 
 def test_a_prompt_token_costlier_in_every_step_is_a_prefill_slowdown(tmp_path: Path) -> None:
@@ -734,12 +734,11 @@ def test_one_replica_taking_a_surge_is_load_not_its_decode(tmp_path: Path) -> No
     # requests) and its TPOT rose with a batch of 36 -> 229, so the slice's largest raw driver was
     # decode. Its own step fit put 37 % of the TPOT rise in the decode work of a step: the batch
     # grew around the steps, and the slice's arrivals name it.
-    assert SHARED_TRACES.is_dir(), f"{SHARED_TRACES} is missing (CI has ../shared beside the checkout)"
-    incident, findings = _diagnosed(1220117, tmp_path, traces=SHARED_TRACES, per_side=1200)
-    assert incident.truth.cause == "load"  # type: ignore[attr-defined]
-    assert findings, "no finding at all"
-    assert findings[0][0] == "load", findings
-    assert all(cause != "decode_slowdown" for cause, _, _ in findings[:2]), findings
+    report = _shared_report(1220117, "load", tmp_path)
+    causes = [f.cause for f in report.findings]
+    assert causes, "no finding at all"
+    assert causes[0] == "load", report.findings
+    assert "decode_slowdown" not in causes[:2], report.findings
 
 
 def test_a_stage_quantile_moved_by_the_mix_is_no_regression(tmp_path: Path) -> None:
