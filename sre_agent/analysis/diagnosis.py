@@ -273,6 +273,7 @@ _PARTITIONS: Final[frozenset[str]] = frozenset({"stages", "slices"})
 #: benchmark reports on), where a user-facing quantile rose >= 10 % by chance in 31 and the rules,
 #: asked to explain it, put such a mechanism at 0.49 at most; real causes in the dev ranges read
 #: 0.65 and up (a metric-only prefix cache switched off, KV per running request x12 under preemptions).
+#: Measured by ``python tests/benchmarks/mechanism_null.py``.
 MECHANISM_CONFIDENCE: Final[float] = 0.6
 
 
