@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from sre_agent.analysis.rules_api import SHARE_HEADLINES, Evidence, Finding, MetricEstimate, Regression
-from sre_agent.analysis.selection import Selection
+from sre_agent.analysis.selection import Selection, format_time
 
 __all__ = ["SCHEMA", "Report", "render_dict"]
 
@@ -236,6 +236,9 @@ class Report:
         if all(versions):
             return f"service.version {versions[0]} (baseline) vs {versions[1]} (candidate)"
         mode = self.selection.mode if self.selection is not None else None
+        if self.selection is not None and self.selection.deploy_at_ns is not None:
+            # The windows may not meet at the deploy (a restart's dead time, a rollout left out).
+            return f"before vs after {format_time(self.selection.deploy_at_ns)}"
         if mode != "windows" and self.baseline.get("end") and self.baseline.get("end") == self.candidate.get("start"):
             return f"before vs after {self.candidate['start']}"
         return "two explicit windows"

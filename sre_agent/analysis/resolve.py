@@ -287,7 +287,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     if selection.mode == "since_last_deploy":
         deploy, how = _last_deploy(con, selection, where, scan)
         notes.append(how)
-        extents["TRUE"], edges = _extent_and_edges(con, where, deploy.time_ns, scan)
+        extents["TRUE"], edges, rollout = _extent_and_edges(con, where, deploy.time_ns, scan)
         split, note = _canary_split(con, where, deploy, selection.window_ns, extent(), scan=scan)
         if note:
             notes.append(note)
@@ -296,11 +296,24 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     else:
         assert selection.deploy_at_ns is not None
         deploy = DeployPoint(selection.deploy_at_ns)
-        extents["TRUE"], edges = _extent_and_edges(con, where, deploy.time_ns, scan)
+        extents["TRUE"], edges, rollout = _extent_and_edges(con, where, deploy.time_ns, scan)
     deploy_ns = deploy.time_ns
     lo, hi, n = extent()
     # Where each side's serving stops and starts (the deploy itself without request spans).
     last_before, first_after = edges
+    if rollout is None and n == 0:
+        rollout = _metric_rollout(con, selection, deploy_ns)
+    gaps = [(what, gap) for what, gap in (("before", deploy_ns - last_before), ("after", first_after - deploy_ns))
+            if gap > 0]  # fmt: skip
+    if gaps:
+        said = " and ".join(f"{gap / _NS:.0f} s {what}" for what, gap in gaps)
+        notes.append(
+            f"no engine request started for {said} the deploy (a restart or a drain): "
+            "the windows are measured over serving time, from the last request before and the first after"
+        )
+    if rollout is not None:
+        first_after = max(first_after, rollout.end_ns)
+        notes.append(rollout.note())
     window_ns = selection.window_ns
     if window_ns is None:
         if lo is None or hi is None or n == 0:
@@ -319,14 +332,6 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
                 f"(data spans {format_time(lo)}..{format_time(hi)}); pick another time or use --baseline/--candidate"
             )
         notes.append(f"windows of {window_ns / _NS:.0f} s each side of the deploy (equal lengths, capped by the data)")
-    gaps = [(what, gap) for what, gap in (("before", deploy_ns - last_before), ("after", first_after - deploy_ns))
-            if gap > 0]  # fmt: skip
-    if gaps:
-        said = " and ".join(f"{gap / _NS:.0f} s {what}" for what, gap in gaps)
-        notes.append(
-            f"no engine request started for {said} the deploy (a restart or a drain): "
-            "the windows are measured over serving time, from the last request before and the first after"
-        )
     return Windows(
         SideWindow("baseline", last_before - window_ns, last_before),
         SideWindow("candidate", first_after, first_after + window_ns),
@@ -340,14 +345,47 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
 DEAD_TIME_NS: Final[int] = 5 * _NS
 
 
+class Rollout(NamedTuple):
+    """A rolling deploy seen in the spans: versions that served before it kept serving after it for a while.
+
+    Attributes:
+        old: the versions that served before the deploy and after it, until the rollout ended.
+        new: the versions first seen after the deploy.
+        end_ns: just after the last start of an old version's request (Unix epoch ns).
+        requests: the old versions' requests after the deploy (``None`` when read from metrics).
+        seconds: how long after the deploy the old versions served.
+    """
+
+    old: tuple[str, ...]
+    new: tuple[str, ...]
+    end_ns: int
+    requests: int | None
+    seconds: float
+
+    def note(self) -> str:
+        """What the windows did about the rollout, for the report's notes."""
+        served = "reported metrics" if self.requests is None else f"served {self.requests} requests"
+        return (
+            f"rolling deploy: {', '.join(self.old)} {served} for {self.seconds:.0f} s after the deploy beside "
+            f"{', '.join(self.new)}; the candidate window starts when the rollout finished, so it holds the new "
+            "version only"
+        )
+
+
+#: A rollout is a transition only while it is short against the data after the deploy: the old
+#: versions served at most this share of it (beyond, both versions serve: a canary split or a
+#: stalled rollout, compared before/after as the user asked, or as a version pair).
+ROLLOUT_MAX_SHARE: Final[float] = 0.5
+
+
 def _extent_and_edges(
     con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int, scan: str
-) -> tuple[tuple[int | None, int | None, int], tuple[int, int]]:
-    """The selected spans' first start, last start and count, and the serving edges around ``deploy_ns``.
+) -> tuple[tuple[int | None, int | None, int], tuple[int, int], Rollout | None]:
+    """The selected spans' first start, last start and count, the serving edges around ``deploy_ns``, the rollout.
 
-    One scan for both: on ClickHouse each pass over the exporter's attribute maps costs seconds
-    at fleet scale. The edges are the end of serving before ``deploy_ns`` and its start after (ns),
-    from the last and first request starts.
+    One scan for all three, grouped by ``service.version`` (a handful of groups): on ClickHouse each
+    pass over the exporter's attribute maps costs seconds at fleet scale. The edges are the end of
+    serving before ``deploy_ns`` and its start after (ns), from the last and first request starts.
 
     A deploy marker is when the new version appeared, not when it served: a vLLM restart
     exports its start-up spans (weights, KV allocation) up to a minute before the first
@@ -357,19 +395,75 @@ def _extent_and_edges(
     that started before the deploy, the candidate starts with the first one at or after it.
     No request started between the two, so nothing is dropped. A pause shorter than
     :data:`DEAD_TIME_NS` is an ordinary gap between arrivals: that side's edge is the deploy.
+
+    A rolling restart (Kubernetes' default update) serves both versions until the last replica
+    restarted: the fleet runs a replica short, and each restarted replica starts with an empty
+    prefix cache, while the old version still serves part of the traffic. That transition is
+    neither version; a candidate window that includes it blames the new version for the
+    restart's capacity dip and cold caches and dilutes its own change with the old version's
+    requests (an engine gauge's peak is the old ``max_num_seqs``; the old replicas form a "slice"
+    that did not regress). So when a version first seen after the deploy exists and the versions
+    seen before it stopped within :data:`ROLLOUT_MAX_SHARE` of the data after it, the
+    :class:`Rollout` says where the new version alone serves.
     """
-    row = fetch_one(
-        con.execute(
-            f"SELECT min(start_ns), max(start_ns), count(*), max(start_ns) FILTER (WHERE start_ns < {deploy_ns}), "
-            f"min(start_ns) FILTER (WHERE start_ns >= {deploy_ns}) FROM {scan} WHERE {where}"
-        )
+    rows = con.execute(_per_version_sql("start_ns", scan, where, deploy_ns)).fetchall()
+    lo = min((int(r[1]) for r in rows if r[1] is not None), default=None)
+    hi = max((int(r[2]) for r in rows if r[2] is not None), default=None)
+    extent = (lo, hi, sum(int(r[3]) for r in rows))
+    before = max((int(r[4]) for r in rows if r[4] is not None), default=None)
+    after = min((int(r[5]) for r in rows if r[5] is not None), default=None)
+    last_before = deploy_ns if before is None or deploy_ns - (before + 1) < DEAD_TIME_NS else before + 1
+    first_after = deploy_ns if after is None or after - deploy_ns < DEAD_TIME_NS else after
+    return extent, (last_before, first_after), _rollout(rows, deploy_ns, hi)
+
+
+def _per_version_sql(time: str, table: str, where: str, deploy_ns: int) -> str:
+    """Per ``service.version``: first and last ``time``, rows, last ``time`` before ``deploy_ns``, first at or
+    after it, rows at or after it (the rows :func:`_rollout` reads)."""
+    return (
+        f"SELECT service_version, min({time}), max({time}), count(*), "
+        f"max({time}) FILTER (WHERE {time} < {deploy_ns}), min({time}) FILTER (WHERE {time} >= {deploy_ns}), "
+        f"count(*) FILTER (WHERE {time} >= {deploy_ns}) FROM {table} WHERE {where} GROUP BY 1"
     )
-    assert row is not None  # an aggregate without GROUP BY returns one row
-    extent = (row[0], row[1], int(row[2]))
-    before, after = row[3], row[4]
-    last_before = deploy_ns if before is None or deploy_ns - (int(before) + 1) < DEAD_TIME_NS else int(before) + 1
-    first_after = deploy_ns if after is None or int(after) - deploy_ns < DEAD_TIME_NS else int(after)
-    return extent, (last_before, first_after)
+
+
+def _rollout(rows: list[tuple[Any, ...]], deploy_ns: int, hi: int | None, *, counted: bool = True) -> Rollout | None:
+    """The rollout in per-version rows, or ``None`` (see :func:`_extent_and_edges`).
+
+    ``rows`` as :func:`_per_version_sql` gives them. ``counted``: the rows are requests (else
+    metric points, whose number says nothing to a reader).
+    """
+    versioned = [r for r in rows if r[0] is not None]
+    old = [r for r in versioned if r[4] is not None and int(r[6]) > 0]
+    new = [r for r in versioned if r[4] is None and int(r[6]) > 0]
+    if not old or not new or hi is None or len(versioned) != len(rows):
+        return None  # no version change, or rows without a version that cannot be told apart
+    end = max(int(r[2]) for r in old) + 1
+    if end - deploy_ns > ROLLOUT_MAX_SHARE * max(1, hi - deploy_ns):
+        return None
+    # Both versions served at once: a hot swap at a later time (a time picked before the deploy)
+    # ends the old version before the new one starts, and the windows stay where they were put.
+    if min(int(r[5]) for r in new) >= end:
+        return None
+    return Rollout(
+        tuple(sorted(str(r[0]) for r in old)),
+        tuple(sorted(str(r[0]) for r in new)),
+        end,
+        sum(int(r[6]) for r in old) if counted else None,
+        (end - deploy_ns) / _NS,
+    )
+
+
+def _metric_rollout(con: duckdb.DuckDBPyConnection, selection: Selection, deploy_ns: int) -> Rollout | None:
+    """A rollout read from the metric stream's ``service.version`` when there are no request spans.
+
+    A restarted replica exports its series under the new version; the old version's last
+    point after the deploy is where the rollout ended (a replica drained for good that kept
+    exporting would stretch it past :data:`ROLLOUT_MAX_SHARE`, and then nothing is cut).
+    """
+    rows = con.execute(_per_version_sql("time_ns", "metric_points", service_sql(selection), deploy_ns)).fetchall()
+    hi = max((int(r[2]) for r in rows if r[2] is not None), default=None)
+    return _rollout(rows, deploy_ns, hi, counted=False)
 
 
 def _last_deploy(

@@ -16,7 +16,7 @@ from synth import T0_NS, Options, Side, build_store
 
 from sre_agent.analysis.compare import Comparison, resolve_windows
 from sre_agent.analysis.diagnosis import diagnose
-from sre_agent.analysis.selection import Selection
+from sre_agent.analysis.selection import Selection, format_time
 
 NS = 1_000_000_000
 SINCE = Selection(mode="since_last_deploy")
@@ -119,3 +119,75 @@ def test_a_restart_gap_after_the_deploy_is_not_candidate_time(tmp_path: Path, se
     assert 0.8 < rate.candidate / rate.baseline < 1.25
     report = diagnose(path, chosen)
     assert report.findings[0].cause == "decode_slowdown"
+
+
+def _rollout_store(
+    tmp_path: Path, overlap_s: float, candidate_tpot_s: float = 0.02, *, spans: bool = True
+) -> tuple[Path, int]:
+    """v1 serves 330 s; v2 takes over from 300 s on, so both serve for ``overlap_s`` after the deploy."""
+    baseline = Side(rate_rps=16.0, duration_s=300.0 + overlap_s)
+    candidate = Side(version="v2", rate_rps=16.0, duration_s=300.0, tpot_s=candidate_tpot_s)
+    path = tmp_path / f"rollout-{overlap_s:.0f}-{spans}.duckdb"
+    deploy_ns = build_store(path, baseline, candidate, Options(concurrent_after_s=300.0, engine_spans=spans))
+    return path, deploy_ns
+
+
+def test_a_rolling_deploy_is_compared_from_when_the_rollout_finished(tmp_path: Path) -> None:
+    """Both versions serve for 30 s of a 300 s window: the candidate window is the new version's alone."""
+    path, deploy_ns = _rollout_store(tmp_path, 30.0)
+    at_deploy = Selection(mode="deploy_at", deploy_at_ns=deploy_ns)
+    with duckdb.connect(str(path), read_only=True) as con:
+        (old_last,) = con.execute("SELECT max(start_ns) FROM spans WHERE service_version = 'v1'").fetchone()  # type: ignore[misc]
+        for selection in (at_deploy, SINCE):
+            baseline, candidate, notes, _ = resolve_windows(con, selection)
+            assert candidate.start_ns == old_last + 1
+            assert baseline.end_ns <= deploy_ns
+            # Both sides shrink by the rollout: equal lengths, capped by the data after it.
+            assert candidate.seconds == pytest.approx(baseline.seconds)
+            assert 260 < candidate.seconds < 275
+            assert any(n.startswith("rolling deploy: v1 served") and "holds the new version only" in n for n in notes)
+        comparison = Comparison.open(con, at_deploy)
+        versions = comparison.requests.group_by("side", "service_version").len()
+    by_side = {(r["side"], r["service_version"]) for r in versions.to_dicts()}
+    assert by_side == {("baseline", "v1"), ("candidate", "v2")}
+
+
+def test_a_rollout_that_does_not_finish_is_not_cut_away(tmp_path: Path) -> None:
+    """v1 serves 200 s of the 300 after the deploy: a partial rollout, not a transition to skip."""
+    path, deploy_ns = _rollout_store(tmp_path, 200.0)
+    with duckdb.connect(str(path), read_only=True) as con:
+        _, candidate, notes, _ = resolve_windows(con, Selection(mode="deploy_at", deploy_at_ns=deploy_ns))
+    assert candidate.start_ns - deploy_ns < 5 * NS
+    assert not any(n.startswith("rolling deploy") for n in notes)
+
+
+def test_a_slower_version_rolled_out_is_found_without_the_old_version_as_a_slice(tmp_path: Path) -> None:
+    """The old version's requests during the rollout would otherwise be a "slice" that did not regress."""
+    path, deploy_ns = _rollout_store(tmp_path, 30.0, candidate_tpot_s=0.04)
+    report = diagnose(path, Selection(mode="deploy_at", deploy_at_ns=deploy_ns))
+    assert report.regression.significant
+    assert report.findings[0].cause == "decode_slowdown"
+    assert not report.findings[0].scope
+    assert report.comparison() == f"before vs after {format_time(deploy_ns)}"
+
+
+def test_a_rolling_deploy_is_seen_in_the_metric_stream_without_spans(tmp_path: Path) -> None:
+    """Metrics only: the old version's series stop where the rollout ended."""
+    path, deploy_ns = _rollout_store(tmp_path, 30.0, spans=False)
+    with duckdb.connect(str(path), read_only=True) as con:
+        (old_last,) = con.execute("SELECT max(time_ns) FROM metric_points WHERE service_version = 'v1'").fetchone()  # type: ignore[misc]
+        _, candidate, notes, _ = resolve_windows(con, Selection(mode="deploy_at", deploy_at_ns=deploy_ns))
+    assert old_last > deploy_ns + 20 * NS
+    assert candidate.start_ns == old_last + 1
+    assert any(n.startswith("rolling deploy: v1 reported metrics for ") for n in notes), notes
+
+
+def test_a_time_picked_before_a_later_hot_swap_keeps_its_windows(tmp_path: Path) -> None:
+    """Two minutes before a hot swap the old version serves alone, then the new one: no rollout to skip."""
+    path = tmp_path / "swap.duckdb"
+    deploy_ns = build_store(path, Side(rate_rps=16.0, duration_s=300.0), Side(version="v2", rate_rps=16.0))
+    earlier = deploy_ns - 120 * NS
+    with duckdb.connect(str(path), read_only=True) as con:
+        _, candidate, notes, _ = resolve_windows(con, Selection(mode="deploy_at", deploy_at_ns=earlier))
+    assert candidate.start_ns - earlier < 5 * NS
+    assert not any(n.startswith("rolling deploy") for n in notes)
