@@ -127,6 +127,9 @@ def kv_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:
 
 #: Share of the candidate's backlog scrapes at one running count that makes it a cap (MetricView.cap_binds).
 CAP_BINDS: Final[float] = 0.5
+#: How full the replicas must run where requests wait for a cap to hold them back (MetricView.running_at_queues):
+#: cuts of max_num_seqs read 0.95-1.0; slow admission and chance peaks 0.49-0.82.
+CAP_AT_PEAK: Final[float] = 0.9
 
 
 def cap_binds(metrics: MetricView) -> bool:
@@ -138,10 +141,16 @@ def cap_binds(metrics: MetricView) -> bool:
     running counts at one value; 1160188, 4096 -> 256: 35 %; 1160080: 30 %; max_num_seqs cuts
     1140136, 1160283 and 1140055: 95 %, 75 % and 50 %, the rest of the last being requests the old
     cap admitted before a hot swap).
+    And where requests waited the replicas ran full: at least :data:`CAP_AT_PEAK` of their own
+    peak, weighted by the requests waiting (:meth:`MetricView.running_at_queues`); a queue
+    below the peak waits for something other than a slot.
     True when too few scrapes waited to tell (the peak alone then decides, as before).
     """
     share = metrics.cap_binds().candidate
-    return share is None or share >= CAP_BINDS
+    if share is not None and share < CAP_BINDS:
+        return False
+    full = metrics.running_at_queues().candidate
+    return full is None or full >= CAP_AT_PEAK
 
 
 def admission_limited(metrics: MetricView, requests: Mapping[str, int]) -> bool:

@@ -58,7 +58,8 @@ still shows in the decodes it no longer stalls: the TPOT p99 fell >= 1.5x beyond
 its CI while the TPOT median did not fall, at the same uncached work per request,
 with the queue and prefill holding the excess (confidence 0.6 at a 3x fall); and,
 the mirror (chunked prefill turned off), a per-token headline's tail up >= 1.5x at a
-plain decode step (the median) not slower and no per-token cost up at equal batch.
+plain decode step (the median) not slower, no per-token cost up at equal batch and no
+prompt token costlier in a step by the step fit (a slower prefill path stalls decodes too).
 Otherwise, a running batch that moved by 30 % or more at the
 same arrival rate and mix while queueing did not carry the excess gives at
 most 0.3, since span overlap alone cannot tell batching from a slowdown.
@@ -362,7 +363,9 @@ def _stalls_grew(
     tail grows while a plain decode step (the median) does not (vLLM RFC#3130). Read only at the
     same load and uncached work per request, with neither decode nor prefill surely costlier
     per token at equal batch (:func:`_step_cost_rise`, z >= 2: a slower prefill step stalls
-    decodes too, and a slowdown of some replicas also lifts the tail over a steady median).
+    decodes too, and a slowdown of some replicas also lifts the tail over a steady median), nor
+    a prompt token surely costlier in the steps it shares (the step fit's ``g``, lower 95 % bound
+    of its rise >= 10 %: it still shows when the batch grew too much for equal-batch buckets).
     Where the step histogram shows no change (the budget above every prompt: the steps are as
     big, only no decode rides along; dev 1200213, chunking off on Azure's code trace: ITL p99
     x2.4, median x1.02, g +0 %).
@@ -389,6 +392,14 @@ def _stalls_grew(
         # Any per-token cost surely up at equal batch: stalls lengthen a few decodes' intervals and
         # barely move the mean; a slowdown of some of the replicas moves it (dev 1200272: decode
         # x1.91 on one replica of six, +8.9 % over all at z 10.8, TPOT p99 x1.62 at a steady median).
+        return None
+    mix = decode_step_mix(comparison, metrics)
+    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    if floor is not None and floor >= MIN_SLOWDOWN:
+        # A prompt token costs surely more in the steps it shares: decodes stall behind costlier
+        # prompts, not more of them (1270080: prefill x3.2, g x2.4, ITL p99 x56 at a steady median,
+        # where the batch grew x7 and no equal-batch bucket was left to show it). Whole-prompt
+        # scheduling moves how many prompt tokens a step carries, not what each costs (g -2..+1 %).
         return None
     # The same prefill work per request: more of each prompt to prefill (a lost prefix cache,
     # longer prompts) makes the steps that carry it longer too (dev 1150206: caching off, uncached
@@ -513,23 +524,14 @@ def _budget_signature(
                                         "a slower prefill path, not a budget")]  # fmt: skip
     at_prefill = stage_share(stages, "prefill", regression, comparison)
     kept = cost.shift.explained_share if cost.shift is not None else 1.0
-    waited = (
-        stage_share(stages, "queue", regression, comparison)
-        if admission_limited(metrics, comparison.request_counts)
-        else 0.0
-    )
+    waited, wait_evidence = _admission_wait(comparison, regression, metrics, stages)
     budget_evidence: tuple[Evidence, ...] = (
         Evidence("prefill_s_per_uncached_token_change_long", 0.0, rnd(long.rise),
                  f"prompts over {profile.long_tokens:.0f} uncached tokens, at equal batch; z = {long.z:.1f}"),
         Evidence("prefill_s_per_uncached_token_change_short", 0.0, rnd(short.rise),
                  f"prompts up to {profile.short_tokens:.0f} uncached tokens, at equal batch; z = {short.z:.1f}"),
+        *wait_evidence,
     )  # fmt: skip
-    if waited > 0:
-        binds = metrics.cap_binds()
-        budget_evidence += (
-            Evidence("backlog_scrapes_at_one_running_count", rnd(binds.baseline), rnd(binds.candidate),
-                     f"spread, no cap: requests wait to be admitted ({waited:.0%} of the tail excess is queue time)"),
-        )  # fmt: skip
     return Finding(
         cause="batch_composition",
         title=f"Prefill per uncached token rose {long.rise:.0%} for prompts over {profile.long_tokens:.0f} "
@@ -541,6 +543,30 @@ def _budget_signature(
         evidence=(*budget_evidence, *evidence),
         next_check=NEXT_CHECK + " (SGLang: chunked_prefill_size); export vllm:iteration_tokens to confirm",
     )
+
+
+def _admission_wait(
+    comparison: Comparison, regression: Regression, metrics: MetricView, stages: StageDecomposition
+) -> tuple[float, tuple[Evidence, ...]]:
+    """The queue's share of the tail excess when the gauges show requests waiting to be admitted, with evidence.
+
+    A smaller budget (or whole prompts per step) also holds new requests back: each step takes
+    fewer prompt tokens in, so at the same load they wait at whatever the replica runs, with no
+    cap binding and KV not full (``_load.admission_limited``; dev 1160081, SGLang budget
+    4096 -> 512: all of the TTFT tail excess queue time). ``(0.0, ())`` otherwise: a binding cap
+    or a full pool is queueing's and kv_pressure's.
+    """
+    if not admission_limited(metrics, comparison.request_counts):
+        return 0.0, ()
+    waited = stage_share(stages, "queue", regression, comparison)
+    if waited <= 0:
+        return 0.0, ()
+    full = metrics.running_at_queues()
+    return waited, (
+        Evidence("running_share_of_peak_at_queues", rnd(full.baseline), rnd(full.candidate),
+                 f"no cap: requests wait to be admitted below the replicas' peak ({waited:.0%} of the tail "
+                 "excess is queue time)"),
+    )  # fmt: skip
 
 
 def _prefill_spread(
@@ -582,18 +608,22 @@ def _prefill_spread(
         # step carry more prefill and each prompt wait longer for it: that work's rule owns it
         # (dev 1090098: hit rate 24 % -> 0, uncached tokens per request x1.25).
         return None
+    waited, wait_evidence = _admission_wait(comparison, regression, metrics, stages)
     spread_evidence = (
         Evidence("prefill_s_per_uncached_token_change_at_equal_batch", 0.0, rnd(shift.rise),
                  f"at equal running batch and prompt size; z = {shift.z:.1f}"),
         Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
                  "upper 95 % bound of the rise of a prompt token's cost in a step (step fit): no slower prefill path"),
+        *wait_evidence,
     )  # fmt: skip
     return Finding(
         cause="batch_composition",
         title=f"Prefill per uncached token rose {shift.rise:.0%} at the same load and batch while a prompt token "
         "costs no more in a step: prompts waited for or were spread over more steps (chunked prefill or the "
-        "step budget changed)",
-        explained=latency_share(regression, engine_share(stages, regression, comparison) * shift.explained_share),
+        "step budget changed)" + (" and requests waited to be admitted" if waited > 0 else ""),
+        explained=latency_share(
+            regression, engine_share(stages, regression, comparison) * shift.explained_share + waited
+        ),
         confidence=BUDGET_CONFIDENCE * clip01(shift.rise / FULL_BUDGET_RISE),
         stage="prefill",
         evidence=(*spread_evidence, *evidence),

@@ -228,6 +228,60 @@ class MetricView:
 
         return self._memo(("cap_binds",), lambda: self._of_backlog(share))
 
+    def running_at_queues(self) -> SidePair:
+        """How full a replica ran while requests queued: running / its peak, weighted by requests waiting, 0..1.
+
+        A cap on running requests (``max_num_seqs``) holds a request back only while every slot
+        is taken, so where requests wait the replica runs at the most it ever runs. An engine
+        that admits slowly (a small step budget) queues at whatever it runs (1260201: budget
+        16384 -> 256, 23 waiting at 2 running on a replica that ran 5 between queues: 0.68);
+        a peak that fell by chance lies above where a few requests waited (1270143: 3 waiting at
+        5-6 running, peaks of 8: 0.69); true cuts of ``max_num_seqs`` read 0.95-1.0. Each
+        scrape with :data:`QUEUED` or more waiting counts by its waiting requests, against its
+        replica's peak after the replica first ran at most the median it queued at (within 10 %
+        or one request): the requests an old, higher cap admitted before a hot swap drain first
+        (1140136: peak 44 after a cut 64 -> 4). ``None`` for a side where nothing queued.
+        """
+        return self._memo(("running_at_queues",), self._running_at_queues)
+
+    def _running_at_queues(self) -> SidePair:
+        """Uncached :meth:`running_at_queues`."""
+        running, waiting = self.name_for("running_requests"), self.name_for("waiting_requests")
+        if running is None or waiting is None:
+            return SidePair(None, None)
+        instance = "coalesce(service_instance, host_name, series_key)"
+        out: list[float | None] = []
+        for side in SIDES:
+            rows = self._con.execute(
+                f"""SELECT r.i, r.value, coalesce(w.value, 0) FROM
+                      (SELECT {instance} AS i, time_ns, value FROM metric_points
+                       WHERE {self._where(side, running)} AND isfinite(value)) r
+                    LEFT JOIN (SELECT {instance} AS i, time_ns, value FROM metric_points
+                               WHERE {self._where(side, waiting)} AND isfinite(value)) w
+                      ON r.i = w.i AND r.time_ns = w.time_ns
+                    ORDER BY r.i, r.time_ns"""
+            ).fetchall()
+            by_instance: dict[str, list[tuple[float, float]]] = {}
+            for i, r, w in rows:
+                by_instance.setdefault(str(i), []).append((float(r), float(w)))
+            full = weight = 0.0
+            for series in by_instance.values():
+                queued = [r for r, w in series if w >= QUEUED]
+                if not queued:
+                    continue
+                level = float(np.median(queued))
+                top = level + max(1.0, 0.1 * level)
+                settled = series[next((k for k, (r, _) in enumerate(series) if r <= top), len(series)) :]
+                peak = max((r for r, _ in settled), default=0.0)
+                if peak <= 0:
+                    continue
+                for r, w in settled:
+                    if w >= QUEUED:
+                        full += w * min(1.0, r / peak)
+                        weight += w
+            out.append(full / weight if weight else None)
+        return SidePair(out[0], out[1])
+
     def _of_backlog(self, summary: Callable[[np.ndarray], float | None]) -> SidePair:
         """``summary`` of each side's (running, waiting) rows at the scrapes with requests waiting."""
         key = ("backlog_running",)

@@ -258,3 +258,37 @@ def test_histogram_by_replica_adds_each_replicas_increments_across_a_reset(tmp_p
     # Candidate [300, 600 s): the first point (300 s) adds nothing; replica-2 resets at 360 s to 20.
     assert cand[("host.name", "replica-1")] == pytest.approx((0.02 * 200, 200))
     assert cand[("host.name", "replica-2")] == pytest.approx((0.05 * 70, 70))
+
+
+def _gauges(path: Path, candidate: list[tuple[float, float]]) -> MetricView:
+    """Running and waiting gauges of one replica, scraped every 10 s: idle before the deploy, then ``candidate``."""
+    rows = []
+    series = [(0.0, 0.0)] * 30 + candidate
+    for i, (running, waiting) in enumerate(series):
+        for name, value in (("vllm:num_requests_running", running), ("vllm:num_requests_waiting", waiting)):
+            rows.append({"name": name, "kind": "gauge", "time_ns": int(10e9 * i), "value": value,
+                         "service_name": "vllm", "service_instance": "r1", "host_name": "r1",
+                         "series_key": f"{name}|r1"})  # fmt: skip
+    con = duckdb.connect(str(path))
+    con.execute(schema.METRIC_POINTS_DDL)
+    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
+    con.execute("INSERT INTO metric_points SELECT * FROM new_points")
+    return _view(con)
+
+
+def test_a_cap_on_running_requests_queues_only_at_the_peak(tmp_path: Path) -> None:
+    # max_num_seqs 8 after a hot swap: the old cap's 40 requests drain first, then the replica
+    # runs at most 8 and every queue waits at 8.
+    drain = [(40.0, 6.0), (25.0, 9.0), (12.0, 7.0)]
+    capped = [(8.0, 5.0), (6.0, 0.0), (8.0, 12.0), (7.0, 0.0), (8.0, 3.0), (5.0, 0.0)] * 4 + [(8.0, 2.0)]
+    full = _gauges(tmp_path / "cap.duckdb", drain + capped).running_at_queues()
+    assert full.baseline is None  # nothing queued before the deploy
+    assert full.candidate == pytest.approx(1.0)
+
+
+def test_requests_admitted_slowly_queue_below_the_peak(tmp_path: Path) -> None:
+    # A small step budget: queues of 11-23 at 2-4 running on a replica that runs 6 in between.
+    slow = [(2.0, 23.0), (6.0, 0.0), (3.0, 11.0), (5.0, 1.0), (4.0, 15.0), (6.0, 0.0), (2.0, 12.0)] * 3
+    full = _gauges(tmp_path / "slow.duckdb", slow).running_at_queues()
+    assert full.candidate is not None
+    assert full.candidate < 0.6
