@@ -29,7 +29,9 @@ Mechanisms, each with what must stay flat:
   the prefix-cache hit rate stayed flat (those rises are ``load``/``capacity``,
   ``traffic_mix``, ``kv_pressure`` and ``prefix_cache``, whose own rules read
   them). A slower step raises the running batch too (Little's law), so the
-  running gauge is evidence, not a test.
+  running gauge is evidence, not a test; and so do more arrivals, so an arrival
+  rate risen 15 % or more at 2 <= z < 3 (neither noise nor measured) is named
+  beside it as ``load``, its confidence scaled by z / 3.
 
 ``explained`` (0..1): the finding's log driver (``log lambda ratio``,
 ``-log R ratio``, ``log ITL ratio``) over the sum of every driver that moved;
@@ -74,6 +76,9 @@ SAME_WORK: Final[float] = 0.20
 MIN_Z: Final[float] = 3.0
 #: Variance inflation of request counts: arrivals come in bursts (Azure code: CV 13).
 DISPERSION: Final[float] = 4.0
+#: Poisson z below which an arrival-rate change is plainly noise; between it and :data:`MIN_Z` the
+#: arrivals rose by as much as a slower step would need to explain, and both readings are named.
+NOISE_Z: Final[float] = 2.0
 #: Hit-rate fall (points) and preemptions per request rise that belong to other mechanisms.
 HIT_RATE_FALL: Final[float] = 0.05
 PREEMPTION_RISE: Final[float] = 0.002
@@ -253,6 +258,7 @@ def engine_metrics(
     fewer = replicas.ratio <= 1 - MIN_FALL
     drained = (waiting.candidate or 0.0) < (waiting.baseline or 0.0)
     terms: dict[str, float] = {}
+    load_within_noise = 1.0  # the load finding's confidence factor when its rise is within noise
     if comparison.windows_overlap:
         # Two versions serving side by side (a canary split): each side's replicas are the version's
         # by design, so its offered load is per replica (dev 1200131: a canary on 2 of 3 replicas
@@ -268,6 +274,20 @@ def engine_metrics(
         terms["capacity"] = -_log(lower_cap)
     if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE and per_replica_flat and not other_mechanism:
         terms["decode_slowdown"] = _log(itl_mean.ratio)
+        # More arrivals grow the running batch and slow each step as a slower step grows the batch
+        # (Little's law): the gauges cannot tell them apart, only the arrival rate can. Risen by 15 %
+        # or more at 2 <= z < 3 it is neither noise nor measured, so both readings are named, the
+        # load at its z's share of the bar (1270283: arrivals x1.26 at z 2.9 on the same replicas,
+        # ITL x1.25, running x1.23, read as a decode slowdown alone).
+        if (
+            not comparison.windows_overlap
+            and "load" not in terms
+            and rate.ratio >= 1 + MIN_RISE
+            and NOISE_Z <= rate_z < MIN_Z
+            and abs(replicas.ratio - 1) < MIN_RISE
+        ):
+            terms["load"] = _log(rate.ratio)
+            load_within_noise = rate_z / MIN_Z
     terms = {k: v for k, v in terms.items() if v > 0}
     if not terms:
         return []
@@ -301,6 +321,8 @@ def engine_metrics(
             per = " per replica" if comparison.windows_overlap else ""
             title = (f"Offered load{per} rose {rise:.0%} ({rnd(rate.baseline)} -> {rnd(rate.candidate)} req/s) "
                      f"on {replicas.candidate:.0f} replicas (engine metrics)")  # fmt: skip
+            if load_within_noise < 1:
+                title += f", at z = {rate_z:.1f}: within bursty arrivals' spread, as likely as a slower step"
             change, stage, next_check = (
                 rise,
                 "queue",
@@ -335,8 +357,13 @@ def engine_metrics(
             if found is not None:
                 scope, scope_evidence = found
                 extra = (scope_evidence,)
-            title = (f"Mean inter-token latency rose {(itl_mean.ratio or 1.0) - 1:.0%} at the same load per "
-                     "replica and work per request (engine metrics)")  # fmt: skip
+            same_load = (
+                "at the same load per replica"
+                if load_within_noise == 1
+                else f"while arrivals rose {rate.ratio - 1:.0%} within noise"
+            )
+            title = (f"Mean inter-token latency rose {(itl_mean.ratio or 1.0) - 1:.0%} {same_load} "
+                     "and the same work per request (engine metrics)")  # fmt: skip
             change, stage, next_check = (
                 (itl_mean.ratio or 1.0) - 1,
                 "decode",
@@ -350,7 +377,10 @@ def engine_metrics(
                 cause=cause,
                 title=title,
                 explained=explained,
-                confidence=CONFIDENCE * min(1.0, change / 0.3) * (BESIDE_SPANS if spans else 1.0),
+                confidence=CONFIDENCE
+                * min(1.0, change / 0.3)
+                * (BESIDE_SPANS if spans else 1.0)
+                * (load_within_noise if cause == "load" else 1.0),
                 stage=stage,
                 scope=scope,
                 evidence=evidence + extra,

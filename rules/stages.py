@@ -218,7 +218,8 @@ def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str:
     (or that cannot be measured: as before). When it did not and more prompt work per request
     arrived, the step fit's rise of the prefill cost per token is the prompts' own (longer
     prompts cost more per token): it goes to ``traffic_mix`` or ``prefix_cache``
-    (:func:`_more_prompt_work`).
+    (:func:`_more_prompt_work`). When neither, it stays ``prefill_slowdown`` only if the fit
+    bounds that rise at >= 10 %; else ``decode_slowdown`` keeps it.
     """
     try:
         cost = engine_cost(comparison, metrics, "prefill")
@@ -229,8 +230,15 @@ def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str:
         return "prefill_slowdown"
     # Handed on only when more prefill work arrived to own it: the step fit's own evidence of a
     # costlier prefill stands when nothing else changed (dev 1040246: prefill x1.58, the per-token
-    # comparison flat at z 0.4 while g rose 85 ms per token).
-    return _more_prompt_work(comparison, metrics) or "prefill_slowdown"
+    # comparison flat at z 0.4 while g rose 85 ms per token), if it is evidence: a prompt token
+    # surely >= 10 % costlier in a step. Else the fit's split of the rise is its point estimate
+    # and the rise stays the decode's, whose cost at equal batch measured it (1260284: decode
+    # x1.45, TPOT +21 % at equal batch at z 3.8, prefill per token -5 %, g's rise bounded at
+    # +0.02 %, and the queue went to a x1.09 "prefill" echo over a x1.07 decode).
+    mix = decode_step_mix(comparison, metrics)
+    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    surely = floor is None or floor >= MIN_SLOWDOWN
+    return _more_prompt_work(comparison, metrics) or ("prefill_slowdown" if surely else "decode_slowdown")
 
 
 def _more_prompt_work(comparison: Comparison, metrics: MetricView) -> str | None:

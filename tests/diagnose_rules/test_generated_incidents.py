@@ -854,3 +854,22 @@ def test_a_running_peak_that_fell_by_chance_on_a_canary_is_no_cap(tmp_path: Path
     assert all(f.cause != "capacity" or f.rule == "stages" for f in report.findings), [
         (f.cause, f.rule, f.title) for f in report.findings[:3]
     ]
+
+
+def test_arrivals_risen_within_noise_are_named_beside_a_slower_step(tmp_path: Path) -> None:
+    # Metrics only, a rolling restart with arrivals x1.34 at the deploy: the window's arrivals rose
+    # 26 % at z 2.9, short of the bar a measured rise needs, and the mean ITL rose 25 % with the
+    # running batch. More arrivals and a slower step both grow the batch; the gauges cannot tell
+    # them apart, so the load is named too instead of "at the same load" for the decode alone.
+    report = _shared_report(1270283, "load", tmp_path)
+    causes = [f.cause for f in report.findings[:2]]
+    assert "load" in causes, [(f.cause, f.title) for f in report.findings[:3]]
+
+
+def test_a_decode_slowdown_keeps_the_rise_a_noisy_step_fit_gives_to_prefill(tmp_path: Path) -> None:
+    # Decode x1.45 on a saturating fleet (spans only): TPOT +21 % at equal batch (z 3.8), prefill
+    # per token flat. The step fit split the rise about evenly between decode work and costlier
+    # prefill in the same steps, but bounded that prefill cost's rise at +0.02 %: the split is its
+    # point estimate, and the queue is the decode's.
+    report = _shared_report(1260284, "decode_slowdown", tmp_path)
+    assert report.findings[0].cause == "decode_slowdown", [(f.cause, f.title) for f in report.findings[:3]]
