@@ -260,11 +260,10 @@ def _corroborated(
 
 #: Causes whose rule tests a mechanism of its own beyond that mechanism's noise (the CORROBORATING
 #: controls, plus arrivals against their per-slice spread and work per request), which alone can
-#: make a regression of a latency that rose within its noise (:func:`_by_mechanism`). Not
-#: ``capacity``: a lower cap is read from the running gauge's median at the scrapes that had a
-#: backlog, which has no test of its own (a version bump, metrics only, waiting 0.02 -> 0.03:
-#: "1.0 run per replica against 2.0" at 0.8; dev 1230231), and replicas removed slow the tail
-#: beyond its noise on their own.
+#: make a regression of a latency that rose within its noise (:func:`_by_mechanism`). ``capacity``
+#: only by a count (:func:`_replicas_counted_fewer`): a lower cap is read from the running gauge's
+#: median at the scrapes that had a backlog, which has no test of its own (a version bump, metrics
+#: only, waiting 0.02 -> 0.03: "1.0 run per replica against 2.0" at 0.8; dev 1230231).
 MECHANISMS: Final[frozenset[str]] = CORROBORATING | {"load", "traffic_mix"}
 #: Rules that split a latency's change between stages or slices rather than test a mechanism.
 _PARTITIONS: Final[frozenset[str]] = frozenset({"stages", "slices"})
@@ -300,7 +299,41 @@ def _provisional(estimates: list[MetricEstimate]) -> Regression | None:
     return Regression(best.name, best.quantile, best.baseline, best.candidate, best.ci, True)
 
 
-def _by_mechanism(provisional: Regression, findings: list[Finding]) -> Regression | None:
+def _replicas_counted_fewer(finding: Finding) -> bool:
+    """A ``capacity`` finding whose replicas fell >= 10 % by their count, not by an estimate.
+
+    Distinct instances serving (span resource attributes, else metric series weighted by the
+    time each served) are counted, with no sampling noise of their own; a replica removed for
+    the same traffic is there whatever the latency's noise (1 of 4 SGLang replicas removed:
+    e2e p99 x1.46, its CI above zero but short of the family bar, read "no regression").
+    """
+    if finding.cause != "capacity":
+        return False
+    counted = next((e for e in finding.evidence if e.signal == "replicas"), None)
+    before, after = (counted.baseline, counted.candidate) if counted is not None else (None, None)
+    if not isinstance(before, int | float) or not isinstance(after, int | float):
+        return False
+    return before > 0 and after <= (1 - REPLICAS_FELL) * before
+
+
+#: Fall of the replica count that makes a counted capacity loss.
+REPLICAS_FELL: Final[float] = 0.10
+
+
+def mechanism_finding(
+    findings: list[Finding], confidence: float, *, versions_side_by_side: bool = False
+) -> Finding | None:
+    """The most confident finding of a mechanism tested on its own (:data:`MECHANISMS`, or replicas
+    counted fewer outside a version pair) at ``confidence`` or more, from no partition rule."""
+    tested = [
+        f for f in findings if f.cause in MECHANISMS or (not versions_side_by_side and _replicas_counted_fewer(f))
+    ]
+    return _surest(tested, MECHANISMS | {"capacity"}, confidence, skip=_PARTITIONS)
+
+
+def _by_mechanism(
+    provisional: Regression, findings: list[Finding], *, versions_side_by_side: bool = False
+) -> Regression | None:
     """The provisional headline when a mechanism the rules tested on its own explains it; else ``None``.
 
     A window's latency quantiles move with its bursts: in a bursty trace a side's minutes
@@ -313,9 +346,10 @@ def _by_mechanism(provisional: Regression, findings: list[Finding]) -> Regressio
     :data:`MECHANISM_CONFIDENCE` explaining a user-facing quantile that rose
     :data:`~sre_agent.analysis.headline.MIN_EFFECT` or more, the regression is that mechanism's,
     and the note says the latency alone would not have shown it. A deploy that changed nothing
-    must then fool the mechanism's test, not only the latency's.
+    must then fool the mechanism's test, not only the latency's. ``versions_side_by_side``: the
+    windows are a version pair, whose replica counts differ by design.
     """
-    by = _surest(findings, MECHANISMS, MECHANISM_CONFIDENCE, skip=_PARTITIONS)
+    by = mechanism_finding(findings, MECHANISM_CONFIDENCE, versions_side_by_side=versions_side_by_side)
     if by is None:
         return None
     label = f"{provisional.metric} p{round(provisional.quantile * 100)}"
@@ -455,7 +489,7 @@ def diagnose(
             run = run_rules(loaded, tried)
             findings, run_failures, skip_notes = run[0], run[1], run[2]
             timings = {k: v + run[3].get(k, 0.0) for k, v in timings.items()}
-            adopted = _by_mechanism(provisional, findings)
+            adopted = _by_mechanism(provisional, findings, versions_side_by_side=comparison.windows_overlap)
             if adopted is not None:
                 regression, context = adopted, tried
                 if all(comparison.request_counts[s] for s in SIDES):

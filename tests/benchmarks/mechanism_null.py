@@ -6,8 +6,9 @@ measures what that confidence reaches when nothing changed: the healthy deploys 
 the incident generator's seeds ``--seed`` .. ``--seed + --n - 1``, those the benchmark would
 score (``visible``), each replayed into a store in-process (``replay_into_store``). For each,
 the user-facing quantile that rose most by its point estimate (``diagnosis._provisional``) is
-handed to every rule, and the most confident finding of ``diagnosis.MECHANISMS`` (not from the
-stage or slice splits) is recorded. The default range, 1900000-1900399, is one no accuracy run
+handed to every rule, and the most confident finding the route would take
+(``diagnosis.mechanism_finding``: a mechanism tested on its own, or replicas counted fewer) is
+recorded. The default range, 1900000-1900399, is one no accuracy run
 reports on.
 
 Run: ``python tests/benchmarks/mechanism_null.py [--seed 1900000] [--n 400] [--jobs 2]``.
@@ -24,12 +25,10 @@ from pathlib import Path
 
 from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.diagnosis import (
-    _PARTITIONS,
     MECHANISM_CONFIDENCE,
-    MECHANISMS,
     _context,
     _provisional,
-    _surest,
+    mechanism_finding,
     run_rules,
 )
 from sre_agent.analysis.headline import estimate_metrics, headline
@@ -66,7 +65,7 @@ def strongest_mechanism(seed: int, traces: Path | None) -> tuple[int, str, str, 
                 return seed, "flat", "-", 0.0
             loaded, _ = load_rules(None)
             findings = run_rules(loaded, _context(comparison, provisional, estimates))[0]
-            surest = _surest(findings, MECHANISMS, 0.0, skip=_PARTITIONS)
+            surest = mechanism_finding(findings, 0.0, versions_side_by_side=comparison.windows_overlap)
             return seed, "risen", surest.cause if surest else "-", surest.confidence if surest else 0.0
         finally:
             store.close()

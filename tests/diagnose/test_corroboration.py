@@ -21,7 +21,7 @@ from sre_agent.analysis.diagnosis import (
     _corroborated,
     _provisional,
 )
-from sre_agent.analysis.rules_api import Finding, MetricEstimate, Regression
+from sre_agent.analysis.rules_api import Evidence, Finding, MetricEstimate, Regression
 
 NONE = Regression("e2e", 0.99, 11.19, 16.69, (-0.4, 15.2), False)
 #: TPOT p50 x2.14 with a CI above zero (dev 1230025's numbers), e2e p99 through zero.
@@ -146,3 +146,22 @@ def test_a_split_or_a_weak_mechanism_leaves_no_regression(finding: Finding) -> N
     provisional = _provisional(RISEN_IN_NOISE)
     assert provisional is not None
     assert _by_mechanism(provisional, [finding]) is None
+
+
+def _capacity(before: float, after: float, rule: str = "queueing") -> Finding:
+    evidence = (Evidence("replicas", before, after, "distinct engine instances serving"),)
+    return Finding(cause="capacity", title="t", explained=0.5, confidence=0.9, evidence=evidence).with_rule(rule)
+
+
+def test_replicas_counted_fewer_make_the_regression_outside_a_version_pair() -> None:
+    provisional = _provisional(RISEN_IN_NOISE)
+    assert provisional is not None
+    out = _by_mechanism(provisional, [_capacity(4, 3)])
+    assert out is not None
+    assert "capacity" in out.note
+    # A canary's replicas are its version's by design; the same count names nothing there.
+    assert _by_mechanism(provisional, [_capacity(4, 3)], versions_side_by_side=True) is None
+    # Fewer than 10 % fewer (time-weighted serving: a replica drained for 20 s of 300) is no count.
+    assert _by_mechanism(provisional, [_capacity(4.0, 3.7, "engine_metrics")]) is None
+    # Partitions of the latency do not test a mechanism, whatever their evidence says.
+    assert _by_mechanism(provisional, [_capacity(4, 3, "stages")]) is None
