@@ -361,6 +361,20 @@ def metric_hit_rate(metrics: MetricView, requests: Mapping[str, int]) -> tuple[S
     return None
 
 
+#: A prefix-cache hit rate that fell by both (absolute points, relative share) is ``prefix_cache``'s to explain.
+HIT_RATE_FALL: Final[tuple[float, float]] = (0.05, 0.10)
+
+
+def hit_rate_fell(metrics: MetricView, requests: Mapping[str, int]) -> bool:
+    """Whether the counters' (else the gauge's) prefix-cache hit rate fell by ``HIT_RATE_FALL`` or more."""
+    hit = metric_hit_rate(metrics, requests)
+    if hit is None or hit[0].baseline is None or hit[0].candidate is None:
+        return False
+    before, after = hit[0].baseline, hit[0].candidate
+    points, share = HIT_RATE_FALL
+    return before - after >= points and before - after >= share * before
+
+
 def uncached_tokens(comparison: Comparison, metrics: MetricView | None) -> pl.Expr:
     """Prompt tokens a request had to prefill (input - cached), as an expression over ``comparison.requests``.
 
@@ -493,6 +507,8 @@ __all__ = [
     "engine_share",
     "headline_column",
     "latency_share",
+    "HIT_RATE_FALL",
+    "hit_rate_fell",
     "metric_hit_rate",
     "per_replica",
     "per_request",

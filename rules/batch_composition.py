@@ -97,6 +97,7 @@ from sre_agent.rules._mechanism import (
     Z_MIN,
     clip01,
     engine_share,
+    hit_rate_fell,
     latency_share,
     rnd,
     side,
@@ -603,10 +604,15 @@ def _prefill_spread(
         # decode part too, but not TPOT at equal batch as much as the prompts' own wait (1100005).
         return None
     uncached = uncached_per_request(comparison, metrics)
-    if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):
+    if (
+        uncached.ratio is None
+        or _changed(uncached.ratio, MAX_WORK_CHANGE)
+        or hit_rate_fell(metrics, comparison.request_counts)
+    ):
         # More of each prompt to prefill (a cache that stopped hitting, longer prompts) makes every
         # step carry more prefill and each prompt wait longer for it: that work's rule owns it
-        # (dev 1090098: hit rate 24 % -> 0, uncached tokens per request x1.25).
+        # (dev 1090098: hit rate 24 % -> 0, uncached tokens per request x1.25; 1230021: caching
+        # off, 16 % -> 0, x1.18, under the work bar but the cache's by its own bar).
         return None
     waited, wait_evidence = _admission_wait(comparison, regression, metrics, stages)
     spread_evidence = (

@@ -61,6 +61,7 @@ from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair
 from sre_agent.rules._load import metric_queue_share, pool_shrank_by, service_time_queue_share
 from sre_agent.rules._mechanism import (
+    HIT_RATE_FALL,
     MIN_BUCKET,
     clip01,
     confined_slice,
@@ -75,10 +76,8 @@ from sre_agent.rules._mechanism import (
     z_change,
 )
 
-#: Smallest drop of the hit rate (absolute, fraction of prompt tokens) worth a finding.
-MIN_DROP: Final[float] = 0.05
-#: Smallest relative drop worth a finding.
-MIN_RELATIVE_DROP: Final[float] = 0.10
+#: Smallest drop of the hit rate worth a finding: absolute (fraction of prompt tokens), and relative.
+MIN_DROP, MIN_RELATIVE_DROP = HIT_RATE_FALL
 #: Drop at which the effect counts as unmistakable.
 FULL_DROP: Final[float] = 0.20
 #: Confidence ceiling for hit rates known only from metric totals.

@@ -882,3 +882,12 @@ def test_a_replica_removed_makes_a_regression_of_a_tail_within_its_noise(tmp_pat
     report = _shared_report(1270129, "capacity", tmp_path)
     assert report.regression.significant, report.regression
     assert report.findings[0].cause == "capacity", [(f.cause, f.title) for f in report.findings[:3]]
+
+
+def test_prompts_sharing_steps_with_prefill_the_cache_stopped_serving_are_the_caches(tmp_path: Path) -> None:
+    # Prefix caching turned off in a rolling restart (vLLM V1): the counters' hit rate 16 % -> 0,
+    # uncached prompt tokens per request x1.18, under the 20 % work bar of batch_composition's
+    # "prompts spread over more steps" reading, which led. The cache's own bar (5 points and 10 %)
+    # says whose the extra prefill in every step is.
+    report = _shared_report(1230021, "prefix_cache", tmp_path)
+    assert report.findings[0].cause == "prefix_cache", [(f.cause, f.title) for f in report.findings[:3]]
