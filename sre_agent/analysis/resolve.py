@@ -311,9 +311,6 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
             f"no engine request started for {said} the deploy (a restart or a drain): "
             "the windows are measured over serving time, from the last request before and the first after"
         )
-    if rollout is not None:
-        first_after = max(first_after, rollout.end_ns)
-        notes.append(rollout.note())
     window_ns = selection.window_ns
     if window_ns is None:
         if lo is None or hi is None or n == 0:
@@ -332,9 +329,15 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
                 f"(data spans {format_time(lo)}..{format_time(hi)}); pick another time or use --baseline/--candidate"
             )
         notes.append(f"windows of {window_ns / _NS:.0f} s each side of the deploy (equal lengths, capped by the data)")
+    candidate_start = first_after
+    if rollout is not None and rollout.end_ns < first_after + window_ns:
+        # Only the rollout is left out: the candidate ends where it would have, and the baseline
+        # keeps its length (cutting both would cost the comparison the baseline's power too).
+        candidate_start = max(first_after, rollout.end_ns)
+        notes.append(rollout.note())
     return Windows(
         SideWindow("baseline", last_before - window_ns, last_before),
-        SideWindow("candidate", first_after, first_after + window_ns),
+        SideWindow("candidate", candidate_start, first_after + window_ns),
         notes,
         deploy,
     )
@@ -404,7 +407,8 @@ def _extent_and_edges(
     requests (an engine gauge's peak is the old ``max_num_seqs``; the old replicas form a "slice"
     that did not regress). So when a version first seen after the deploy exists and the versions
     seen before it stopped within :data:`ROLLOUT_MAX_SHARE` of the data after it, the
-    :class:`Rollout` says where the new version alone serves.
+    :class:`Rollout` says where the new version alone serves; the candidate window then starts
+    there and ends where it would have, and the baseline keeps its length.
     """
     rows = con.execute(_per_version_sql("start_ns", scan, where, deploy_ns)).fetchall()
     lo = min((int(r[1]) for r in rows if r[1] is not None), default=None)

@@ -142,8 +142,9 @@ def test_a_rolling_deploy_is_compared_from_when_the_rollout_finished(tmp_path: P
             baseline, candidate, notes, _ = resolve_windows(con, selection)
             assert candidate.start_ns == old_last + 1
             assert baseline.end_ns <= deploy_ns
-            # Both sides shrink by the rollout: equal lengths, capped by the data after it.
-            assert candidate.seconds == pytest.approx(baseline.seconds)
+            # Only the rollout is left out: the baseline keeps its length, the candidate its end.
+            assert 290 < baseline.seconds <= 300
+            assert candidate.end_ns - deploy_ns == pytest.approx(baseline.seconds * NS, rel=0.02)
             assert 260 < candidate.seconds < 275
             assert any(n.startswith("rolling deploy: v1 served") and "holds the new version only" in n for n in notes)
         comparison = Comparison.open(con, at_deploy)
