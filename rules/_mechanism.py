@@ -362,16 +362,16 @@ def metric_hit_rate(metrics: MetricView, requests: Mapping[str, int]) -> tuple[S
 
 
 #: A prefix-cache hit rate that fell by both (absolute points, relative share) is ``prefix_cache``'s to explain.
-HIT_RATE_FALL: Final[tuple[float, float]] = (0.05, 0.10)
+HIT_RATE_DROP: Final[tuple[float, float]] = (0.05, 0.10)
 
 
 def hit_rate_fell(metrics: MetricView, requests: Mapping[str, int]) -> bool:
-    """Whether the counters' (else the gauge's) prefix-cache hit rate fell by ``HIT_RATE_FALL`` or more."""
+    """Whether the counters' (else the gauge's) prefix-cache hit rate fell by ``HIT_RATE_DROP`` or more."""
     hit = metric_hit_rate(metrics, requests)
     if hit is None or hit[0].baseline is None or hit[0].candidate is None:
         return False
     before, after = hit[0].baseline, hit[0].candidate
-    points, share = HIT_RATE_FALL
+    points, share = HIT_RATE_DROP
     return before - after >= points and before - after >= share * before
 
 
@@ -507,7 +507,7 @@ __all__ = [
     "engine_share",
     "headline_column",
     "latency_share",
-    "HIT_RATE_FALL",
+    "HIT_RATE_DROP",
     "hit_rate_fell",
     "metric_hit_rate",
     "per_replica",

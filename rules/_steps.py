@@ -438,6 +438,12 @@ def decode_step_mix(comparison: Comparison, metrics: MetricView) -> StepMix | No
     return _MIX_CACHE[comparison][0]
 
 
+def prefill_cost_floor(comparison: Comparison, metrics: MetricView) -> float | None:
+    """:meth:`StepMix.prefill_cost_rise_floor` of :func:`decode_step_mix` (``None`` when it cannot be fitted)."""
+    mix = decode_step_mix(comparison, metrics)
+    return mix.prefill_cost_rise_floor() if mix is not None else None
+
+
 #: Step fits of one slice of whole replicas, per comparison: a slice's rule, the slowdown rules and
 #: the second run of the rules (a rise within noise) ask for the same ones.
 _SLICE_MIX_CACHE: weakref.WeakKeyDictionary[Comparison, dict[tuple[str, str], tuple[StepMix | None]]] = (
@@ -477,6 +483,7 @@ __all__ = [
     "batch_shape",
     "decode_step_mix",
     "median_step",
+    "prefill_cost_floor",
     "slice_step_mix",
     "step_mix",
 ]

@@ -105,7 +105,15 @@ from sre_agent.rules._mechanism import (
     tail_shares,
     uncached_per_request,
 )
-from sre_agent.rules._steps import BATCH_SHAPE_FACTOR, DECODE_LED, BatchShape, batch_shape, decode_step_mix, median_step
+from sre_agent.rules._steps import (
+    BATCH_SHAPE_FACTOR,
+    DECODE_LED,
+    BatchShape,
+    batch_shape,
+    decode_step_mix,
+    median_step,
+    prefill_cost_floor,
+)
 
 #: Arrival-rate change beyond which batch changes are load's doing.
 MAX_RATE_CHANGE: Final[float] = 0.15
@@ -394,8 +402,7 @@ def _stalls_grew(
         # barely move the mean; a slowdown of some of the replicas moves it (dev 1200272: decode
         # x1.91 on one replica of six, +8.9 % over all at z 10.8, TPOT p99 x1.62 at a steady median).
         return None
-    mix = decode_step_mix(comparison, metrics)
-    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    floor = prefill_cost_floor(comparison, metrics)
     if floor is not None and floor >= MIN_SLOWDOWN:
         # A prompt token costs surely more in the steps it shares: decodes stall behind costlier
         # prompts, not more of them (1270080: prefill x3.2, g x2.4, ITL p99 x56 at a steady median,
@@ -511,8 +518,7 @@ def _budget_signature(
         return None
     short, long = profile.short, profile.long
     confidence = BUDGET_CONFIDENCE * clip01(long.rise / FULL_BUDGET_RISE)
-    mix = decode_step_mix(comparison, metrics)
-    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    floor = prefill_cost_floor(comparison, metrics)
     if floor is not None and floor >= MIN_SLOWDOWN:
         # A budget moves how many prompt tokens a step carries, not what each costs: the step fit
         # says a prompt token now costs more in every step it shares, a slower prefill path

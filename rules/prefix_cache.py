@@ -61,7 +61,7 @@ from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair
 from sre_agent.rules._load import metric_queue_share, pool_shrank_by, service_time_queue_share
 from sre_agent.rules._mechanism import (
-    HIT_RATE_FALL,
+    HIT_RATE_DROP,
     MIN_BUCKET,
     clip01,
     confined_slice,
@@ -77,7 +77,7 @@ from sre_agent.rules._mechanism import (
 )
 
 #: Smallest drop of the hit rate worth a finding: absolute (fraction of prompt tokens), and relative.
-MIN_DROP, MIN_RELATIVE_DROP = HIT_RATE_FALL
+MIN_DROP, MIN_RELATIVE_DROP = HIT_RATE_DROP
 #: Drop at which the effect counts as unmistakable.
 FULL_DROP: Final[float] = 0.20
 #: Confidence ceiling for hit rates known only from metric totals.

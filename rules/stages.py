@@ -43,7 +43,7 @@ from sre_agent.rules._mechanism import (
     wide_enough,
 )
 from sre_agent.rules._replica_scope import replica_scope
-from sre_agent.rules._steps import DECODE_LED, decode_step_mix
+from sre_agent.rules._steps import DECODE_LED, decode_step_mix, prefill_cost_floor
 
 #: The drivers of the offered load per replica.
 _OFFERED: Final[frozenset[str]] = frozenset({"load", "capacity"})
@@ -191,8 +191,7 @@ def _prefill_step_rose(comparison: Comparison, metrics: MetricView) -> bool:
     False when the 95 % interval of that cost's rise includes none: a batch grown at unchanged
     load then need not be a slower step (near saturation a little more work grows it too).
     """
-    mix = decode_step_mix(comparison, metrics)
-    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    floor = prefill_cost_floor(comparison, metrics)
     return floor is None or floor > 0
 
 
@@ -235,8 +234,7 @@ def _prefill_echo_owner(comparison: Comparison, metrics: MetricView) -> str:
     # and the rise stays the decode's, whose cost at equal batch measured it (1260284: decode
     # x1.45, TPOT +21 % at equal batch at z 3.8, prefill per token -5 %, g's rise bounded at
     # +0.02 %, and the queue went to a x1.09 "prefill" echo over a x1.07 decode).
-    mix = decode_step_mix(comparison, metrics)
-    floor = mix.prefill_cost_rise_floor() if mix is not None else None
+    floor = prefill_cost_floor(comparison, metrics)
     surely = floor is None or floor >= MIN_SLOWDOWN
     return _more_prompt_work(comparison, metrics) or ("prefill_slowdown" if surely else "decode_slowdown")
 

@@ -246,24 +246,12 @@ class MetricView:
 
     def _running_at_queues(self) -> SidePair:
         """Uncached :meth:`running_at_queues`."""
-        running, waiting = self.name_for("running_requests"), self.name_for("waiting_requests")
-        if running is None or waiting is None:
-            return SidePair(None, None)
-        instance = "coalesce(service_instance, host_name, series_key)"
         out: list[float | None] = []
-        for side in SIDES:
-            rows = self._con.execute(
-                f"""SELECT r.i, r.value, coalesce(w.value, 0) FROM
-                      (SELECT {instance} AS i, time_ns, value FROM metric_points
-                       WHERE {self._where(side, running)} AND isfinite(value)) r
-                    LEFT JOIN (SELECT {instance} AS i, time_ns, value FROM metric_points
-                               WHERE {self._where(side, waiting)} AND isfinite(value)) w
-                      ON r.i = w.i AND r.time_ns = w.time_ns
-                    ORDER BY r.i, r.time_ns"""
-            ).fetchall()
+        for rows in self._running_scrapes():
             by_instance: dict[str, list[tuple[float, float]]] = {}
-            for i, r, w in rows:
-                by_instance.setdefault(str(i), []).append((float(r), float(w)))
+            for i, r, w, _ in rows:
+                # A waiting gauge that is missing or not finite at the scrape counts as none waiting.
+                by_instance.setdefault(i, []).append((r, w if w is not None and np.isfinite(w) else 0.0))
             full = weight = 0.0
             for series in by_instance.values():
                 queued = [r for r, w in series if w >= QUEUED]
@@ -284,31 +272,43 @@ class MetricView:
 
     def _of_backlog(self, summary: Callable[[np.ndarray], float | None]) -> SidePair:
         """``summary`` of each side's (running, waiting) rows at the scrapes with requests waiting."""
-        key = ("backlog_running",)
-        if key not in self._cache:
-            self._cache[key] = self._backlog_running()
-        values: list[np.ndarray] = self._cache[key]
+        values = [
+            np.array([(r, w) for _, r, w, waited in rows if waited], dtype=float).reshape(-1, 2)
+            for rows in self._running_scrapes()
+        ]
         out = [summary(v) if len(v) >= MIN_BACKLOG_SCRAPES else None for v in values]
         return SidePair(out[0], out[1])
 
-    def _backlog_running(self) -> list[np.ndarray]:
-        """Per side, (running, waiting) at the scrapes where the same instance had requests waiting, n x 2."""
-        running, waiting = self.name_for("running_requests"), self.name_for("waiting_requests")
-        if running is None or waiting is None:
-            return [np.zeros((0, 2)), np.zeros((0, 2))]
-        instance = "coalesce(service_instance, host_name, series_key)"
-        out: list[np.ndarray] = []
-        for side in SIDES:
-            found = self._con.execute(
-                f"""SELECT r.value, w.value FROM
-                      (SELECT {instance} AS i, time_ns, value FROM metric_points
-                       WHERE {self._where(side, running)} AND isfinite(value)) r
-                    JOIN (SELECT {instance} AS i, time_ns, value FROM metric_points
-                          WHERE {self._where(side, waiting)} AND value > 0) w
-                      ON r.i = w.i AND r.time_ns = w.time_ns"""
-            ).fetchall()
-            out.append(np.array([(float(r), float(w)) for r, w in found], dtype=float).reshape(-1, 2))
-        return out
+    def _running_scrapes(self) -> list[list[tuple[str, float, float | None, bool]]]:
+        """Per side, each running-gauge scrape: (instance, running, waiting at that scrape, requests waited).
+
+        Ordered by instance and time; ``waiting`` is the same instance's waiting gauge at the same
+        scrape time (``None`` without one) and ``requests waited`` whether it was above 0. Read
+        once per view: :meth:`cap_binds`, :meth:`running_under_backlog` and
+        :meth:`running_at_queues` all ask.
+        """
+        key = ("running_scrapes",)
+        if key not in self._cache:
+            running, waiting = self.name_for("running_requests"), self.name_for("waiting_requests")
+            out: list[list[tuple[str, float, float | None, bool]]] = [[], []]
+            if running is not None and waiting is not None:
+                instance = "coalesce(service_instance, host_name, series_key)"
+                for k, side in enumerate(SIDES):
+                    rows = self._con.execute(
+                        f"""SELECT r.i, r.value, w.value, coalesce(w.value > 0, false) FROM
+                              (SELECT {instance} AS i, time_ns, value FROM metric_points
+                               WHERE {self._where(side, running)} AND isfinite(value)) r
+                            LEFT JOIN (SELECT {instance} AS i, time_ns, value FROM metric_points
+                                       WHERE {self._where(side, waiting)}) w
+                              ON r.i = w.i AND r.time_ns = w.time_ns
+                            ORDER BY r.i, r.time_ns"""
+                    ).fetchall()
+                    out[k] = [
+                        (str(i), float(r), None if w is None else float(w), bool(waited)) for i, r, w, waited in rows
+                    ]
+            self._cache[key] = out
+        scrapes: list[list[tuple[str, float, float | None, bool]]] = self._cache[key]
+        return scrapes
 
     def series_count(self, signal: str) -> SidePair:
         """Distinct series (usually replicas) reporting the signal on each side (none is ``None``)."""
