@@ -109,6 +109,28 @@ def test_independent_observations_keep_their_count() -> None:
     assert HistogramDelta(BOUNDS, tuple(int(c) for c in total), 0.0).independent(0.9) == hist.count  # no blocks
 
 
+def test_a_tail_with_nothing_above_its_bucket_still_measures_its_clustering() -> None:
+    # A p99 often sits in the last bucket a side reached: no observation lies above it, and the
+    # share above the bucket (0) cannot say whether the tail came in bursts. Here 2 % of 10,000
+    # observations (in 0.5-0.8 s) arrived in 2 of 20 scrape blocks: the p99 rests on about as many
+    # independent observations as there are blocks, not 10,000, and its interval must be wide.
+    rows = [[500, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] for _ in range(20)]
+    for burst in (3, 11):
+        rows[burst] = [400, 0, 0, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0]
+    total = tuple(int(c) for c in np.sum(rows, axis=0))
+    hist = HistogramDelta(BOUNDS, total, 0.0, tuple(tuple(r) for r in rows))
+    assert hist.count == 10_000
+    assert hist.independent(0.99) < hist.count / 20
+    interval = hist.quantile_interval(0.99)
+    assert interval is not None
+    assert interval[0] <= 0.05  # reaches down to the bulk: two bursts do not pin the p99
+    # Spread evenly over the blocks, the same tail counts (nearly) every observation.
+    even = [[490, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0] for _ in range(20)]
+    spread = HistogramDelta(BOUNDS, tuple(int(c) for c in np.sum(even, axis=0)), 0.0, tuple(tuple(r) for r in even))
+    assert spread.independent(0.99) >= spread.count / 2
+    assert spread.quantile_interval(0.99) == (0.5, 0.8)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     counts=st.lists(st.integers(min_value=0, max_value=500), min_size=len(BOUNDS) + 1, max_size=len(BOUNDS) + 1),
