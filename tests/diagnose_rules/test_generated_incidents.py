@@ -903,3 +903,14 @@ def test_prompts_sharing_steps_with_prefill_the_cache_stopped_serving_are_the_ca
     # says whose the extra prefill in every step is.
     report = _shared_report(1230021, "prefix_cache", tmp_path)
     assert report.findings[0].cause == "prefix_cache", [(f.cause, f.title) for f in report.findings[:3]]
+
+
+@pytest.mark.parametrize("seed", [1280001, 1280290])
+def test_a_metric_quantile_in_its_sides_last_bucket_is_not_read_as_independent_draws(seed: int, tmp_path: Path) -> None:
+    # Healthy deploys with gateway spans and engine metrics. The candidate's ITL p99 (1280001) and
+    # TTFT p99 (1280290) sat in the last bucket their side reached: nothing above it, and the share
+    # above it (0) had read as "every observation independent", so a 95 % interval one bucket wide
+    # lay apart from the baseline's. Read at the bucket's lower edge they rest on a few hundred.
+    report = _shared_report(seed, "none", tmp_path)
+    assert not report.regression.significant, report.regression
+    assert report.findings[0].cause == "none", [(f.cause, f.title) for f in report.findings[:3]]
