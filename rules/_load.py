@@ -144,10 +144,13 @@ def cap_binds(metrics: MetricView) -> bool:
     And where requests waited the replicas ran full: at least :data:`CAP_AT_PEAK` of their own
     peak, weighted by the requests waiting (:meth:`MetricView.running_at_queues`); a queue
     below the peak waits for something other than a slot.
-    True when too few scrapes waited to tell (the peak alone then decides, as before).
+    Not when fewer than :data:`~sre_agent.analysis.metric_view.MIN_BACKLOG_SCRAPES` scrapes had a
+    queue: a cap that binds keeps requests waiting, and one queued scrape at a replica's peak is
+    that peak's own moment (dev 1280101: a new tenant's long prompts, one scrape with requests
+    waiting in 300 s, peak 11 -> 9 read as "max running fell while requests wait").
     """
     share = metrics.cap_binds().candidate
-    if share is not None and share < CAP_BINDS:
+    if share is None or share < CAP_BINDS:
         return False
     full = metrics.running_at_queues().candidate
     return full is None or full >= CAP_AT_PEAK
