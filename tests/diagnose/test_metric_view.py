@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sre_agent.analysis.metric_view import HistogramDelta, MetricView
 from sre_agent.analysis.resolve import SideWindow
 from sre_agent.analysis.selection import Selection
+from sre_agent.rules._load import cap_binds
 from sre_agent.store import schema
 
 BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -306,6 +307,18 @@ def test_a_cap_on_running_requests_queues_only_at_the_peak(tmp_path: Path) -> No
     full = _gauges(tmp_path / "cap.duckdb", drain + capped).running_at_queues()
     assert full.baseline is None  # nothing queued before the deploy
     assert full.candidate == pytest.approx(1.0)
+
+
+def test_one_queued_scrape_at_a_peak_is_no_cap(tmp_path: Path) -> None:
+    # Heavier requests, no cap: the running count wanders 3-9 and requests waited at one scrape
+    # only, the busiest (at the peak by construction). A cap that binds keeps requests waiting;
+    # the same peak with a queue at most scrapes is one.
+    wandering = [(5.0, 0.0), (3.0, 0.0), (7.0, 1.0), (4.0, 0.0), (6.0, 0.0)] * 5 + [(9.0, 3.0), (5.0, 0.0)]
+    view = _gauges(tmp_path / "once.duckdb", wandering)
+    assert view.running_at_queues().candidate == pytest.approx(1.0)
+    assert not cap_binds(view)
+    capped = [(8.0, 5.0), (6.0, 0.0), (8.0, 12.0), (7.0, 0.0), (8.0, 3.0), (5.0, 0.0)] * 4
+    assert cap_binds(_gauges(tmp_path / "cap.duckdb", capped))
 
 
 def test_requests_admitted_slowly_queue_below_the_peak(tmp_path: Path) -> None:
