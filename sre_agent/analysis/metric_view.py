@@ -467,6 +467,21 @@ class MetricView:
                 return SidePair(float(b.count), float(c.count))
         return SidePair(None, None)
 
+    def finished_per_block(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """Requests finished per scrape interval on each side (the histogram of :meth:`finished_requests`).
+
+        Empty intervals included: how unevenly a window's requests came is what they measure.
+        ``None`` where :meth:`finished_requests` has no histogram or a side has no time blocks.
+        """
+        for signal in ("e2e_seconds", "ttft_seconds"):
+            hist = self.histogram(signal)
+            b, c = hist["baseline"], hist["candidate"]
+            if b is not None and c is not None and b.count and c.count:
+                if not (b.blocks and c.blocks):
+                    return None
+                return tuple(sum(x) for x in b.blocks), tuple(sum(x) for x in c.blocks)
+        return None
+
     def gauge_change(self, signal: str) -> SidePair:
         """Each side's change of a gauge over its window: per series, its last value minus its first, summed.
 

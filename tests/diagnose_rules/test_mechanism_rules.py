@@ -219,6 +219,23 @@ def test_a_slower_decode_read_from_metrics_alone_with_arrivals_up_within_noise(t
     assert itl.candidate / itl.baseline >= 1.5
 
 
+def test_arrivals_burstier_than_assumed_are_no_load_from_metrics_alone(tmp_path: Path) -> None:
+    # The same mean rate both sides, in bursts at twice the rate: the baseline's 25 s bursts fill
+    # 100 s of its 200, the candidate's 150 s burst 150 s, so the candidate counts x1.5 the requests.
+    # The over-dispersion assumed for request counts (4) puts that at Poisson z >= 3, "offered load
+    # rose 50 %"; the spread of the per-scrape counts (all or nothing, 20 scrapes a side) does not,
+    # and the slower decode the windows do show leads.
+    baseline = replace(BASE, rate_rps=2.0, burst_s=25.0)
+    candidate = replace(V2, rate_rps=2.0, burst_s=150.0, tpot_s=0.04)
+    path = build(tmp_path / "m.duckdb", baseline, candidate, engine_spans=False)
+    report = diagnose(path, Selection(mode="since_last_deploy"), rules=["engine_metrics"])
+    assert not report.errors, report.errors
+    assert report.findings, report.render("text")
+    assert report.findings[0].cause == "decode_slowdown", report.render("text")
+    rate = next(e for e in report.findings[0].evidence if e.signal == "requests_per_s")
+    assert rate.candidate / rate.baseline >= 1.3  # the counts did rise: the bursts, not the rate
+
+
 def test_a_replica_removed_with_a_backlog_building_is_capacity_from_metrics_alone(tmp_path: Path) -> None:
     # The engines' metrics only: one of two replicas gone at the same arrivals, and the one left
     # cannot keep up. Requests finished per second fell with the backlog; before, that read as
