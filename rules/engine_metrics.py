@@ -60,6 +60,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
+from sre_agent.analysis import stats
 from sre_agent.analysis.compare import SIDES, Comparison
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, MetricEstimate, Regression, RuleSkipped, SidePair
@@ -171,12 +172,7 @@ def _block_spread(metrics: MetricView, seconds: list[float]) -> float:
     blocks = metrics.finished_per_block()
     if blocks is None or min(len(b) for b in blocks) < MIN_BLOCKS:
         return 0.0
-    variance = 0.0
-    for counts, secs in zip(blocks, seconds, strict=True):
-        rates = [c / (secs / len(counts)) for c in counts]
-        mean = sum(rates) / len(rates)
-        variance += sum((r - mean) ** 2 for r in rates) / (len(rates) - 1) / len(rates)
-    return math.sqrt(variance)
+    return math.sqrt(sum(stats.rate_moments(c, secs)[1] for c, secs in zip(blocks, seconds, strict=True)))
 
 
 def _per(total: SidePair, count: SidePair) -> SidePair:

@@ -211,8 +211,7 @@ class Comparison(TraceAggregates):
             if per_slice.sum() <= 0 or w.seconds <= 0:
                 return None
             counts = np.concatenate([per_slice, np.zeros(max(0, self.slices - per_slice.size))])
-            rates = counts / (w.seconds / self.slices)
-            moments.append((float(rates.mean()), float(rates.var(ddof=1)) / rates.size if rates.size > 1 else 0.0))
+            moments.append(stats.rate_moments(counts, w.seconds))
         (mb, vb), (mc, vc) = moments
         se = math.sqrt(vb + vc)
         return (mc - mb) / se if se > 0 else None

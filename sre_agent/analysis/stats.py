@@ -392,6 +392,20 @@ def tail_test(baseline: SliceHistogram, candidate: SliceHistogram, q: float) -> 
     return pb, pc, normal_sf(z)
 
 
+def rate_moments(counts: npt.ArrayLike, seconds: float) -> tuple[float, float]:
+    """Events per second over a window and that rate's sampling variance, from per-slice counts.
+
+    ``counts`` are the events of consecutive equal slices of a ``seconds``-long window (empty
+    slices included). The rate is the mean of the per-slice rates and its variance that mean's
+    batch-means variance, so bursts widen it as much as they move it (a Poisson variance
+    assumes events that come one by one). Variance 0 for a single slice.
+    """
+    values = np.asarray(counts, dtype=np.float64)
+    rates = values / (seconds / values.size)
+    variance = float(rates.var(ddof=1)) / rates.size if rates.size > 1 else 0.0
+    return float(rates.mean()), variance
+
+
 def share_with_variance(above: npt.ArrayLike, total: npt.ArrayLike) -> tuple[float, float, int]:
     """The share ``sum(above) / sum(total)`` over consecutive time slices, its variance and that variance's df.
 
