@@ -31,7 +31,10 @@ x 0.5 when the offered load per replica changed), halved without any
 cache signal, x 0.4 when only the longest quarter of prompts slowed and no
 step histogram exists (a smaller step budget: ``batch_composition``), x 0.2 when
 the step fit bounds the rise of a prompt token's cost in a step below 10 %
-(``_steps.StepMix.prefill_cost_rise_bound``: the prompts waited for steps), or,
+(``_steps.StepMix.prefill_cost_rise_bound``: the prompts waited for steps),
+x (1 - the decode work's share of the TPOT rise, at least 0.1) when the step fit says
+decode work led a surely slower decode and prefill per token rose no more than 1.25x
+TPOT's rise, or a prompt token is not surely 10 % costlier in a step (an echo), or,
 for a reading at equal prompt size alone (the batch grew at unchanged load) or with
 20 % more uncached prompt tokens per request, when the fit's 95 % interval of that
 rise includes none (``prefill_cost_rise_floor``).
@@ -147,17 +150,23 @@ def prefill_slowdown(
         # 1210222: decode x3, TPOT +553 % and prefill per token +43 % at equal size, no decode
         # bucket at equal batch, and the echo read as a prefill regression).
         decode = decode_cost.shift if decode_cost.shift is not None or not verdict.size_only else decode_cost.size_shift
+    floor = mix.prefill_cost_rise_floor() if mix is not None else None
     if (
         mix is not None
         and mix.decode_share is not None
         and mix.decode_share >= DECODE_LED
         and decode is not None
         and decode.z >= Z_MIN
-        and verdict.rise <= decode.rise * ECHO_MARGIN
+        and (verdict.rise <= decode.rise * ECHO_MARGIN or (floor is not None and floor < MIN_SLOWDOWN))
     ):
         # A prompt is prefilled in steps that also decode the running batch: when the decode
         # work of a step rose (the step fit) and prefill per token rose no more than TPOT, the
-        # slower prefill is the shared steps' echo of a decode regression.
+        # slower prefill is the shared steps' echo of a decode regression. Also when it rose more
+        # but the fit cannot show a prompt token surely 10 % costlier in a step (the stage
+        # fallback's bar, stages._prefill_echo_owner): prompts then waited for slower steps or
+        # were prefilled again after preemptions (vLLM V0, decode x2.0 at 0.31 preemptions per
+        # request: prefill +120 % per token at equal batch, TPOT +83 %, g +11 % with a floor of
+        # -15 %, and prefill led; dev 1280270, 1290217).
         confidence *= max(1.0 - mix.decode_share, ECHO_FLOOR)
         evidence += (Evidence("tpot_rise_from_decode_work_s", 0.0, rnd(mix.decode_part),
                               f"decode work per step rose (TPOT +{decode.rise:.0%} at equal batch): "
@@ -179,7 +188,6 @@ def prefill_slowdown(
         confidence *= STEP_COST_FLAT_DAMPING
         evidence += (Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
                               "upper 95 % bound of a prompt token's cost rise in a step (step fit)"),)  # fmt: skip
-    floor = mix.prefill_cost_rise_floor() if mix is not None else None
     more_work = _more_prefill_work(comparison, metrics)
     unsure = floor is not None and floor <= 0 and not (bound is not None and bound < MIN_SLOWDOWN)
     if unsure and (verdict.size_only or more_work):

@@ -914,3 +914,13 @@ def test_a_metric_quantile_in_its_sides_last_bucket_is_not_read_as_independent_d
     report = _shared_report(seed, "none", tmp_path)
     assert not report.regression.significant, report.regression
     assert report.findings[0].cause == "none", [(f.cause, f.title) for f in report.findings[:3]]
+
+
+@pytest.mark.parametrize("seed", [1280270, 1290217])
+def test_prefill_that_waited_for_slower_decode_steps_is_the_decodes(seed: int, tmp_path: Path) -> None:
+    # vLLM V0, decode x2 in a rolling restart of a saturated fleet (about 0.3 preemptions per
+    # request): prefill per uncached token rose +120 % at equal batch, more than TPOT (+80 %), and
+    # led. The step fit puts the TPOT rise in decode work and cannot show a prompt token surely
+    # 10 % costlier in a step, so the prefill rise is the slower steps' echo.
+    report = _shared_report(seed, "decode_slowdown", tmp_path)
+    assert report.findings[0].cause == "decode_slowdown", [(f.cause, f.title) for f in report.findings[:3]]
