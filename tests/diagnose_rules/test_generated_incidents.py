@@ -500,7 +500,24 @@ _MECHANISM_CASES = [
     # big as before (cap and p99 unchanged), only no decode rode along with a prompt any more, and
     # the ITL p99 rose x2.4 at a steady median, same load, work and per-token costs: no rule
     # explained it. Decodes stalled behind whole prompts, the mirror of a smaller budget.
-    pytest.param(1200213, "batch_composition", "vllm-v1", "Decode stalls behind", id="chunking-off-stalls"),
+    # A known miss since 9210857 (strict: it fails the suite once it passes again). The ITL p99
+    # had counted as risen because its interval took the 32,370 inter-token intervals for
+    # independent draws: the baseline had none above its p99 bucket (0.5-0.75 s), and an empty
+    # tail was read as "no clustering". Read at the bucket's lower edge, the stalls come in bursts
+    # (the candidate's 2.3 % above 0.75 s sit in 7 of 54 scrapes, the baseline's 0 in 55: Fisher
+    # p = 0.006, short of the family's bar), and no other latency rose beyond its noise.
+    pytest.param(
+        1200213,
+        "batch_composition",
+        "vllm-v1",
+        "Decode stalls behind",
+        id="chunking-off-stalls",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="the fleet's ITL tail rose in 7 of 54 scrapes: "
+            "within the family-wise bar once its stalls are counted as bursts",
+        ),
+    ),
     # Prefill x2.78 into a saturated fleet (TTFT p99 5.7 -> 207 s): TPOT x4.8 and the batch 23 -> 63
     # past every equal-batch bucket, so the queue's decode driver was dropped and its stage finding
     # said capacity by default. The step fit: a prompt token at least 131 % costlier in every step,
