@@ -185,6 +185,18 @@ def _shape(b: HistogramDelta, c: HistogramDelta, work: float) -> BatchShape:
     )
 
 
+def budget_fell(metrics: MetricView, comparison: Comparison) -> bool:
+    """Whether the step budget fell: the tokens-per-step histogram moved (:attr:`BatchShape.changed`) to a lower cap.
+
+    A smaller ``max_num_batched_tokens`` admits fewer prompts per step, so fewer requests run
+    at once and the running gauge's peak falls with it, as under a lower ``max_num_seqs``. A cut
+    of ``max_num_seqs`` leaves the largest steps where the budget pins them; a budget cut moves
+    them: a lower running peak beside a lower step cap is the budget's (``batch_composition``).
+    """
+    shape = batch_shape(metrics, comparison)
+    return shape is not None and shape.changed and (shape.cap.ratio or 1.0) < 1.0
+
+
 # ------------------------------------------------------------ decode steps
 #: Decode work's share of a TPOT rise (:attr:`StepMix.decode_share`) from which the decode step led it.
 DECODE_LED: Final[float] = 0.5
@@ -481,6 +493,7 @@ __all__ = [
     "SAME_WORK",
     "StepMix",
     "batch_shape",
+    "budget_fell",
     "decode_step_mix",
     "median_step",
     "prefill_cost_floor",

@@ -69,6 +69,7 @@ from sre_agent.analysis.rules_api import Evidence, Finding, MetricEstimate, Regr
 from sre_agent.rules._load import cap_binds, kv_limited, pool_shrank
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules._replica_scope import MIN_PEERS, REST_SHARE
+from sre_agent.rules._steps import budget_fell
 
 #: Relative change of arrivals (or of mean ITL) that counts as a rise.
 MIN_RISE: Final[float] = 0.15
@@ -274,6 +275,7 @@ def engine_metrics(
         and cap_binds(metrics)
         and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
         and not kv_limited(metrics, {"baseline": int(counts.baseline), "candidate": int(counts.candidate)})
+        and not budget_fell(metrics, comparison)
     )
 
     # Arrivals counted at the gateway are the offered load whatever the replicas did, so a rise there

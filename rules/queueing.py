@@ -33,6 +33,7 @@ from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, SidePair
 from sre_agent.rules._load import cap_binds, kv_limited
 from sre_agent.rules._mechanism import queue_drivers_per_replica, wide_enough
+from sre_agent.rules._steps import budget_fell
 
 #: Relative change below which a driver is treated as unchanged (10 %).
 MIN_CHANGE = 0.10
@@ -121,6 +122,7 @@ def queueing(
         and (waiting.candidate or 0.0) >= (1 + MIN_CHANGE) * (waiting.baseline or 0.0)
         and (waiting.candidate or 0.0) > 0
         and not kv_limited(metrics, comparison.request_counts)
+        and not budget_fell(metrics, comparison)
     ):
         slot_term = _log_up(1 / running_max.ratio)  # a lower cap on running requests while requests wait
     work_term = drivers.get("traffic_mix", 0.0)

@@ -951,3 +951,12 @@ def test_one_replica_of_six_decoding_slower_is_found_from_metrics_alone(tmp_path
     top = report.findings[0]
     assert top.cause == "decode_slowdown", [(f.cause, f.title) for f in report.findings[:3]]
     assert top.scope == {"host.name": "replica-5"}, top.scope
+
+
+def test_a_running_peak_that_fell_with_the_step_budget_is_the_budgets(tmp_path: Path) -> None:
+    # max_num_batched_tokens 8192 -> 512 in a rolling restart: the largest steps fell from the
+    # 8192 bucket to the 512 one and the running gauge's peak 20 -> 18 with requests waiting, and
+    # "capacity: max running requests 20 -> 18" led the budget's own finding. A cut of
+    # max_num_seqs leaves the largest steps where the budget pins them; this one moved them.
+    report = _shared_report(1300034, "batch_composition", tmp_path)
+    assert report.findings[0].cause == "batch_composition", [(f.cause, f.title) for f in report.findings[:3]]
