@@ -26,6 +26,7 @@ from sre_agent.analysis.busy import replica_expr
 from sre_agent.analysis.compare import SIDES
 from sre_agent.analysis.rules_api import Evidence, RuleSkipped, SidePair
 from sre_agent.rules._engine_cost import EngineCost, engine_cost
+from sre_agent.rules._load import cap_binds, kv_limited
 from sre_agent.rules._mechanism import metric_hit_rate, per_request, rnd, side, side_means, uncached_tokens
 
 if TYPE_CHECKING:
@@ -133,6 +134,18 @@ def batch_shape(metrics: MetricView, comparison: Comparison) -> BatchShape | Non
     TTFT at 69 s, and the counter per arriving request read the same prompts as x0.81 of the
     work, which damped the slowdown as "other prefill work").
     """
+    known = _SHAPE_CACHE.setdefault(comparison, {})
+    if id(metrics) not in known:
+        known[id(metrics)] = (_batch_shape(metrics, comparison),)
+    return known[id(metrics)][0]
+
+
+#: :func:`batch_shape` per comparison and metric view: four rules and the capacity readings ask.
+_SHAPE_CACHE: weakref.WeakKeyDictionary[Comparison, dict[int, tuple[BatchShape | None]]] = weakref.WeakKeyDictionary()
+
+
+def _batch_shape(metrics: MetricView, comparison: Comparison) -> BatchShape | None:
+    """Uncached :func:`batch_shape`."""
     hist = metrics.histogram("iteration_tokens")
     b, c = hist.get("baseline"), hist.get("candidate")
     if b is None or c is None or b.count == 0 or c.count == 0:
@@ -195,6 +208,17 @@ def budget_fell(metrics: MetricView, comparison: Comparison) -> bool:
     """
     shape = batch_shape(metrics, comparison)
     return shape is not None and shape.changed and (shape.cap.ratio or 1.0) < 1.0
+
+
+def slot_cap_binds(metrics: MetricView, comparison: Comparison, requests: Mapping[str, int]) -> bool:
+    """Whether a lower running count is a cap on running requests (``max_num_seqs``) holding requests back.
+
+    The cap binds (:func:`~sre_agent.rules._load.cap_binds`), KV blocks are not the limit
+    (:func:`~sre_agent.rules._load.kv_limited`, ``requests`` per side to count preemptions by)
+    and the step budget did not fall (:func:`budget_fell`): each of those also lowers the running
+    peak while requests wait. ``queueing`` and ``engine_metrics`` read a lower cap through this.
+    """
+    return cap_binds(metrics) and not kv_limited(metrics, requests) and not budget_fell(metrics, comparison)
 
 
 # ------------------------------------------------------------ decode steps
@@ -494,6 +518,7 @@ __all__ = [
     "StepMix",
     "batch_shape",
     "budget_fell",
+    "slot_cap_binds",
     "decode_step_mix",
     "median_step",
     "prefill_cost_floor",

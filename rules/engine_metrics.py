@@ -66,10 +66,10 @@ from sre_agent.analysis import stats
 from sre_agent.analysis.compare import SIDES, Comparison
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, MetricEstimate, Regression, RuleSkipped, SidePair
-from sre_agent.rules._load import cap_binds, kv_limited, pool_shrank
+from sre_agent.rules._load import pool_shrank
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules._replica_scope import MIN_PEERS, REST_SHARE
-from sre_agent.rules._steps import budget_fell
+from sre_agent.rules._steps import slot_cap_binds
 
 #: Relative change of arrivals (or of mean ITL) that counts as a rise.
 MIN_RISE: Final[float] = 0.15
@@ -171,7 +171,7 @@ def _block_spread(metrics: MetricView, seconds: list[float]) -> float:
     included) and its variance that mean's sampling variance, as the span path measures it
     (:attr:`Comparison.arrival_change_z`). On Azure's code trace a metrics-only baseline of
     195 s held one burst of 32 requests in 12 scrapes and the candidate four: x5.8 read at
-    Poisson z 5.2 as "offered load rose 475 %" (dev 1280287), where the bursts give z 2.1.
+    Poisson z 5.2 as "offered load rose 475 %" (dev 1280287), where the bursts give z 1.4.
     0 when a side has fewer than :data:`MIN_BLOCKS` intervals (the assumed dispersion stands).
     """
     blocks = metrics.finished_per_block()
@@ -272,10 +272,8 @@ def engine_metrics(
     # Only a cap that binds (spread below its peak, the engine admits slowly: _load.cap_binds).
     cap_fell = (
         lower_cap <= 1 - MIN_FALL
-        and cap_binds(metrics)
         and (waiting.candidate or 0.0) > (waiting.baseline or 0.0)
-        and not kv_limited(metrics, {"baseline": int(counts.baseline), "candidate": int(counts.candidate)})
-        and not budget_fell(metrics, comparison)
+        and slot_cap_binds(metrics, comparison, {"baseline": int(counts.baseline), "candidate": int(counts.candidate)})
     )
 
     # Arrivals counted at the gateway are the offered load whatever the replicas did, so a rise there
@@ -304,7 +302,7 @@ def engine_metrics(
     if comparison.windows_overlap and cap_fell:
         terms["capacity"] = -_log(lower_cap)
     slowest = _slowest_replica(metrics) if per_replica_flat and not other_mechanism else None
-    one_replica = 1.0  # the decode finding's confidence factor when one replica slowed and the fleet's mean did not
+    alone = False  # the decode reading is one replica's: the fleet's mean ITL did not rise 15 %
     if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE and per_replica_flat and not other_mechanism:
         terms["decode_slowdown"] = _log(itl_mean.ratio)
     elif slowest is not None:
@@ -313,7 +311,7 @@ def engine_metrics(
         # it; dev 1280181). Its own rise is the reading, as the span rule reads one replica
         # against itself, at ONE_REPLICA of the confidence: no fleet mean corroborates it.
         terms["decode_slowdown"] = _log(slowest[2])
-        one_replica = ONE_REPLICA
+        alone = True
     # More arrivals grow the running batch and slow each step as a slower step grows the batch
     # (Little's law): the gauges cannot tell them apart, only the arrival rate can. Risen by 15 %
     # or more at 2 <= z < 3 it is neither noise nor measured, so both readings are named, the
@@ -402,8 +400,8 @@ def engine_metrics(
                 if load_within_noise == 1
                 else f"while arrivals rose {rate.ratio - 1:.0%} within noise"
             )
-            rose = (itl_mean.ratio or 1.0) if one_replica == 1.0 or slowest is None else slowest[2]
-            where = "" if one_replica == 1.0 else f" on {next(iter(scope.values()))} alone"
+            rose = slowest[2] if alone and slowest is not None else (itl_mean.ratio or 1.0)
+            where = f" on {next(iter(scope.values()))} alone" if alone else ""
             title = (f"Mean inter-token latency rose {rose - 1:.0%}{where} {same_load} "
                      "and the same work per request (engine metrics)")  # fmt: skip
             change, stage, next_check = (
@@ -422,7 +420,7 @@ def engine_metrics(
                 confidence=CONFIDENCE
                 * min(1.0, change / 0.3)
                 * (BESIDE_SPANS if spans else 1.0)
-                * (load_within_noise if cause == "load" else one_replica),
+                * (load_within_noise if cause == "load" else ONE_REPLICA if alone else 1.0),
                 stage=stage,
                 scope=scope,
                 evidence=evidence + extra,

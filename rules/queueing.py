@@ -31,9 +31,8 @@ from sre_agent.analysis.compare import Comparison
 from sre_agent.analysis.decompose import StageDecomposition, replicas_expr
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import Evidence, Finding, Regression, SidePair
-from sre_agent.rules._load import cap_binds, kv_limited
 from sre_agent.rules._mechanism import queue_drivers_per_replica, wide_enough
-from sre_agent.rules._steps import budget_fell
+from sre_agent.rules._steps import slot_cap_binds
 
 #: Relative change below which a driver is treated as unchanged (10 %).
 MIN_CHANGE = 0.10
@@ -117,12 +116,10 @@ def queueing(
         running_max.ratio is not None
         and running_max.ratio <= 1 - MIN_CHANGE
         and (running_max.baseline or 0.0) - (running_max.candidate or 0.0) >= MIN_SLOT_DROP
-        and cap_binds(metrics)
         and queue_share > 0
         and (waiting.candidate or 0.0) >= (1 + MIN_CHANGE) * (waiting.baseline or 0.0)
         and (waiting.candidate or 0.0) > 0
-        and not kv_limited(metrics, comparison.request_counts)
-        and not budget_fell(metrics, comparison)
+        and slot_cap_binds(metrics, comparison, comparison.request_counts)
     ):
         slot_term = _log_up(1 / running_max.ratio)  # a lower cap on running requests while requests wait
     work_term = drivers.get("traffic_mix", 0.0)

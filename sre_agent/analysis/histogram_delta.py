@@ -14,7 +14,7 @@ __all__ = ["MIN_TAIL_FOR_EFFECT", "HistogramDelta", "time_blocks"]
 
 #: Observations a side of a bucket edge needs before their spread over time blocks measures a
 #: design effect (:meth:`HistogramDelta.independent`).
-MIN_TAIL_FOR_EFFECT: Final = 10
+MIN_TAIL_FOR_EFFECT: Final[int] = 10
 
 
 def time_blocks(increments: list[tuple[int, list[int]]], width: int) -> tuple[tuple[int, ...], ...]:
@@ -53,12 +53,13 @@ class HistogramDelta:
         binomial one is the design effect, and ``count / effect`` the effective sample. With
         fewer than 4 blocks nothing can be measured and every observation counts.
 
-        The effect is read at the quantile bucket's upper edge unless fewer than
-        :data:`MIN_TAIL_FOR_EFFECT` observations lie above it (the top bucket a p99 reaches is
-        often the last one used), then at its lower edge: a share of 0 or of three
-        observations says nothing about how they cluster, and reading it as independence let a
-        healthy deploy's TTFT p99 count 1,553 observations that 16 scrapes of 2 replicas held
-        (dev 1280290: a p90 one bucket lower rested on 16; the p99's interval came out apart).
+        The quantile lies between its bucket's edges, so the effect is read at both (the share
+        above the bucket, and the share above its lower edge) and the larger kept, each edge only
+        with :data:`MIN_TAIL_FOR_EFFECT` observations or more on either side of it. A p99 often
+        sits in the last bucket its side reached: a share of 0 or of three observations above it
+        says nothing about how they cluster, and reading it as independence let a healthy
+        deploy's TTFT p99 count 1,553 observations that 16 scrapes of 2 replicas held (dev
+        1280290: a p90 one bucket lower rested on 16; the p99's interval came out apart).
         """
         from sre_agent.analysis.exceedance import ShareCounts
 
@@ -68,15 +69,13 @@ class HistogramDelta:
             return n
         holding = self.bucket_of_rank(q)
         totals = tuple(sum(b) for b in blocks)
-        # The quantile lies between its bucket's edges: the effect is read at both (the share
-        # above the bucket, and above its lower edge), where each has observations on both sides.
         cuts = [len(self.counts)] if holding is None else [holding + 1, holding]
         effects: list[float] = []
         for cut in cuts:
             counts = ShareCounts(totals, tuple(sum(b[cut:]) for b in blocks))
+            if min(counts.total_hits, n - counts.total_hits) < MIN_TAIL_FOR_EFFECT:
+                continue  # too few on one side of this edge to measure clustering (and 0 < share < 1)
             share = counts.share
-            if min(counts.total_hits, n - counts.total_hits) < MIN_TAIL_FOR_EFFECT or not 0.0 < share < 1.0:
-                continue
             # The canary's batch-means variance, floored at the binomial one: the effect is >= 1.
             effects.append(counts.variance(share) / (share * (1.0 - share) / n))
         return max(1, round(n / max(effects))) if effects else n

@@ -460,12 +460,17 @@ class MetricView:
         The engine observes one value per finished request, so this counts requests when no
         request spans do; ``None`` for a side without that histogram.
         """
+        found = self._finished_histograms()
+        return SidePair(None, None) if found is None else SidePair(float(found[0].count), float(found[1].count))
+
+    def _finished_histograms(self) -> tuple[HistogramDelta, HistogramDelta] | None:
+        """Both sides' e2e (else TTFT) latency histograms, the first with observations on both sides."""
         for signal in ("e2e_seconds", "ttft_seconds"):
             hist = self.histogram(signal)
             b, c = hist["baseline"], hist["candidate"]
             if b is not None and c is not None and b.count and c.count:
-                return SidePair(float(b.count), float(c.count))
-        return SidePair(None, None)
+                return b, c
+        return None
 
     def finished_per_block(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """Requests finished per scrape interval on each side (the histogram of :meth:`finished_requests`).
@@ -473,14 +478,11 @@ class MetricView:
         Empty intervals included: how unevenly a window's requests came is what they measure.
         ``None`` where :meth:`finished_requests` has no histogram or a side has no time blocks.
         """
-        for signal in ("e2e_seconds", "ttft_seconds"):
-            hist = self.histogram(signal)
-            b, c = hist["baseline"], hist["candidate"]
-            if b is not None and c is not None and b.count and c.count:
-                if not (b.blocks and c.blocks):
-                    return None
-                return tuple(sum(x) for x in b.blocks), tuple(sum(x) for x in c.blocks)
-        return None
+        found = self._finished_histograms()
+        if found is None or not (found[0].blocks and found[1].blocks):
+            return None
+        b, c = found
+        return tuple(sum(x) for x in b.blocks), tuple(sum(x) for x in c.blocks)
 
     def gauge_change(self, signal: str) -> SidePair:
         """Each side's change of a gauge over its window: per series, its last value minus its first, summed.
