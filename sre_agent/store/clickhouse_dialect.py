@@ -10,7 +10,8 @@ What differs between the dialects and is respelled here, not in the queries (eac
 checked against DuckDB itself in tests/core/test_clickhouse_engine.py):
 
 * exact quantiles: ``quantile_cont`` is ``quantileExactInclusive`` (sqlglot would
-  write ClickHouse's sampling ``quantile``), ``quantile_disc`` ``quantileExactLow``;
+  write ClickHouse's sampling ``quantile``), ``quantile_disc`` DuckDB's own rank into
+  the sorted values (no ClickHouse quantile picks the same order statistic);
 * ``agg(x) FILTER (WHERE c)`` is the ``aggIf(x, c)`` combinator, ``count`` an
   Int64 (UInt64 has no common type with signed integers), ``bool_or``/``bool_and``
   ``max``/``min``, a condition in a select list a ``Bool`` (not ``UInt8``);
@@ -24,6 +25,7 @@ checked against DuckDB itself in tests/core/test_clickhouse_engine.py):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -159,6 +161,34 @@ def _fn(name: str, *args: exp.Expr) -> exp.Expr:
     return exp.Anonymous(this=name, expressions=list(args))
 
 
+def _if_any(values: exp.Expr, answer: exp.Expr) -> exp.Expr:
+    """``answer``, or NULL over no non-NULL value (DuckDB's quantile of nothing)."""
+    empty = exp.EQ(this=_fn("count", values.copy()), expression=exp.Literal.number(0))
+    return exp.If(this=empty, true=exp.Null(), false=answer)
+
+
+def _order_statistic(values: exp.Expr, q: exp.Expr) -> exp.Expr:
+    """DuckDB's ``quantile_disc(values, q)``: the ``ceil(n q)``-th smallest (1-based, at least 1).
+
+    ClickHouse's ``quantileExactLow`` takes ``floor(n q)`` (0-based), which differs wherever
+    ``n q`` is a whole number (q = 1/3 of 3 values), and no ClickHouse quantile matches there.
+    DuckDB reads a plain decimal literal as DECIMAL and computes the rank exactly (0.7 of 10
+    is the 7th, where the double 10 * 0.7 is 7.000000000000001); any other ``q`` as a double,
+    as ``n - floor(n - n q)``. Both are written here with the same arithmetic.
+    """
+    n = _fn("count", values.copy())
+    text = q.this if isinstance(q, exp.Literal) and not q.is_string else ""
+    if re.fullmatch(r"\d*\.(\d+)", text) and len(text) <= 39:
+        scale = len(text.split(".")[1])
+        fraction = _fn("toDecimal128", exp.Literal.string(text), exp.Literal.number(scale))
+        rank = _fn("ceil", exp.Mul(this=_fn("toDecimal128", n, exp.Literal.number(0)), expression=fraction))
+    else:
+        scaled = exp.Mul(this=n.copy(), expression=_fn("toFloat64", q.copy()))
+        rank = exp.Sub(this=n.copy(), expression=_fn("floor", exp.Sub(this=n.copy(), expression=scaled)))
+    index = _fn("greatest", _fn("toUInt64", rank), exp.Literal.number(1))
+    return _fn("arrayElement", _fn("arraySort", _fn("groupArray", values.copy())), index)
+
+
 #: Map columns: a lookup of an absent key is NULL in DuckDB, '' in ClickHouse.
 _MAPS: Final[frozenset[str]] = frozenset(
     {"attributes", "resource_attributes", "extra_attributes", "extra_resource_attributes"}
@@ -215,15 +245,18 @@ def to_clickhouse(node: exp.Expr) -> exp.Expr:
         _unnest_map_entries(node)
         _boolean_columns(node)
         return node
-    if isinstance(node, exp.PercentileCont | exp.PercentileDisc):
-        # quantile_cont: linear between order statistics = quantileExactInclusive; quantile_disc:
-        # the order statistic at floor((n - 1) q) = quantileExactLow (both checked on random
-        # inputs against DuckDB, tests/core/test_clickhouse_engine.py).
+    if isinstance(node, exp.PercentileCont):
+        # quantile_cont: linear between order statistics = quantileExactInclusive (checked on
+        # random inputs against DuckDB, tests/core/test_clickhouse_engine.py).
         q = node.expression
-        name = "ExactInclusive" if isinstance(node, exp.PercentileCont) else "ExactLow"
-        name = ("quantiles" if isinstance(q, exp.Array) else "quantile") + name
+        name = "quantilesExactInclusive" if isinstance(q, exp.Array) else "quantileExactInclusive"
         qs = q.expressions if isinstance(q, exp.Array) else [q]
         return exp.ParameterizedAgg(this=name, expressions=qs, params=[node.this])
+    if isinstance(node, exp.PercentileDisc):
+        q = node.expression
+        if isinstance(q, exp.Array):
+            return _if_any(node.this, exp.Array(expressions=[_order_statistic(node.this, p) for p in q.expressions]))
+        return _if_any(node.this, _order_statistic(node.this, q))
     if isinstance(node, exp.ArrayAgg):
         # NULLs: kept by DuckDB's list(), skipped by groupArray; callers aggregate non-NULL values.
         return _fn("groupArray", node.this)

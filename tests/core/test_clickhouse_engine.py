@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sre_agent.errors import StoreError
@@ -143,6 +143,12 @@ def test_parameters_must_match_the_placeholders(engines: tuple[Any, Any]) -> Non
     values=st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
     q=st.floats(0.0, 1.0),
 )
+# Where n q is a whole number ClickHouse's quantileExactLow takes the next order statistic
+# (found by this test: 1/3 of three values); 0.7 of ten is the 7th value for DuckDB's exact
+# DECIMAL literal, the 8th by the double 10 * 0.7; 1e-05 is a DOUBLE literal.
+@example(values=[0.0, 1.0, -1.0], q=0.3333333333333333)
+@example(values=[float(v) for v in range(10)], q=0.7)
+@example(values=[float(v) for v in range(100_000 // 1000)], q=1e-05)
 def test_quantiles_agree_with_duckdb_on_any_sample(engines: tuple[Any, Any], values: list[float], q: float) -> None:
     duck, house = engines
     table = pa.table({"v": pa.array(values, pa.float64())})
@@ -160,6 +166,18 @@ def test_quantiles_agree_with_duckdb_on_any_sample(engines: tuple[Any, Any], val
         got,
         expected,
     )
+
+
+def test_several_discrete_quantiles_and_none_of_nothing_agree_with_duckdb(engines: tuple[Any, Any]) -> None:
+    duck, house = engines
+    for values in ([float(v) for v in range(12)], []):
+        table = pa.table({"v": pa.array(values, pa.float64())})
+        duck.register("sample", table)
+        house.register("sample", table)
+        query = (
+            "SELECT quantile_disc(v, [0.25, 0.5, 0.7, 1.0]), quantile_disc(v, 0.5), quantile_cont(v, 0.5) FROM sample"
+        )
+        assert house.execute(query).fetchall() == duck.execute(query).fetchall()
 
 
 class ChdbClient:
