@@ -447,7 +447,8 @@ def per_replica(
     more arrivals to ``load`` and fewer replicas to ``capacity`` separately and drops falls, so a
     version pair where the canary serves 1 of 3 replicas with a third of the traffic would get a
     ``capacity`` term although each replica carries the same load. Here the two are netted into
-    the offered load per replica (:func:`sre_agent.analysis.decompose.offered_load_terms`). An arrival-rate
+    the offered load per replica (:func:`sre_agent.analysis.decompose.offered_load_terms`), all of it
+    ``load`` in a version pair (windows that overlap), whose replica counts differ by design. An arrival-rate
     change within the spread of per-slice arrivals (:attr:`Comparison.arrival_change_z` below
     :data:`LOAD_Z`) is no ``load`` driver, unless ``within_bursts`` (for a caller left with no other
     driver), but it still nets against the replicas.
@@ -467,6 +468,12 @@ def per_replica(
     log_rate = math.log((counts["candidate"] / seconds["candidate"]) / (counts["baseline"] / seconds["baseline"]))
     out = {k: v for k, v in drivers.items() if k not in ("load", "capacity")}
     terms = offered_load_terms(log_rate, math.log(r["baseline"] / r["candidate"]))
+    if comparison.windows_overlap and terms:
+        # A version pair's replica counts are the split's design, not capacity the deploy removed:
+        # whatever each replica carries beyond the other version's is the traffic the router sent it
+        # (dev 1300102: a canary on 2 of 6 replicas with 45 % more requests per replica read as
+        # "capacity: replicas 4 -> 2").
+        terms = {"load": sum(terms.values())}
     if bursty:
         # Within the bursts the rate is no driver of its own, but it still nets against the
         # replicas: a canary on 1 of 3 replicas with a third of bursty traffic (dev 1160000:

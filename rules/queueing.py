@@ -176,11 +176,16 @@ def queueing(
     findings: list[Finding] = []
     if load_term > 0:
         rise = (arrival_rate.ratio or 1.0) - 1.0
+        rates = f"{_r(arrival_rate.baseline)} -> {_r(arrival_rate.candidate)} req/s"
+        if comparison.windows_overlap and replicas.ratio:
+            # A version pair: each version's replicas are its own, so the load is per replica.
+            rise = (arrival_rate.ratio or 1.0) / replicas.ratio - 1.0
+            rates += f" on {replicas.baseline:.0f} and {replicas.candidate:.0f} replicas: the router's share"
         findings.append(
             Finding(
                 cause="load",
-                title=f"Offered load rose {rise:.0%} "
-                f"({_r(arrival_rate.baseline)} -> {_r(arrival_rate.candidate)} req/s) and "
+                title=f"Offered load{' per replica' if comparison.windows_overlap else ''} rose {rise:.0%} "
+                f"({rates}) and "
                 + ("queueing and batch size grew with it" if batches_grew else "queueing grew with it"),
                 explained=at_stake * load_term / total,
                 confidence=0.95 * min(1.0, rise / 0.25),

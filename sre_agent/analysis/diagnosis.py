@@ -130,13 +130,29 @@ def run_rules(
     return findings, failures, notes, timings
 
 
-def _rank_key(order: dict[str, int]) -> Callable[[Finding], tuple[float, int]]:
-    """Findings' order: the highest score first, ties by the rules' registration order."""
-    return lambda f: (-f.score, order.get(f.rule, 0))
+def _rank_key(order: dict[str, int]) -> Callable[[Finding], tuple[float, float, int]]:
+    """Findings' order: the highest score first, ties by confidence, then by the rules' registration order.
+
+    Confidence breaks ties because findings that explain none of the headline's stage (score 0)
+    still differ in how surely their mechanism moved: a prompt token 141 % costlier in the step fit
+    (0.6) ranked after a TPOT rise at equal batch that its own test doubted (0.001), by rule order
+    alone (dev 1300122).
+    """
+    return lambda f: (-f.score, -f.confidence, order.get(f.rule, 0))
+
+
+#: Causes that are the traffic a router sends each side, which a version pair's versions do not
+#: choose: arrivals per replica, and the requests' mix (prompt lengths and prefixes, tenants).
+ROUTED: Final[frozenset[str]] = frozenset({"load", "traffic_mix"})
 
 
 def _rank(
-    findings: list[Finding], regression: Regression, order: dict[str, int], localisation: Localisation | None
+    findings: list[Finding],
+    regression: Regression,
+    order: dict[str, int],
+    localisation: Localisation | None,
+    *,
+    versions_side_by_side: bool = False,
 ) -> list[Finding]:
     if localisation is not None and localisation.scope and regression.significant:
         # The regression lives in one slice, so every explanation without a scope of its own
@@ -148,6 +164,10 @@ def _rank(
         # The regression *is* the failed (retried) share: that cause's finding accounts for all of it.
         findings = [replace(f, explained=1.0) if f.cause == owner else f for f in findings]
     ranked = sorted(findings, key=_rank_key(order))
+    if versions_side_by_side:
+        # Two versions serving at once: what the router sent each is not what either version does,
+        # so a version's own mechanism comes first and the routed traffic after it, as context.
+        ranked = [f for f in ranked if f.cause not in ROUTED] + [f for f in ranked if f.cause in ROUTED]
     if not regression.significant:
         # Nothing regressed: say so first; whatever moved is listed after, for context.
         ranked.insert(0, _none_finding(regression))
@@ -364,8 +384,10 @@ def _by_mechanism(
 MIX_REPRODUCES: Final[float] = 0.9
 
 
-def _stage_moved_with_the_mix(regression: Regression, findings: list[Finding], order: dict[str, int]) -> Regression:
-    """No regression when a stage headline is the traffic mix's alone.
+def _moved_with_the_mix(
+    regression: Regression, findings: list[Finding], order: dict[str, int], *, versions_side_by_side: bool = False
+) -> Regression:
+    """No regression when a stage headline, or a version pair's, is the traffic mix's alone.
 
     A stage is the headline only when no user-facing latency rose (users did not feel it, but
     a component slowed). When the leading finding is the mix's composition (the reweighted
@@ -374,8 +396,14 @@ def _stage_moved_with_the_mix(regression: Regression, findings: list[Finding], o
     quantile moved because more requests went through the slower path (a RAG route grew from 9
     to 13 % of the traffic, its retrieval ~110 ms against a guardrail's 25 ms, and the
     dependency p90 read x1.79 while every route's dependency time held; dev 1230259).
+
+    Two versions serving side by side (``versions_side_by_side``) do not choose their requests:
+    the router does. There any headline the baseline version reproduces on the candidate's mix is
+    the routing's, not the version's (a prefix-affine router sends a canary the longer conversations).
     """
-    if not regression.significant or regression.metric not in STAGE_METRICS or not findings:
+    if not regression.significant or not findings:
+        return regression
+    if regression.metric not in STAGE_METRICS and not versions_side_by_side:
         return regression
     top = min(findings, key=_rank_key(order))
     # Composition only: the reweighted baseline (rule traffic_mix) or a slow slice that grew without
@@ -385,7 +413,15 @@ def _stage_moved_with_the_mix(regression: Regression, findings: list[Finding], o
     if top.cause != "traffic_mix" or not composition or top.explained < MIX_REPRODUCES:
         return regression
     label = f"{regression.metric} p{round(regression.quantile * 100)}"
-    note = f"{label} moved with the traffic mix: no user-facing latency rose, no request's {regression.metric} slowed"
+    if regression.metric in STAGE_METRICS:
+        note = (
+            f"{label} moved with the traffic mix: no user-facing latency rose, no request's {regression.metric} slowed"
+        )
+    else:
+        note = (
+            f"{label} moved with the traffic mix routed to each version: the baseline reweighted to the "
+            f"candidate's mix reproduces {top.explained:.0%} of it"
+        )
     return replace(regression, significant=False, note=note)
 
 
@@ -500,8 +536,9 @@ def diagnose(
                     f"the findings after 'none' explain {label} x{provisional.ratio:.2f}, "
                     "the user-facing quantile that rose most, within its noise"
                 )
-        regression = _stage_moved_with_the_mix(regression, findings, order)
-        ranked = _rank(findings, regression, order, localisation)
+        pair = comparison.windows_overlap
+        regression = _moved_with_the_mix(regression, findings, order, versions_side_by_side=pair)
+        ranked = _rank(findings, regression, order, localisation, versions_side_by_side=pair)
         notes = [*comparison.notes, *comparison.quality_notes(), *skip_notes]
         if comparison.sampled:
             notes.append(

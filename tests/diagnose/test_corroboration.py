@@ -12,6 +12,8 @@ mechanism, a split of the latency between stages or slices, or a cap read from a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sre_agent.analysis.diagnosis import (
@@ -68,25 +70,57 @@ def test_only_engine_mechanisms_corroborate() -> None:
 
 
 def test_a_stage_headline_the_mix_reproduces_is_no_regression() -> None:
-    from sre_agent.analysis.diagnosis import _stage_moved_with_the_mix
+    from sre_agent.analysis.diagnosis import _moved_with_the_mix
 
     stage = Regression("dependency", 0.9, 0.047, 0.084, (0.012, 0.072), True)
     mix = Finding(cause="traffic_mix", title="t", explained=1.0, confidence=0.6, rule="slices")
-    out = _stage_moved_with_the_mix(stage, [mix], {"slices": 0})
+    out = _moved_with_the_mix(stage, [mix], {"slices": 0})
     assert not out.significant
     assert "moved with the traffic mix" in out.note
     # A user-facing headline the mix explains is a regression users feel, with traffic_mix its cause.
     e2e = Regression("e2e", 0.99, 1.0, 2.0, (0.5, 1.5), True)
-    assert _stage_moved_with_the_mix(e2e, [mix], {"slices": 0}).significant
+    assert _moved_with_the_mix(e2e, [mix], {"slices": 0}).significant
     # A mix that reproduces part of the stage's change leaves the rest to explain.
     half = Finding(cause="traffic_mix", title="t", explained=0.5, confidence=0.6, rule="slices")
-    assert _stage_moved_with_the_mix(stage, [half], {"slices": 0}).significant
+    assert _moved_with_the_mix(stage, [half], {"slices": 0}).significant
     # A queue that more work per request lengthened (the stage fallback's mix driver) is every request's.
     congestion = Finding(cause="traffic_mix", title="t", explained=1.0, confidence=0.25, stage="queue", rule="stages")
-    assert _stage_moved_with_the_mix(stage, [congestion], {"stages": 0}).significant
+    assert _moved_with_the_mix(stage, [congestion], {"stages": 0}).significant
     # A stage finding leading the mix keeps the headline.
     dep = Finding(cause="dependency", title="t", explained=1.0, confidence=0.9, rule="dependency")
-    assert _stage_moved_with_the_mix(stage, [mix, dep], {"slices": 0, "dependency": 1}).significant
+    assert _moved_with_the_mix(stage, [mix, dep], {"slices": 0, "dependency": 1}).significant
+
+
+def test_a_version_pair_headline_the_baseline_reproduces_on_the_candidates_mix_is_the_routers() -> None:
+    from sre_agent.analysis.diagnosis import _moved_with_the_mix
+
+    # Two versions serving at once do not choose their requests: the baseline version, reweighted
+    # to the canary's mix, reproduces the canary's e2e p99, so the version did not regress.
+    e2e = Regression("e2e", 0.99, 1.0, 2.0, (0.5, 1.5), True)
+    mix = Finding(cause="traffic_mix", title="t", explained=0.95, confidence=0.6, rule="traffic_mix")
+    out = _moved_with_the_mix(e2e, [mix], {"traffic_mix": 0}, versions_side_by_side=True)
+    assert not out.significant
+    assert "routed to each version" in out.note
+    # Before and after a deploy the same mix is a regression users feel, the mix its cause.
+    assert _moved_with_the_mix(e2e, [mix], {"traffic_mix": 0}).significant
+    # Half reproduced leaves the version a regression to explain.
+    half = replace(mix, explained=0.5)
+    assert _moved_with_the_mix(e2e, [half], {"traffic_mix": 0}, versions_side_by_side=True).significant
+
+
+def test_a_version_pair_ranks_the_versions_own_mechanism_before_the_traffic_routed_to_it() -> None:
+    from sre_agent.analysis.diagnosis import _rank
+
+    regression = Regression("ttft", 0.99, 1.0, 2.0, (0.5, 1.5), True)
+    routed = Finding(cause="traffic_mix", title="t", explained=1.0, confidence=0.8, rule="queueing")
+    load = Finding(cause="load", title="t", explained=0.5, confidence=0.9, rule="queueing")
+    cache = Finding(cause="prefix_cache", title="t", explained=0.3, confidence=0.7, rule="prefix_cache")
+    order = {"queueing": 0, "prefix_cache": 1}
+    pair = _rank([routed, load, cache], regression, order, None, versions_side_by_side=True)
+    assert [f.cause for f in pair] == ["prefix_cache", "traffic_mix", "load"]
+    # Before and after a deploy the score alone orders them.
+    swap = _rank([routed, load, cache], regression, order, None)
+    assert [f.cause for f in swap] == ["traffic_mix", "load", "prefix_cache"]
 
 
 #: Trace p50 x1.65 whose time-block CI runs through zero (load x1.47 at a deploy, dev-unseen 1240064).

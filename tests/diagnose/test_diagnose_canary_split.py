@@ -192,3 +192,21 @@ def test_a_time_picked_before_a_later_hot_swap_keeps_its_windows(tmp_path: Path)
         _, candidate, notes, _ = resolve_windows(con, Selection(mode="deploy_at", deploy_at_ns=earlier))
     assert candidate.start_ns - earlier < 5 * NS
     assert not any(n.startswith("rolling deploy") for n in notes)
+
+
+def test_a_canary_sent_more_requests_per_replica_is_load_per_replica_not_fewer_replicas(tmp_path: Path) -> None:
+    """v1 on 3 replicas at 12 req/s, the v2 canary on 1 at 6 req/s: 50 % more per replica, the same code.
+
+    A version pair's replica counts are the split's design; the canary queues because the router sends
+    each of its replicas more. The old reading was "capacity: replicas 3 -> 1"."""
+    path = tmp_path / "routed.duckdb"
+    baseline = Side(rate_rps=12.0, duration_s=600.0, replicas=3, slots=8)
+    candidate = Side(version="v2", rate_rps=6.0, duration_s=580.0, replicas=1, slots=8)
+    build_store(path, baseline, candidate, Options(deploy_marker=True, concurrent_after_s=20.0))
+    report = diagnose(path, SINCE)
+    assert report.regression.significant
+    causes = [f.cause for f in report.findings]
+    assert "capacity" not in causes
+    assert causes[0] == "load"
+    assert "per replica" in report.findings[0].title
+    assert "the router's share" in report.findings[0].title
