@@ -281,9 +281,10 @@ def _corroborated(
 #: Causes whose rule tests a mechanism of its own beyond that mechanism's noise (the CORROBORATING
 #: controls, plus arrivals against their per-slice spread and work per request), which alone can
 #: make a regression of a latency that rose within its noise (:func:`_by_mechanism`). ``capacity``
-#: only by a count (:func:`_replicas_counted_fewer`): a lower cap is read from the running gauge's
-#: median at the scrapes that had a backlog, which has no test of its own (a version bump, metrics
-#: only, waiting 0.02 -> 0.03: "1.0 run per replica against 2.0" at 0.8; dev 1230231).
+#: only by a count (:func:`_replicas_counted_fewer`) or a peak cap that binds (:func:`_cap_held_requests`):
+#: a lower cap read from the running gauge's median at the scrapes that had a backlog has no test of
+#: its own (a version bump, metrics only, waiting 0.02 -> 0.03: "1.0 run per replica against 2.0" at
+#: 0.8; dev 1230231).
 MECHANISMS: Final[frozenset[str]] = CORROBORATING | {"load", "traffic_mix"}
 #: Rules that split a latency's change between stages or slices rather than test a mechanism.
 _PARTITIONS: Final[frozenset[str]] = frozenset({"stages", "slices"})
@@ -340,13 +341,33 @@ def _replicas_counted_fewer(finding: Finding) -> bool:
 REPLICAS_FELL: Final[float] = 0.10
 
 
+def _cap_held_requests(finding: Finding) -> bool:
+    """A ``capacity`` finding of a lower running cap that held requests back, tested on the gauges.
+
+    The queueing rule names a cap only when its own tests passed: the running gauge's peak fell
+    10 % and two slots or more, requests waited more, queue time holds part of the tail excess,
+    and the cap binds (two scrapes or more with requests waiting, their running counts at one
+    value and at the replica's peak: :func:`sre_agent.rules._steps.slot_cap_binds`). Its
+    ``max_running_requests`` evidence says so. A cut of ``max_num_seqs`` 128 -> 6 moved the
+    e2e p99 x0.93 (shorter batches decode faster) while the queue grew: "no regression" over
+    "max running requests 26 -> 6 while requests wait" at 0.9 (dev 1300226).
+    """
+    if finding.cause != "capacity":
+        return False
+    peak = next((e for e in finding.evidence if e.signal == "max_running_requests"), None)
+    return peak is not None and isinstance(peak.baseline, int | float) and isinstance(peak.candidate, int | float)
+
+
 def mechanism_finding(
     findings: list[Finding], confidence: float, *, versions_side_by_side: bool = False
 ) -> Finding | None:
-    """The most confident finding of a mechanism tested on its own (:data:`MECHANISMS`, or replicas
-    counted fewer outside a version pair) at ``confidence`` or more, from no partition rule."""
+    """The most confident finding of a mechanism tested on its own (:data:`MECHANISMS`, a lower
+    running cap that held requests back, or replicas counted fewer outside a version pair) at
+    ``confidence`` or more, from no partition rule."""
     tested = [
-        f for f in findings if f.cause in MECHANISMS or (not versions_side_by_side and _replicas_counted_fewer(f))
+        f
+        for f in findings
+        if f.cause in MECHANISMS or _cap_held_requests(f) or (not versions_side_by_side and _replicas_counted_fewer(f))
     ]
     return _surest(tested, MECHANISMS | {"capacity"}, confidence, skip=_PARTITIONS)
 

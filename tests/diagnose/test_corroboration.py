@@ -199,3 +199,24 @@ def test_replicas_counted_fewer_make_the_regression_outside_a_version_pair() -> 
     assert _by_mechanism(provisional, [_capacity(4.0, 3.7, "engine_metrics")]) is None
     # Partitions of the latency do not test a mechanism, whatever their evidence says.
     assert _by_mechanism(provisional, [_capacity(4, 3, "stages")]) is None
+
+
+def test_a_running_cap_that_held_requests_back_makes_the_regression() -> None:
+    """max_num_seqs 128 -> 6: shorter batches decode faster (e2e p99 x0.93) while requests queue at the cap.
+
+    The queueing rule names the cap only when its tests passed (peak down 10 % and two slots, more
+    waiting, queue time in the tail, the cap binding), and says so with its ``max_running_requests``
+    evidence; a lower running count read at the scrapes with a backlog alone has no test (dev 1230231).
+    """
+    provisional = _provisional(RISEN_IN_NOISE)
+    assert provisional is not None
+    peak = Evidence("max_running_requests", 26.0, 6.0, "peak of the running gauge: the effective max_num_seqs")
+    cap = Finding(cause="capacity", title="t", explained=0.9, confidence=0.9, evidence=(peak,)).with_rule("queueing")
+    out = _by_mechanism(provisional, [cap])
+    assert out is not None
+    assert "capacity" in out.note
+    # Its evidence is a count of slots; a version pair's own cap counts too.
+    assert _by_mechanism(provisional, [cap], versions_side_by_side=True) is not None
+    under = Evidence("running_under_backlog", 2.0, 1.0, "median running gauge at the scrapes with requests waiting")
+    median_only = replace(cap, evidence=(under,))
+    assert _by_mechanism(provisional, [median_only]) is None

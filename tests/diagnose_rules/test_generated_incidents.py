@@ -960,3 +960,15 @@ def test_a_running_peak_that_fell_with_the_step_budget_is_the_budgets(tmp_path: 
     # max_num_seqs leaves the largest steps where the budget pins them; this one moved them.
     report = _shared_report(1300034, "batch_composition", tmp_path)
     assert report.findings[0].cause == "batch_composition", [(f.cause, f.title) for f in report.findings[:3]]
+
+
+def test_a_running_cap_that_held_requests_back_is_a_regression_even_when_batches_got_faster(
+    tmp_path: Path,
+) -> None:
+    # vLLM V0, max_num_seqs 128 -> 6 at a hot swap: smaller batches decode faster, e2e p99 x0.93,
+    # while requests queued at the new cap (running peak 26 -> 6 with requests waiting). The
+    # queueing rule's tested cap read 0.9, but only a count of replicas could make a regression
+    # of a latency that rose within its noise: "no regression", the cap listed after it.
+    report = _shared_report(1300226, "capacity", tmp_path)
+    assert report.regression.significant
+    assert report.findings[0].cause == "capacity", [(f.cause, f.title) for f in report.findings[:3]]
