@@ -509,11 +509,113 @@ def slice_step_mix(comparison: Comparison, metrics: MetricView | None, column: s
     return known[(column, value)][0]
 
 
+#: Scrape intervals with inter-token observations each side needs for :func:`metric_step`.
+METRIC_STEP_INTERVALS: Final[int] = 8
+#: Candidate intervals within the baseline's range of running batches that :func:`metric_step` compares.
+METRIC_STEP_SUPPORTED: Final[int] = 6
+
+
+@dataclass(frozen=True)
+class MetricStep:
+    """The candidate's inter-token interval against the baseline's step at the candidate's batch and prefill.
+
+    The metric stream's version of :class:`StepMix`'s model: per replica and scrape interval,
+    the mean inter-token latency (the histogram's sum over its count) against the running batch
+    (the gauge's mean at the interval's two scrapes) and the prompt tokens prefilled per second
+    (the counter), ``itl = a + b * running + g * prompt_tokens_per_s``, fitted on the baseline's
+    intervals (non-negative, weighted by their tokens) and asked for the candidate's that ran a
+    batch within the baseline's range (at least :data:`METRIC_STEP_SUPPORTED` of them).
+    ``ratio`` is the candidate's observed mean ITL over that prediction (1 = the same step for
+    the same batch and prefill), ``z`` its rise against both sides' interval residuals (intervals
+    taken as independent: a lower bound on the noise in bursty traffic).
+    """
+
+    ratio: float
+    z: float
+    intervals: tuple[int, int]
+
+    def evidence(self) -> Evidence:
+        """The reading, as evidence."""
+        return Evidence(
+            "itl_at_equal_batch_and_prefill",
+            1.0,
+            rnd(self.ratio, 3),
+            f"candidate mean ITL over the baseline's step (a + b x running + g x prompt tokens/s, fitted on "
+            f"{self.intervals[0]} scrape intervals) at its {self.intervals[1]}; z = {self.z:.1f}",
+        )
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least squares of ``y`` on the columns of ``x`` with every coefficient >= 0.
+
+    Three coefficients: every subset of them is solved unconstrained and the best feasible one
+    kept (exact for so few; a step has no negative cost, and busy intervals are collinear in
+    batch and prefill, where a free fit trades one coefficient's sign for the other's).
+    """
+    root = np.sqrt(w)
+    a, b = x * root[:, None], y * root
+    best: tuple[float, np.ndarray] | None = None
+    columns = x.shape[1]
+    for mask in range(1, 2**columns):
+        keep = [k for k in range(columns) if mask >> k & 1]
+        solution, *_ = np.linalg.lstsq(a[:, keep], b, rcond=None)
+        if (solution < 0).any():
+            continue
+        coef = np.zeros(columns)
+        coef[keep] = solution
+        residual = float(((a @ coef - b) ** 2).sum())
+        if best is None or residual < best[0]:
+            best = (residual, coef)
+    return best[1] if best is not None else np.zeros(columns)
+
+
+def metric_step(metrics: MetricView) -> MetricStep | None:
+    """:class:`MetricStep` from the metric stream; ``None`` with fewer than
+    :data:`METRIC_STEP_INTERVALS` intervals a side (:meth:`MetricView.itl_by_running`)."""
+    rows = metrics.itl_by_running()
+    if rows is None:
+        return None
+    b, c = rows
+    if min(len(b), len(c)) < METRIC_STEP_INTERVALS:
+        return None
+
+    def design(r: np.ndarray) -> np.ndarray:
+        return np.column_stack([np.ones(len(r)), r[:, 0], r[:, 1]])
+
+    coef = _nonnegative_fit(design(b), b[:, 2] / b[:, 3], b[:, 3])
+    # Only at batches the baseline ran: a step's cost is not linear far past them (a load x2 ran 45
+    # requests a replica against the baseline's 9 at most, and the line drawn through 0-9 read a
+    # step x2.16 slower there; dev 1280032).
+    c = c[(c[:, 0] >= b[:, 0].min()) & (c[:, 0] <= b[:, 0].max())]
+    if len(c) < METRIC_STEP_SUPPORTED:
+        return None
+    predicted_b, predicted_c = design(b) @ coef, design(c) @ coef
+    expected = float((c[:, 3] * predicted_c).sum())
+    if expected <= 0:
+        return None
+    ratio = float(c[:, 2].sum()) / expected
+
+    def mean_residual(r: np.ndarray, predicted: np.ndarray) -> tuple[float, float]:
+        # The token-weighted mean residual per token and its standard error over the intervals.
+        w = r[:, 3] / r[:, 3].sum()
+        residual = r[:, 2] / r[:, 3] - predicted
+        mean = float((w * residual).sum())
+        return mean, float(np.sqrt((w**2 * (residual - mean) ** 2).sum()))
+
+    rise, se_c = mean_residual(c, predicted_c)
+    _, se_b = mean_residual(b, predicted_b)
+    se = math.hypot(se_b, se_c)
+    z = rise / se if se > 0 else 0.0
+    return MetricStep(ratio, z, (len(b), len(c)))
+
+
 __all__ = [
     "BATCH_SHAPE_FACTOR",
     "BatchShape",
     "CAP_CUT",
     "DECODE_LED",
+    "METRIC_STEP_INTERVALS",
+    "MetricStep",
     "SAME_WORK",
     "StepMix",
     "batch_shape",
@@ -521,6 +623,7 @@ __all__ = [
     "slot_cap_binds",
     "decode_step_mix",
     "median_step",
+    "metric_step",
     "prefill_cost_floor",
     "slice_step_mix",
     "step_mix",

@@ -69,7 +69,7 @@ from sre_agent.analysis.rules_api import Evidence, Finding, MetricEstimate, Regr
 from sre_agent.rules._load import pool_shrank
 from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules._replica_scope import MIN_PEERS, REST_SHARE
-from sre_agent.rules._steps import slot_cap_binds
+from sre_agent.rules._steps import metric_step, slot_cap_binds
 
 #: Relative change of arrivals (or of mean ITL) that counts as a rise.
 MIN_RISE: Final[float] = 0.15
@@ -241,18 +241,16 @@ def engine_metrics(
     # Flat per replica: within 15 %, or the same replicas and an arrival change within noise
     # (bursty traffic moves a short window's rate by 20 % at z < 3).
     per_replica_flat = abs(load_per_replica - 1) < MIN_RISE or (rate_flat and abs(replicas.ratio - 1) < MIN_RISE)
-    other_mechanism = bool(
-        (hit is not None and (hit[0].baseline or 0.0) - (hit[0].candidate or 0.0) >= HIT_RATE_FALL)
-        # Preemptions are KV pressure's own mechanism only when each running request holds more of
-        # the cache; when more requests merely ran at once at the same load and work (1090211:
-        # ITL x3.0, running x2.5, KV share per request flat), they are the slower steps' echo.
-        or (
-            preempt.baseline is not None
-            and (preempt.candidate or 0.0) - preempt.baseline >= PREEMPTION_RISE
-            and pool_shrank(metrics, work.ratio)
-        )
-        or (work.ratio is not None and abs(work.ratio - 1) > SAME_WORK)
+    cache_lost = hit is not None and (hit[0].baseline or 0.0) - (hit[0].candidate or 0.0) >= HIT_RATE_FALL
+    # Preemptions are KV pressure's own mechanism only when each running request holds more of
+    # the cache; when more requests merely ran at once at the same load and work (1090211:
+    # ITL x3.0, running x2.5, KV share per request flat), they are the slower steps' echo.
+    pool_pressure = (
+        preempt.baseline is not None
+        and (preempt.candidate or 0.0) - preempt.baseline >= PREEMPTION_RISE
+        and pool_shrank(metrics, work.ratio)
     )
+    other_mechanism = bool(cache_lost or pool_pressure or (work.ratio is not None and abs(work.ratio - 1) > SAME_WORK))
 
     # The running cap, where the engine saturates: the running gauge while requests wait on the
     # same replica, against the baseline's own saturation, else the most it ran at all. The peak
@@ -303,8 +301,30 @@ def engine_metrics(
         terms["capacity"] = -_log(lower_cap)
     slowest = _slowest_replica(metrics) if per_replica_flat and not other_mechanism else None
     alone = False  # the decode reading is one replica's: the fleet's mean ITL did not rise 15 %
-    if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE and per_replica_flat and not other_mechanism:
+    by_step = False  # the decode reading is the step fit's, where load or work moved too
+    # The step at the candidate's batch and prefill, by the baseline's own per-interval step
+    # (_steps.metric_step): the control the span rules have at equal overlap. The same step means
+    # the mean ITL rose with the batch and the prompts it shares, not a slower step (dev 1280068:
+    # ITL mean x1.29 with arrivals up 26 % "within noise", the step x0.97). A step surely slower
+    # at equal batch and prefill is the decode's, even where more work per request or preemptions
+    # would otherwise hide it, since both only act through the batch and the prefill the fit holds
+    # equal (1280087: decode x3.93, prompt tokens counted per request x1.22 with recomputation,
+    # the step x3.08 at z 22); not where the cache lost its hits or the pool shrank, which change
+    # what a prompt token costs.
+    step = metric_step(metrics) if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE else None
+    step_same = step is not None and step.ratio < 1 + MIN_RISE
+    step_slower = step is not None and step.ratio >= 1 + MIN_RISE and step.z >= MIN_Z
+    if (
+        itl_mean.ratio is not None
+        and itl_mean.ratio >= 1 + MIN_RISE
+        and per_replica_flat
+        and not other_mechanism
+        and not step_same
+    ):
         terms["decode_slowdown"] = _log(itl_mean.ratio)
+    elif step is not None and step_slower and not cache_lost and not pool_pressure:
+        terms["decode_slowdown"] = _log(step.ratio)
+        by_step = True
     elif slowest is not None:
         # One replica of several slowed apart from its peers, too few of the fleet's tokens to
         # move its mean 15 % (decode x2.07 on 1 of 6 replicas: ITL p99 x2.4, and nothing explained
@@ -392,9 +412,23 @@ def engine_metrics(
                     "the deploy; restore the baseline's and replay"
                 ),
             )
+        elif by_step and step is not None:
+            extra = (step.evidence(),)
+            title = (f"The engine step ran {step.ratio - 1:.0%} slower at the same running batch and prompt tokens "
+                     f"per second (mean inter-token latency x{itl_mean.ratio or 1.0:.2f}; engine metrics)")  # fmt: skip
+            change, stage, next_check = (
+                step.ratio - 1,
+                "decode",
+                (
+                    "compare decode step time at equal running batch before and after (a fixed-batch benchmark); check "
+                    "CUDA-graph capture sizes, enforce_eager, attention backend and kernel versions in the new image"
+                ),
+            )
         else:
             if slowest is not None:
                 scope, extra = slowest[0], (slowest[1],)
+            elif step is not None:
+                extra = (step.evidence(),)
             same_load = (
                 "at the same load per replica"
                 if load_within_noise == 1

@@ -310,6 +310,71 @@ class MetricView:
         scrapes: list[list[tuple[str, float, float | None, bool]]] = self._cache[key]
         return scrapes
 
+    def itl_by_running(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per side, each replica's scrape intervals as rows (running, prompt tokens/s, ITL seconds, intervals).
+
+        ``running`` is the mean of the running gauge at the interval's two scrapes (the batch the
+        interval's steps ran), ``prompt tokens/s`` the prompt-token counter's increment over the
+        interval's seconds (0 without that counter: the prefill the same steps carried), the last
+        two the increments of the inter-token latency histogram's sum and count; only intervals
+        with an observation. A step's time follows the batch it runs and the prompt tokens it
+        shares, so these rows let a rule compare the step at equal batch and prefill, as the span
+        rules do at equal overlap. ``None`` without the histogram or the gauge, or when neither
+        names the replica the other does.
+        """
+        key = ("itl_by_running",)
+        if key not in self._cache:
+            self._cache[key] = self._itl_by_running()
+        found: tuple[np.ndarray, np.ndarray] | None = self._cache[key]
+        return found
+
+    def _itl_by_running(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Uncached :meth:`itl_by_running`."""
+        itl, running = self.name_for("itl_seconds"), self.name_for("running_requests")
+        if itl is None or running is None:
+            return None
+        prompt = self.name_for("prompt_tokens")
+        instance = "coalesce(service_instance, host_name, series_key)"
+        out: list[np.ndarray] = []
+        for side in SIDES:
+            # Prompt tokens per second of the interval, where the counter exists (else 0: the fit
+            # then has batch alone).
+            prompt_cte, prompt_join, prompt_rate = "", "", "0"
+            if prompt is not None:
+                prompt_cte = f""",
+                    p AS (
+                      SELECT i, time_ns, {_increment("c", "prev_c")} AS tokens, time_ns - prev_t AS dt FROM (
+                        SELECT {instance} AS i, time_ns, temporality, value AS c, lag(value) OVER w AS prev_c,
+                               lag(time_ns) OVER w AS prev_t
+                        FROM metric_points WHERE {self._where(side, prompt)} AND isfinite(value)
+                        WINDOW w AS (PARTITION BY series_key ORDER BY time_ns)))"""
+                prompt_join = "LEFT JOIN p ON steps.i = p.i AND steps.time_ns = p.time_ns"
+                prompt_rate = "coalesce(CASE WHEN p.dt > 0 THEN p.tokens * 1e9 / p.dt END, 0)"
+            rows = self._con.execute(
+                f"""WITH h AS (
+                      SELECT {instance} AS i, time_ns, temporality,
+                             list_sum(bucket_counts) AS c, lag(list_sum(bucket_counts)) OVER w AS prev_c,
+                             coalesce("sum", 0) AS s, lag(coalesce("sum", 0)) OVER w AS prev_s
+                      FROM metric_points WHERE {self._where(side, itl)} AND bucket_counts IS NOT NULL
+                      WINDOW w AS (PARTITION BY series_key ORDER BY time_ns)),
+                    steps AS (
+                      SELECT i, time_ns, {_increment("c", "prev_c")} AS inc, {_increment("s", "prev_s")} AS inc_sum
+                      FROM h),
+                    r AS (
+                      SELECT {instance} AS i, time_ns, value,
+                             lag(value) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev
+                      FROM metric_points WHERE {self._where(side, running)} AND isfinite(value)){prompt_cte}
+                    SELECT (r.value + coalesce(r.prev, r.value)) / 2, {prompt_rate}, steps.inc_sum, steps.inc
+                    FROM steps JOIN r ON steps.i = r.i AND steps.time_ns = r.time_ns
+                    {prompt_join}
+                    WHERE steps.inc > 0 AND isfinite(steps.inc_sum)
+                    ORDER BY r.i, r.time_ns"""
+            ).fetchall()
+            out.append(np.array(rows, dtype=float).reshape(-1, 4))
+        if not (len(out[0]) and len(out[1])):
+            return None
+        return out[0], out[1]
+
     def series_count(self, signal: str) -> SidePair:
         """Distinct series (usually replicas) reporting the signal on each side (none is ``None``)."""
         count = "SELECT count(DISTINCT coalesce(service_instance, host_name, series_key)) FROM metric_points WHERE {}"

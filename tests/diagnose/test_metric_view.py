@@ -22,6 +22,7 @@ from sre_agent.analysis.metric_view import HistogramDelta, MetricView
 from sre_agent.analysis.resolve import SideWindow
 from sre_agent.analysis.selection import Selection
 from sre_agent.rules._load import cap_binds
+from sre_agent.rules._steps import metric_step
 from sre_agent.store import schema
 
 BOUNDS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -327,3 +328,71 @@ def test_requests_admitted_slowly_queue_below_the_peak(tmp_path: Path) -> None:
     full = _gauges(tmp_path / "slow.duckdb", slow).running_at_queues()
     assert full.candidate is not None
     assert full.candidate < 0.6
+
+
+def _step_store(path: Path, *, load: float, step_factor: float) -> MetricView:
+    """Two replicas scraped every 10 s for 600 s (deploy at 300 s): running gauge, prompt-token counter
+    and ITL histogram, the mean ITL of each interval following one step model,
+    ``0.01 + 0.002 x running + 2e-6 x prompt tokens/s`` (times ``step_factor`` after the deploy), with
+    ``load`` times the running batch and prompt tokens after it."""
+    rng = random.Random(7)
+    rows = []
+    for host in ("r1", "r2"):
+        tokens = count = 0
+        seconds = 0.0
+        for k in range(61):
+            t = 10.0 * k
+            after = t > 300
+            running = rng.uniform(2, 12) * (load if after else 1.0)
+            prompt_per_s = rng.uniform(500, 3000) * (load if after else 1.0)
+            itl = (0.01 + 0.002 * running + 2e-6 * prompt_per_s) * (step_factor if after else 1.0)
+            itl *= rng.uniform(0.9, 1.1)
+            if k:
+                tokens += int(prompt_per_s * 10)
+                n = int(running * 10 / itl)
+                count += n
+                seconds += n * itl
+            series = {"service_name": "vllm", "service_instance": host, "host_name": host, "time_ns": int(t * 1e9)}
+            rows.append({**series, "name": "vllm:num_requests_running", "kind": "gauge", "value": running,
+                         "series_key": f"run|{host}"})  # fmt: skip
+            rows.append({**series, "name": "vllm:prompt_tokens", "kind": "counter", "value": float(tokens),
+                         "temporality": "cumulative", "start_time_ns": 0, "series_key": f"prompt|{host}"})  # fmt: skip
+            rows.append({**series, "name": "vllm:inter_token_latency_seconds", "kind": "histogram",
+                         "start_time_ns": 0, "temporality": "cumulative", "count": count, "sum": seconds,
+                         "bounds": list(BOUNDS), "bucket_counts": [0, count] + [0] * (len(BOUNDS) - 1),
+                         "series_key": f"itl|{host}"})  # fmt: skip
+    con = duckdb.connect(str(path))
+    con.execute(schema.METRIC_POINTS_DDL)
+    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
+    con.execute("INSERT INTO metric_points SELECT * FROM new_points")
+    return _view(con)
+
+
+def test_a_step_that_only_carries_a_bigger_batch_is_the_same_step(tmp_path: Path) -> None:
+    # Load x1.8: the batch and the prompts each step shares grew, the mean ITL with them (x1.4), and
+    # the step at the candidate's batch and prefill is the baseline's own.
+    view = _step_store(tmp_path / "load.duckdb", load=1.8, step_factor=1.0)
+    itl = view.histogram("itl_seconds")
+    assert itl["baseline"] is not None
+    assert itl["candidate"] is not None
+    assert itl["candidate"].mean / itl["baseline"].mean > 1.3
+    step = metric_step(view)
+    assert step is not None
+    assert step.ratio == pytest.approx(1.0, abs=0.08)
+
+
+def test_a_slower_step_is_slower_at_the_same_batch_and_prefill(tmp_path: Path) -> None:
+    step = metric_step(_step_store(tmp_path / "slow.duckdb", load=1.0, step_factor=1.5))
+    assert step is not None
+    assert step.ratio == pytest.approx(1.5, abs=0.1)
+    assert step.z >= 3
+    # With the load grown as well, the step still reads its own slowdown.
+    both = metric_step(_step_store(tmp_path / "both.duckdb", load=1.8, step_factor=1.5))
+    assert both is not None
+    assert both.ratio == pytest.approx(1.5, abs=0.12)
+
+
+def test_the_step_is_compared_only_at_batches_the_baseline_ran(tmp_path: Path) -> None:
+    # Load x5: the candidate ran 10-60 requests a replica, the baseline 2-12. Its line is not drawn
+    # that far (a step's cost is not linear there), and too few candidate intervals lie within it.
+    assert metric_step(_step_store(tmp_path / "far.duckdb", load=5.0, step_factor=1.0)) is None

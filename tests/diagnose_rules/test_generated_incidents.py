@@ -972,3 +972,22 @@ def test_a_running_cap_that_held_requests_back_is_a_regression_even_when_batches
     report = _shared_report(1300226, "capacity", tmp_path)
     assert report.regression.significant
     assert report.findings[0].cause == "capacity", [(f.cause, f.title) for f in report.findings[:3]]
+
+
+def test_a_mean_itl_that_rose_with_the_batch_is_not_a_slower_step(tmp_path: Path) -> None:
+    # Engine metrics only, a healthy hot swap on Azure's code trace: arrivals up 26 % within the
+    # bursts' spread, running per replica x1.37 and the mean ITL x1.29 with it, read as a decode
+    # slowdown "at the same load". The baseline's per-interval step (ITL against running batch and
+    # prompt tokens per second) predicts the candidate's ITL within 3 %.
+    report = _shared_report(1280068, "none", tmp_path)
+    assert report.findings[0].cause == "none", [(f.cause, f.title) for f in report.findings[:3]]
+    assert "decode_slowdown" not in [f.cause for f in report.findings]
+
+
+def test_a_slower_step_is_the_decode_even_where_recomputed_prompts_count_as_more_work(tmp_path: Path) -> None:
+    # Engine metrics only, decode x3.93 in a rolling restart: preemptions rose with the longer
+    # decodes and recomputed prompts counted 22 % more tokens per request, which had blocked the
+    # decode reading and left KV pressure at 0.2. At the baseline's batch and prefill the step is
+    # x3.2 slower (z 10).
+    report = _shared_report(1280087, "decode_slowdown", tmp_path)
+    assert report.findings[0].cause == "decode_slowdown", [(f.cause, f.title) for f in report.findings[:3]]
