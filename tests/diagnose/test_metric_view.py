@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -178,10 +179,14 @@ def _store(
                  "bounds": list(BOUNDS), "bucket_counts": counts, "service_name": "vllm",
                  "service_instance": instance, "host_name": instance, "series_key": f"e2e|{instance}"}
             )  # fmt: skip
+    return _points(path, rows)
+
+
+def _points(path: Path, rows: list[dict[str, Any]]) -> duckdb.DuckDBPyConnection:
+    """A store at ``path`` whose ``metric_points`` are ``rows``."""
     con = duckdb.connect(str(path))
     con.execute(schema.METRIC_POINTS_DDL)
-    table = pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema())
-    con.register("new_points", table)
+    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
     con.execute("INSERT INTO metric_points SELECT * FROM new_points")
     return con
 
@@ -241,11 +246,7 @@ def test_running_per_replica_is_not_diluted_by_replicas_removed_at_the_deploy(tm
                          "bounds": list(BOUNDS), "bucket_counts": [0, 0, 0, done] + [0] * (len(BOUNDS) - 3),
                          "service_name": "vllm", "service_instance": host, "host_name": host,
                          "series_key": f"e2e|{host}"})  # fmt: skip
-    con = duckdb.connect(str(tmp_path / "m.duckdb"))
-    con.execute(schema.METRIC_POINTS_DDL)
-    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
-    con.execute("INSERT INTO metric_points SELECT * FROM new_points")
-    view = _view(con)
+    view = _view(_points(tmp_path / "m.duckdb", rows))
     plain = view.gauge("running_requests")
     assert plain.candidate == pytest.approx(3.0, abs=0.2)
     running = view.running_per_replica()
@@ -269,11 +270,7 @@ def test_histogram_by_replica_adds_each_replicas_increments_across_a_reset(tmp_p
         for host, points in cumulative.items()
         for t, n in points
     ]  # fmt: skip
-    con = duckdb.connect(str(tmp_path / "m.duckdb"))
-    con.execute(schema.METRIC_POINTS_DDL)
-    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
-    con.execute("INSERT INTO metric_points SELECT * FROM new_points")
-    view = _view(con)
+    view = _view(_points(tmp_path / "m.duckdb", rows))
     base = view.histogram_by_replica("itl_seconds", "baseline")
     cand = view.histogram_by_replica("itl_seconds", "candidate")
     # Baseline [0, 300 s): points 0-240 s, the first adds nothing.
@@ -293,11 +290,7 @@ def _gauges(path: Path, candidate: list[tuple[float, float]]) -> MetricView:
             rows.append({"name": name, "kind": "gauge", "time_ns": int(10e9 * i), "value": value,
                          "service_name": "vllm", "service_instance": "r1", "host_name": "r1",
                          "series_key": f"{name}|r1"})  # fmt: skip
-    con = duckdb.connect(str(path))
-    con.execute(schema.METRIC_POINTS_DDL)
-    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
-    con.execute("INSERT INTO metric_points SELECT * FROM new_points")
-    return _view(con)
+    return _view(_points(path, rows))
 
 
 def test_a_cap_on_running_requests_queues_only_at_the_peak(tmp_path: Path) -> None:
@@ -361,11 +354,7 @@ def _step_store(path: Path, *, load: float, step_factor: float) -> MetricView:
                          "start_time_ns": 0, "temporality": "cumulative", "count": count, "sum": seconds,
                          "bounds": list(BOUNDS), "bucket_counts": [0, count] + [0] * (len(BOUNDS) - 1),
                          "series_key": f"itl|{host}"})  # fmt: skip
-    con = duckdb.connect(str(path))
-    con.execute(schema.METRIC_POINTS_DDL)
-    con.register("new_points", pa.Table.from_pylist(rows, schema=schema.metric_points_arrow_schema()))
-    con.execute("INSERT INTO metric_points SELECT * FROM new_points")
-    return _view(con)
+    return _view(_points(path, rows))
 
 
 def test_a_step_that_only_carries_a_bigger_batch_is_the_same_step(tmp_path: Path) -> None:
