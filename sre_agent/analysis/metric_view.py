@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from sre_agent.analysis.histogram_delta import HistogramDelta, time_blocks
+from sre_agent.analysis.metric_sql import REPLICA, REPLICA_KEY, increments_sql, interval_rows
 from sre_agent.analysis.rules_api import SIDES, SidePair
 from sre_agent.store.schema import METRIC_SIGNALS
 from sre_agent.store.sql_text import literal
@@ -42,25 +43,6 @@ def fetch_one(result: duckdb.DuckDBPyConnection) -> Any:
     """
     rows = result.fetchall()
     return rows[0] if rows else None
-
-
-#: The replica a metric point names: ``host.name``, else ``service.instance.id``.
-_REPLICA: Final[str] = "coalesce(host_name, service_instance)"
-#: (attribute, value) of that replica, as two SQL columns.
-_REPLICA_KEY: Final[str] = (
-    f"CASE WHEN host_name IS NOT NULL THEN 'host.name' ELSE 'service.instance.id' END, {_REPLICA}"
-)
-
-
-def _increment(value: str, previous: str) -> str:
-    """SQL: the increment of ``value`` since ``previous`` (see :meth:`MetricView._increments_sql`).
-
-    The reset test is on the counted column ``c``/``prev_c`` of that subquery.
-    """
-    return (
-        f"CASE WHEN temporality = 'delta' THEN {value} WHEN prev_c IS NULL THEN 0 "
-        f"WHEN c >= prev_c THEN {value} - {previous} ELSE {value} END"
-    )
 
 
 class MetricView:
@@ -334,43 +316,15 @@ class MetricView:
         if itl is None or running is None:
             return None
         prompt = self.name_for("prompt_tokens")
-        instance = "coalesce(service_instance, host_name, series_key)"
-        out: list[np.ndarray] = []
-        for side in SIDES:
-            # Prompt tokens per second of the interval, where the counter exists (else 0: the fit
-            # then has batch alone).
-            prompt_cte, prompt_join, prompt_rate = "", "", "0"
-            if prompt is not None:
-                prompt_cte = f""",
-                    p AS (
-                      SELECT i, time_ns, {_increment("c", "prev_c")} AS tokens, time_ns - prev_t AS dt FROM (
-                        SELECT {instance} AS i, time_ns, temporality, value AS c, lag(value) OVER w AS prev_c,
-                               lag(time_ns) OVER w AS prev_t
-                        FROM metric_points WHERE {self._where(side, prompt)} AND isfinite(value)
-                        WINDOW w AS (PARTITION BY series_key ORDER BY time_ns)))"""
-                prompt_join = "LEFT JOIN p ON steps.i = p.i AND steps.time_ns = p.time_ns"
-                prompt_rate = "coalesce(CASE WHEN p.dt > 0 THEN p.tokens * 1e9 / p.dt END, 0)"
-            rows = self._con.execute(
-                f"""WITH h AS (
-                      SELECT {instance} AS i, time_ns, temporality,
-                             list_sum(bucket_counts) AS c, lag(list_sum(bucket_counts)) OVER w AS prev_c,
-                             coalesce("sum", 0) AS s, lag(coalesce("sum", 0)) OVER w AS prev_s
-                      FROM metric_points WHERE {self._where(side, itl)} AND bucket_counts IS NOT NULL
-                      WINDOW w AS (PARTITION BY series_key ORDER BY time_ns)),
-                    steps AS (
-                      SELECT i, time_ns, {_increment("c", "prev_c")} AS inc, {_increment("s", "prev_s")} AS inc_sum
-                      FROM h),
-                    r AS (
-                      SELECT {instance} AS i, time_ns, value,
-                             lag(value) OVER (PARTITION BY series_key ORDER BY time_ns) AS prev
-                      FROM metric_points WHERE {self._where(side, running)} AND isfinite(value)){prompt_cte}
-                    SELECT (r.value + coalesce(r.prev, r.value)) / 2, {prompt_rate}, steps.inc_sum, steps.inc
-                    FROM steps JOIN r ON steps.i = r.i AND steps.time_ns = r.time_ns
-                    {prompt_join}
-                    WHERE steps.inc > 0 AND isfinite(steps.inc_sum)
-                    ORDER BY r.i, r.time_ns"""
-            ).fetchall()
-            out.append(np.array(rows, dtype=float).reshape(-1, 4))
+        out = [
+            interval_rows(
+                self._con,
+                self._where(side, itl),
+                self._where(side, running),
+                None if prompt is None else self._where(side, prompt),
+            )
+            for side in SIDES
+        ]
         if not (len(out[0]) and len(out[1])):
             return None
         return out[0], out[1]
@@ -459,27 +413,8 @@ class MetricView:
         return SidePair(out[0], out[1])
 
     def _increments_sql(self, side: str, name: str, *, histogram: bool = False) -> str:
-        """A subquery of increments between consecutive points of each series (column ``inc``).
-
-        A cumulative series' first point in the window adds nothing (its increase before the
-        window is not the window's); a value below the previous one is a reset, and the series
-        restarted from 0; delta points are increments already. A counter's increments are of
-        its value; with ``histogram`` they are of the observation count (``inc``) and the
-        sum (``inc_sum``, reset where the count resets). Also carries ``host_name`` and
-        ``service_instance`` for per-replica sums.
-        """
-        if histogram:
-            counted, valid = "list_sum(bucket_counts)", "bucket_counts IS NOT NULL"
-            summed = ', coalesce("sum", 0) AS s, lag(coalesce("sum", 0)) OVER w AS prev_s'
-            inc_sum = f", {_increment('s', 'prev_s')} AS inc_sum"
-        else:
-            counted, valid, summed, inc_sum = "value", "isfinite(value)", "", ""
-        return f"""(
-            SELECT host_name, service_instance, {_increment("c", "prev_c")} AS inc{inc_sum}
-            FROM (SELECT host_name, service_instance, temporality,
-                    {counted} AS c, lag({counted}) OVER w AS prev_c{summed}
-                  FROM metric_points WHERE {self._where(side, name)} AND {valid}
-                  WINDOW w AS (PARTITION BY series_key ORDER BY time_ns)))"""
+        """:func:`~sre_agent.analysis.metric_sql.increments_sql` of one side's points of ``name``."""
+        return increments_sql(self._where(side, name), histogram=histogram)
 
     def counter_delta_by_replica(self, signal: str, side: str = "candidate") -> dict[tuple[str, str], float]:
         """:meth:`counter_delta` of one side per replica, keyed by (attribute, value).
@@ -506,7 +441,7 @@ class MetricView:
             return []
         increments = self._increments_sql(side, name, histogram=histogram)
         rows: list[tuple[Any, ...]] = self._con.execute(
-            f"SELECT {_REPLICA_KEY}, {sums} FROM {increments} WHERE {_REPLICA} IS NOT NULL GROUP BY ALL"
+            f"SELECT {REPLICA_KEY}, {sums} FROM {increments} WHERE {REPLICA} IS NOT NULL GROUP BY ALL"
         ).fetchall()
         return rows
 
