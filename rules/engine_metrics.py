@@ -336,9 +336,11 @@ def engine_metrics(
     # (Little's law): the gauges cannot tell them apart, only the arrival rate can. Risen by 15 %
     # or more at 2 <= z < 3 it is neither noise nor measured, so both readings are named, the
     # load at its z's share of the bar (1270283: arrivals x1.26 at z 2.9 on the same replicas,
-    # ITL x1.25, running x1.23, read as a decode slowdown alone).
+    # ITL x1.25, running x1.23, read as a decode slowdown alone). Where the step fit shows the same
+    # step at the candidate's batch and prefill, the batch grew with the arrivals alone, and the
+    # load is named by itself, still at its z's share (1270283 again: the step x1.0).
     if (
-        "decode_slowdown" in terms
+        ("decode_slowdown" in terms or (step_same and itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE))
         and not comparison.windows_overlap
         and "load" not in terms
         and rate.ratio >= 1 + MIN_RISE
@@ -381,8 +383,12 @@ def engine_metrics(
             per = " per replica" if comparison.windows_overlap else ""
             title = (f"Offered load{per} rose {rise:.0%} ({rnd(rate.baseline)} -> {rnd(rate.candidate)} req/s) "
                      f"on {replicas.candidate:.0f} replicas (engine metrics)")  # fmt: skip
-            if load_within_noise < 1:
+            if load_within_noise < 1 and "decode_slowdown" in terms:
                 title += f", at z = {rate_z:.1f}: within bursty arrivals' spread, as likely as a slower step"
+            elif load_within_noise < 1 and step is not None:
+                title += (f", at z = {rate_z:.1f}: within bursty arrivals' spread, and the step at the same batch "
+                          f"and prefill did not slow (x{step.ratio:.2f})")  # fmt: skip
+                extra = (step.evidence(),)
             change, stage, next_check = (
                 rise,
                 "queue",

@@ -130,15 +130,28 @@ def run_rules(
     return findings, failures, notes, timings
 
 
-def _rank_key(order: dict[str, int]) -> Callable[[Finding], tuple[float, float, int]]:
-    """Findings' order: the highest score first, ties by confidence, then by the rules' registration order.
+#: The stages a latency measures: among findings that explain as much, those of its own stages lead.
+_STAGES_OF: Final[dict[str, frozenset[str]]] = {
+    "ttft": frozenset({"queue", "prefill"}),
+    "tpot": frozenset({"decode"}),
+    "itl": frozenset({"decode"}),
+    "queue": frozenset({"queue"}),
+    "prefill": frozenset({"prefill"}),
+    "decode": frozenset({"decode"}),
+    "dependency": frozenset({"dependency"}),
+}
 
-    Confidence breaks ties because findings that explain none of the headline's stage (score 0)
-    still differ in how surely their mechanism moved: a prompt token 141 % costlier in the step fit
-    (0.6) ranked after a TPOT rise at equal batch that its own test doubted (0.001), by rule order
-    alone (dev 1300122).
+
+def _rank_key(order: dict[str, int], metric: str | None = None) -> Callable[[Finding], tuple[float, bool, int]]:
+    """Findings' order: the highest score first; ties to a finding in a stage ``metric`` measures, then rule order.
+
+    Findings that explain none of the headline (score 0) still differ in where they act: under a
+    TTFT p99 that is all queue, a prompt token 141 % costlier in every step (prefill) came after a
+    TPOT rise (decode) by rule order alone (dev 1300122); under a TPOT headline the decode's leads.
+    A latency over every stage (e2e, trace) leaves rule order.
     """
-    return lambda f: (-f.score, -f.confidence, order.get(f.rule, 0))
+    own = _STAGES_OF.get(metric or "", frozenset())
+    return lambda f: (-f.score, f.stage not in own, order.get(f.rule, 0))
 
 
 #: Causes that are the traffic a router sends each side, which a version pair's versions do not
@@ -163,7 +176,7 @@ def _rank(
     if owner is not None:
         # The regression *is* the failed (retried) share: that cause's finding accounts for all of it.
         findings = [replace(f, explained=1.0) if f.cause == owner else f for f in findings]
-    ranked = sorted(findings, key=_rank_key(order))
+    ranked = sorted(findings, key=_rank_key(order, regression.metric))
     if versions_side_by_side:
         # Two versions serving at once: what the router sent each is not what either version does,
         # so a version's own mechanism comes first and the routed traffic after it, as context.
@@ -426,7 +439,7 @@ def _moved_with_the_mix(
         return regression
     if regression.metric not in STAGE_METRICS and not versions_side_by_side:
         return regression
-    top = min(findings, key=_rank_key(order))
+    top = min(findings, key=_rank_key(order, regression.metric))
     # Composition only: the reweighted baseline (rule traffic_mix) or a slow slice that grew without
     # its own requests slowing (the slices rule's stage-less finding). A queue that more work per
     # request lengthened is every request's, a regression the mix caused (dev 1230112).

@@ -220,3 +220,18 @@ def test_a_running_cap_that_held_requests_back_makes_the_regression() -> None:
     under = Evidence("running_under_backlog", 2.0, 1.0, "median running gauge at the scrapes with requests waiting")
     median_only = replace(cap, evidence=(under,))
     assert _by_mechanism(provisional, [median_only]) is None
+
+
+def test_findings_that_explain_as_much_lead_with_the_stage_the_headline_measures() -> None:
+    from sre_agent.analysis.diagnosis import _rank
+
+    decode = Finding(cause="decode_slowdown", title="t", explained=0.0, confidence=0.1, stage="decode", rule="decode")
+    prefill = Finding(cause="prefill_slowdown", title="t", explained=0.0, confidence=0.6, stage="prefill", rule="pre")
+    order = {"decode": 0, "pre": 1}
+    ttft = Regression("ttft", 0.99, 1.0, 2.0, (0.5, 1.5), True)
+    assert [f.cause for f in _rank([decode, prefill], ttft, order, None)] == ["prefill_slowdown", "decode_slowdown"]
+    tpot = Regression("tpot", 0.5, 0.1, 0.2, (0.05, 0.1), True)
+    assert [f.cause for f in _rank([prefill, decode], tpot, order, None)] == ["decode_slowdown", "prefill_slowdown"]
+    # Over every stage, rule order.
+    e2e = Regression("e2e", 0.99, 1.0, 2.0, (0.5, 1.5), True)
+    assert [f.cause for f in _rank([prefill, decode], e2e, order, None)] == ["decode_slowdown", "prefill_slowdown"]
