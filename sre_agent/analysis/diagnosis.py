@@ -133,12 +133,8 @@ def run_rules(
 #: The stages a latency measures: among findings that explain as much, those of its own stages lead.
 _STAGES_OF: Final[dict[str, frozenset[str]]] = {
     "ttft": frozenset({"queue", "prefill"}),
-    "tpot": frozenset({"decode"}),
-    "itl": frozenset({"decode"}),
-    "queue": frozenset({"queue"}),
-    "prefill": frozenset({"prefill"}),
-    "decode": frozenset({"decode"}),
-    "dependency": frozenset({"dependency"}),
+    **{m: frozenset({"decode"}) for m in ("tpot", "itl", "decode")},
+    **{m: frozenset({m}) for m in ("queue", "prefill", "dependency")},
 }
 
 
