@@ -71,6 +71,11 @@ from sre_agent.rules._mechanism import clip01, metric_hit_rate, rnd
 from sre_agent.rules._replica_scope import MIN_PEERS, REST_SHARE
 from sre_agent.rules._steps import metric_step, slot_cap_binds
 
+#: What to check next for a decode reading (the fleet's mean, one replica's, or the step fit's).
+DECODE_NEXT_CHECK: Final[str] = (
+    "compare decode step time at equal running batch before and after (a fixed-batch benchmark); check "
+    "CUDA-graph capture sizes, enforce_eager, attention backend and kernel versions in the new image"
+)
 #: Relative change of arrivals (or of mean ITL) that counts as a rise.
 MIN_RISE: Final[float] = 0.15
 #: Relative fall of replicas or of the running cap that counts as less capacity.
@@ -311,18 +316,12 @@ def engine_metrics(
     # equal (1280087: decode x3.93, prompt tokens counted per request x1.22 with recomputation,
     # the step x3.08 at z 22); not where the cache lost its hits or the pool shrank, which change
     # what a prompt token costs.
-    step = metric_step(metrics) if itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE else None
+    itl_rose = itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE
+    step = metric_step(metrics) if itl_rose else None  # only asked when the mean ITL rose
     step_same = step is not None and step.ratio < 1 + MIN_RISE
-    step_slower = step is not None and step.ratio >= 1 + MIN_RISE and step.z >= MIN_Z
-    if (
-        itl_mean.ratio is not None
-        and itl_mean.ratio >= 1 + MIN_RISE
-        and per_replica_flat
-        and not other_mechanism
-        and not step_same
-    ):
-        terms["decode_slowdown"] = _log(itl_mean.ratio)
-    elif step is not None and step_slower and not cache_lost and not pool_pressure:
+    if itl_rose and per_replica_flat and not other_mechanism and not step_same:
+        terms["decode_slowdown"] = _log(itl_mean.ratio or 1.0)
+    elif step is not None and step.ratio >= 1 + MIN_RISE and step.z >= MIN_Z and not cache_lost and not pool_pressure:
         terms["decode_slowdown"] = _log(step.ratio)
         by_step = True
     elif slowest is not None:
@@ -340,7 +339,7 @@ def engine_metrics(
     # step at the candidate's batch and prefill, the batch grew with the arrivals alone, and the
     # load is named by itself, still at its z's share (1270283 again: the step x1.0).
     if (
-        ("decode_slowdown" in terms or (step_same and itl_mean.ratio is not None and itl_mean.ratio >= 1 + MIN_RISE))
+        ("decode_slowdown" in terms or step_same)
         and not comparison.windows_overlap
         and "load" not in terms
         and rate.ratio >= 1 + MIN_RISE
@@ -425,10 +424,7 @@ def engine_metrics(
             change, stage, next_check = (
                 step.ratio - 1,
                 "decode",
-                (
-                    "compare decode step time at equal running batch before and after (a fixed-batch benchmark); check "
-                    "CUDA-graph capture sizes, enforce_eager, attention backend and kernel versions in the new image"
-                ),
+                DECODE_NEXT_CHECK,
             )
         else:
             if slowest is not None:
@@ -447,10 +443,7 @@ def engine_metrics(
             change, stage, next_check = (
                 rose - 1,
                 "decode",
-                (
-                    "compare decode step time at equal running batch before and after (a fixed-batch benchmark); check "
-                    "CUDA-graph capture sizes, enforce_eager, attention backend and kernel versions in the new image"
-                ),
+                DECODE_NEXT_CHECK,
             )
         findings.append(
             Finding(
