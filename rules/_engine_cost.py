@@ -201,6 +201,22 @@ LOAD_CHANGED_DAMPING: Final[float] = 0.5
 BATCH_CHANGED_DAMPING: Final[float] = 0.4
 
 
+def _work_confounds(column: str, work_ratio: float) -> bool:
+    """Whether a change of uncached prompt tokens per request (``work_ratio``, candidate/baseline)
+    could have moved ``column`` at equal batch without the engine slowing.
+
+    More prefill per request puts more prompt tokens into the steps a decode shares, so TPOT at
+    equal batch rises with no slower step; less prefill takes them out, so a TPOT rise at equal
+    batch is then an underestimate, not an echo (1340161: a canary's decode x3.5 at z 10.7 with
+    uncached prompt tokens per request x0.81 kept 0.12 and ranked below the stage fallback). A
+    prefill cost per uncached token moves either way with the cached share (the cached prefix is
+    still attended), so for prefill either direction counts.
+    """
+    if abs(math.log(max(1e-9, work_ratio))) < math.log(1.0 + WORK_CHANGE):
+        return False
+    return column != "tpot_s" or work_ratio > 1.0
+
+
 @dataclass(frozen=True)
 class Slowdown:
     """A per-token cost that rose at equal batch size: the shared verdict of the slowdown rules."""
@@ -287,7 +303,7 @@ def assess_slowdown(
         # prompts), are slower for reasons other rules name; the step itself need not have slowed.
         if batch.changed:
             confidence *= BATCH_CHANGED_DAMPING
-        if abs(math.log(max(1e-9, batch.work_ratio))) >= math.log(1.0 + WORK_CHANGE):
+        if _work_confounds(cost.column, batch.work_ratio):
             confidence *= WORK_CHANGED_DAMPING
     if load_changed is None:
         load_changed = load is not None and load.ratio is not None and abs(load.ratio - 1.0) > SAME_LOAD

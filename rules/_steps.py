@@ -41,6 +41,45 @@ CAP_CUT: Final[float] = 4.0
 SAME_WORK: Final[float] = 0.2
 #: Share of the steps (of the side with fewer) whose bucket stands for the step budget.
 CAP_SHARE: Final[float] = 0.001
+#: Chance, were both sides' scrape intervals alike, that the candidate's intervals holding a step
+#: larger than every baseline step would all fall on the candidate side, below which the budget rose.
+ABOVE_BUDGET_P: Final[float] = 0.001
+#: Scrape intervals (time blocks) a side needs before the test above is read.
+MIN_BLOCKS: Final[int] = 8
+
+
+@dataclass(frozen=True)
+class StepsAbove:
+    """Candidate steps larger than every baseline step: a budget that let bigger steps through.
+
+    ``steps`` candidate steps fall in buckets above the baseline's largest occupied bucket,
+    within ``blocks`` of the candidate's scrape intervals. ``p`` is the chance that the
+    ``blocks`` intervals whose largest step tops every baseline interval's would all be the
+    candidate's were the two sides' intervals exchangeable: C(n_c, m) / C(n_b + n_c, m), exact
+    and free of any step-size distribution. Intervals, not steps, are the units: the steps of one
+    burst share their prompts.
+    """
+
+    steps: int
+    blocks: int
+    p: float
+
+
+def steps_above(before: HistogramDelta, after: HistogramDelta) -> StepsAbove | None:
+    """The candidate's steps above the baseline's largest (:class:`StepsAbove`); ``None`` without
+    :data:`MIN_BLOCKS` scrape intervals a side, or when the baseline's steps reach the +Inf bucket."""
+    if before.bounds != after.bounds:
+        return None
+    top = max((i for i, n in enumerate(before.counts) if n), default=None)
+    base_blocks = [b for b in before.blocks if sum(b)]
+    cand_blocks = [b for b in after.blocks if sum(b)]
+    if top is None or top >= len(before.bounds) or min(len(base_blocks), len(cand_blocks)) < MIN_BLOCKS:
+        return None
+    above = [sum(b[top + 1 :]) for b in cand_blocks]
+    held = sum(1 for n in above if n)
+    total = len(base_blocks) + len(cand_blocks)
+    p = math.prod((len(cand_blocks) - i) / (total - i) for i in range(held))
+    return StepsAbove(sum(above), held, p)
 
 
 # --------------------------------------------------------------- batch shape
@@ -64,6 +103,7 @@ class BatchShape:
     steps: SidePair
     cap: SidePair
     work_ratio: float = 1.0
+    above: StepsAbove | None = None
 
     def adjusted(self, pair: SidePair) -> float | None:
         """candidate/baseline ratio of a statistic, divided by :attr:`work_ratio`."""
@@ -94,14 +134,27 @@ class BatchShape:
         # p99 15 -> 246 tokens); a raise does the reverse.
         if abs(math.log(r)) >= math.log(BATCH_SHAPE_FACTOR) and abs(math.log(cap)) >= math.log(2.0):
             return True
+        same_work = abs(math.log(self.work_ratio)) < math.log(1 + SAME_WORK)
         # The largest steps two buckets smaller at the same prefill work per request: nothing but
         # a lower budget shrinks them (more load, longer or uncached prompts only grow them), and
         # the p99 may sit below both budgets (1050037: cap 4096 -> 256, p99 311 -> 227).
-        return cap <= 1 / CAP_CUT and abs(math.log(self.work_ratio)) < math.log(1 + SAME_WORK)
+        if cap <= 1 / CAP_CUT and same_work:
+            return True
+        # Steps larger than any the baseline ran, in too many scrape intervals for chance, at the
+        # same prefill work: under chunked prefill no step exceeds max_num_batched_tokens whatever
+        # the load, so the budget rose or chunking was turned off (whole prompts in one step). The
+        # p99 step need not move: most steps are decodes (dev 1340076: 740 baseline steps at the
+        # 8192 bound and none above, 309 candidate steps above it in 23 of 29 intervals).
+        return cap > 1 and same_work and self.above is not None and self.above.p <= ABOVE_BUDGET_P
 
     def evidence(self) -> list[Evidence]:
         """Evidence rows for the tokens-per-step distribution."""
-        return [
+        above = []
+        if self.above is not None and self.above.steps:
+            above = [Evidence("steps_above_baseline_largest", 0, self.above.steps,
+                              f"steps larger than any baseline step, in {self.above.blocks} scrape intervals; "
+                              f"p = {self.above.p:.2g} were the sides' intervals alike")]  # fmt: skip
+        return [*above,
             Evidence("iteration_tokens_mean", rnd(self.mean.baseline, 1), rnd(self.mean.candidate, 1),
                      "tokens per engine step (vllm:iteration_tokens)"),
             Evidence("iteration_tokens_p99", rnd(self.p99.baseline, 1), rnd(self.p99.candidate, 1),
@@ -195,6 +248,7 @@ def _shape(b: HistogramDelta, c: HistogramDelta, work: float) -> BatchShape:
         SidePair(float(b.count), float(c.count)),
         SidePair(_cap(b, steps), _cap(c, steps)),
         work,
+        steps_above(b, c),
     )
 
 

@@ -4,15 +4,52 @@ from __future__ import annotations
 
 import pytest
 
+from sre_agent.analysis.histogram_delta import HistogramDelta
 from sre_agent.analysis.rules_api import SidePair
 from sre_agent.rules._engine_cost import MIN_SLOWDOWN
-from sre_agent.rules._steps import BatchShape, StepMix
+from sre_agent.rules._steps import ABOVE_BUDGET_P, BatchShape, StepMix, StepsAbove, steps_above
 
 
-def _shape(p99: tuple[float, float], cap: tuple[float, float], work_ratio: float = 1.0) -> BatchShape:
+def _shape(
+    p99: tuple[float, float], cap: tuple[float, float], work_ratio: float = 1.0, above: StepsAbove | None = None
+) -> BatchShape:
     flat = SidePair(30.0, 30.0)
     return BatchShape(mean=flat, p90=flat, p99=SidePair(*p99), steps=SidePair(9e4, 9e4), cap=SidePair(*cap),
-                      work_ratio=work_ratio)  # fmt: skip
+                      work_ratio=work_ratio, above=above)  # fmt: skip
+
+
+BOUNDS = (8.0, 512.0, 1024.0, 2048.0)
+
+
+def _steps(blocks: list[tuple[int, ...]]) -> HistogramDelta:
+    """A tokens-per-step histogram of the given per-scrape-interval counts (buckets: BOUNDS and +Inf)."""
+    counts = tuple(sum(col) for col in zip(*blocks, strict=True))
+    return HistogramDelta(BOUNDS, counts, 0.0, tuple(blocks))
+
+
+def test_steps_above_every_baseline_step_are_counted_by_scrape_interval() -> None:
+    # Ten baseline intervals whose largest steps sit in (512, 1024]; three of ten candidate
+    # intervals hold steps above it (2, 1 and 4 of them). Were the twenty intervals alike, all
+    # three tops would be the candidate's with chance C(10, 3) / C(20, 3) = 720 / 6840.
+    baseline = _steps([(50, 5, 1, 0, 0)] * 10)
+    candidate = _steps([(50, 5, 1, 2, 0), (50, 5, 0, 0, 1), (50, 5, 1, 0, 4)] + [(50, 5, 1, 0, 0)] * 7)
+    above = steps_above(baseline, candidate)
+    assert above == StepsAbove(steps=7, blocks=3, p=pytest.approx(720 / 6840))
+    # The same intervals on both sides: nothing above.
+    assert steps_above(baseline, baseline) == StepsAbove(0, 0, 1.0)
+    # Too few intervals to read, or a baseline already in the +Inf bucket: no test.
+    assert steps_above(_steps([(50, 5, 1, 0, 0)] * 4), candidate) is None
+    assert steps_above(_steps([(50, 5, 1, 0, 1)] * 10), candidate) is None
+
+
+def test_steps_beyond_the_baseline_budget_in_many_intervals_are_a_raise() -> None:
+    tested = StepsAbove(steps=300, blocks=20, p=ABOVE_BUDGET_P / 10)
+    chance = StepsAbove(steps=3, blocks=2, p=0.25)
+    # Chunked prefill off: the p99 step (mostly decodes) stays, the largest steps pass the old budget.
+    assert _shape((5765.0, 5373.0), (8192.0, 16384.0), above=tested).changed
+    assert not _shape((5765.0, 5373.0), (8192.0, 16384.0), above=chance).changed
+    # Longer prompts pass it too: at other prefill work per request it is the prompts'.
+    assert not _shape((5765.0, 5373.0), (8192.0, 16384.0), work_ratio=1.3, above=tested).changed
 
 
 def test_a_cut_below_long_prompts_lowers_the_cap_and_raises_the_p99() -> None:

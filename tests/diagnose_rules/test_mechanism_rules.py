@@ -43,11 +43,15 @@ STORES: dict[str, tuple[Side, Side, dict[str, Any]]] = {
     "cache_drop_counters": (BASE, replace(V2, cache_hit=0.05), {"cached_on_spans": False}),
     "tpot_up": (BASE, replace(V2, tpot_s=0.032), {"metrics": False}),
     "load_up": (BASE, replace(V2, rate_rps=2 * BASE.rate_rps), {}),
+    # A slower decode while the prefix cache hits more: half the uncached prompt tokens per request.
+    "tpot_up_less_prefill": (BASE, replace(V2, tpot_s=0.032, cache_hit=0.75), {}),
     "prefill_up": (BASE, replace(V2, prefill_s_per_token=4e-4), {}),
     "kv_full": (BASE, replace(V2, kv_usage=0.97, preemptions=120, prefill_s_per_token=3e-4), {}),
     "kv_one_replica": (BASE, replace(V2, kv_usage=0.97, preemptions=120, preempting_replicas=(1,)), {}),
     "budget_cut": (BASE, replace(V2, step_tokens_cap=128, prefill_s_per_token=3e-4), {}),
     "budget_cut_and_load": (BASE, replace(V2, step_tokens_cap=128, rate_rps=2 * BASE.rate_rps), {}),
+    # Chunks of 1024 tokens, then whole prompts: only the few prompts above 1024 uncached tokens change step.
+    "budget_raised": (replace(BASE, step_tokens_cap=1024), replace(V2, step_tokens_cap=16384), {}),
     "gateway_incident": (
         BASE,
         replace(V2, retrieval_s={"acme": 0.6, "globex": 0.05}, retry_share=0.25, length_share=0.2),
@@ -144,6 +148,14 @@ def test_decode_slowdown_fires_when_tokens_slow_at_the_same_batch_size(report: C
     assert finding.stage == "decode"
 
 
+def test_a_decode_slowdown_with_less_prefill_per_request_is_not_damped(report: Callable[[str], Report]) -> None:
+    """Less prefill per request takes prompt tokens out of the steps a decode shares: a TPOT rise at
+    equal batch is then an underestimate, not the extra prefill's echo (which more prefill would be)."""
+    finding = _fires(report("tpot_up_less_prefill"), "decode_slowdown")
+    assert report("tpot_up_less_prefill").findings[0].cause == "decode_slowdown"
+    assert finding.confidence >= 0.9
+
+
 def test_more_load_raises_batch_and_tpot_but_is_not_a_decode_slowdown(report: Callable[[str], Report]) -> None:
     # Twice the arrivals: more requests run together, so each token is slower by the same
     # batch-size law on both sides. That is load, not the engine's decode step getting slower.
@@ -178,6 +190,20 @@ def test_batch_composition_fires_when_the_step_budget_shrinks_at_the_same_load(r
     finding = _fires(report("budget_cut"), "batch_composition")
     p99 = next(e for e in finding.evidence if e.signal == "iteration_tokens_p99")
     assert p99.candidate < p99.baseline / 1.5
+
+
+def test_steps_larger_than_any_baseline_step_are_a_raised_budget(report: Callable[[str], Report]) -> None:
+    """Chunked prefill off (or a larger budget) at the same load and prompts: the p99 step stays, yet
+    steps beyond the baseline's largest show in too many scrape intervals for chance."""
+    finding = _fires(report("budget_raised"), "batch_composition")
+    assert finding.confidence >= 0.6
+    assert finding.stage == "decode"
+    above = next(e for e in finding.evidence if e.signal == "steps_above_baseline_largest")
+    assert above.baseline == 0
+    assert isinstance(above.candidate, int)
+    assert above.candidate >= 8
+    p99 = next(e for e in finding.evidence if e.signal == "iteration_tokens_p99")
+    assert 1 / 1.5 < p99.candidate / p99.baseline < 1.5
 
 
 def test_batch_composition_leaves_a_load_change_to_the_load_rule(report: Callable[[str], Report]) -> None:
