@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 from sre_agent.analysis.metric_view import fetch_one
 from sre_agent.analysis.rules_api import SIDES, Side
 from sre_agent.analysis.selection import Selection, format_time
+from sre_agent.analysis.serving_edges import Rollout, extent_and_edges, per_version_sql, rollout_of
 from sre_agent.analysis.stats import BUCKETS_PER_E, MIN_REQUESTS, ZERO_BUCKET
 from sre_agent.errors import EmptySelectionError, SelectionError
 from sre_agent.store.sql_text import dialect_of, literal
@@ -287,7 +288,7 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     if selection.mode == "since_last_deploy":
         deploy, how = _last_deploy(con, selection, where, scan)
         notes.append(how)
-        extents["TRUE"], edges, rollout = _extent_and_edges(con, where, deploy.time_ns, scan)
+        extents["TRUE"], edges, rollout, paused = extent_and_edges(con, where, deploy.time_ns, scan)
         split, note = _canary_split(con, where, deploy, selection.window_ns, extent(), scan=scan)
         if note:
             notes.append(note)
@@ -296,7 +297,9 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     else:
         assert selection.deploy_at_ns is not None
         deploy = DeployPoint(selection.deploy_at_ns)
-        extents["TRUE"], edges, rollout = _extent_and_edges(con, where, deploy.time_ns, scan)
+        extents["TRUE"], edges, rollout, paused = extent_and_edges(con, where, deploy.time_ns, scan)
+    if paused:
+        notes.append(paused)
     deploy_ns = deploy.time_ns
     lo, hi, n = extent()
     # Where each side's serving stops and starts (the deploy itself without request spans).
@@ -343,131 +346,17 @@ def resolve_windows(con: duckdb.DuckDBPyConnection, selection: Selection) -> Win
     )
 
 
-#: A pause in requests at a deploy that is dead time (5 s), not an ordinary gap between arrivals:
-#: a restart's start-up (vLLM on CPU: 35-65 s), a drain before the swap.
-DEAD_TIME_NS: Final[int] = 5 * _NS
-
-
-class Rollout(NamedTuple):
-    """A rolling deploy seen in the spans: versions that served before it kept serving after it for a while.
-
-    Attributes:
-        old: the versions that served before the deploy and after it, until the rollout ended.
-        new: the versions first seen after the deploy.
-        end_ns: just after the last start of an old version's request (Unix epoch ns).
-        requests: the old versions' requests after the deploy (``None`` when read from metrics).
-        seconds: how long after the deploy the old versions served.
-    """
-
-    old: tuple[str, ...]
-    new: tuple[str, ...]
-    end_ns: int
-    requests: int | None
-    seconds: float
-
-    def note(self) -> str:
-        """What the windows did about the rollout, for the report's notes."""
-        served = "reported metrics" if self.requests is None else f"served {self.requests} requests"
-        return (
-            f"rolling deploy: {', '.join(self.old)} {served} for {self.seconds:.0f} s after the deploy beside "
-            f"{', '.join(self.new)}; the candidate window starts when the rollout finished, so it holds the new "
-            "version only"
-        )
-
-
-#: A rollout is a transition only while it is short against the data after the deploy: the old
-#: versions served at most this share of it (beyond, both versions serve: a canary split or a
-#: stalled rollout, compared before/after as the user asked, or as a version pair).
-ROLLOUT_MAX_SHARE: Final[float] = 0.5
-
-
-def _extent_and_edges(
-    con: duckdb.DuckDBPyConnection, where: str, deploy_ns: int, scan: str
-) -> tuple[tuple[int | None, int | None, int], tuple[int, int], Rollout | None]:
-    """The selected spans' first start, last start and count, the serving edges around ``deploy_ns``, the rollout.
-
-    One scan for all three, grouped by ``service.version`` (a handful of groups): on ClickHouse each
-    pass over the exporter's attribute maps costs seconds at fleet scale. The edges are the end of
-    serving before ``deploy_ns`` and its start after (ns), from the last and first request starts.
-
-    A deploy marker is when the new version appeared, not when it served: a vLLM restart
-    exports its start-up spans (weights, KV allocation) up to a minute before the first
-    request. Counting that dead time as candidate window would leave the first minute of a
-    one-minute window empty and dilute every per-second rate, so the default windows are
-    measured over serving time on each side: the baseline ends just after the last request
-    that started before the deploy, the candidate starts with the first one at or after it.
-    No request started between the two, so nothing is dropped. A pause shorter than
-    :data:`DEAD_TIME_NS` is an ordinary gap between arrivals: that side's edge is the deploy.
-
-    A rolling restart (Kubernetes' default update) serves both versions until the last replica
-    restarted: the fleet runs a replica short, and each restarted replica starts with an empty
-    prefix cache, while the old version still serves part of the traffic. That transition is
-    neither version; a candidate window that includes it blames the new version for the
-    restart's capacity dip and cold caches and dilutes its own change with the old version's
-    requests (an engine gauge's peak is the old ``max_num_seqs``; the old replicas form a "slice"
-    that did not regress). So when a version first seen after the deploy exists and the versions
-    seen before it stopped within :data:`ROLLOUT_MAX_SHARE` of the data after it, the
-    :class:`Rollout` says where the new version alone serves; the candidate window then starts
-    there and ends where it would have, and the baseline keeps its length.
-    """
-    rows = con.execute(_per_version_sql("start_ns", scan, where, deploy_ns)).fetchall()
-    lo = min((int(r[1]) for r in rows if r[1] is not None), default=None)
-    hi = max((int(r[2]) for r in rows if r[2] is not None), default=None)
-    extent = (lo, hi, sum(int(r[3]) for r in rows))
-    before = max((int(r[4]) for r in rows if r[4] is not None), default=None)
-    after = min((int(r[5]) for r in rows if r[5] is not None), default=None)
-    last_before = deploy_ns if before is None or deploy_ns - (before + 1) < DEAD_TIME_NS else before + 1
-    first_after = deploy_ns if after is None or after - deploy_ns < DEAD_TIME_NS else after
-    return extent, (last_before, first_after), _rollout(rows, deploy_ns, hi)
-
-
-def _per_version_sql(time: str, table: str, where: str, deploy_ns: int) -> str:
-    """Per ``service.version``: first and last ``time``, rows, last ``time`` before ``deploy_ns``, first at or
-    after it, rows at or after it (the rows :func:`_rollout` reads)."""
-    return (
-        f"SELECT service_version, min({time}), max({time}), count(*), "
-        f"max({time}) FILTER (WHERE {time} < {deploy_ns}), min({time}) FILTER (WHERE {time} >= {deploy_ns}), "
-        f"count(*) FILTER (WHERE {time} >= {deploy_ns}) FROM {table} WHERE {where} GROUP BY 1"
-    )
-
-
-def _rollout(rows: list[tuple[Any, ...]], deploy_ns: int, hi: int | None, *, counted: bool = True) -> Rollout | None:
-    """The rollout in per-version rows, or ``None`` (see :func:`_extent_and_edges`).
-
-    ``rows`` as :func:`_per_version_sql` gives them. ``counted``: the rows are requests (else
-    metric points, whose number says nothing to a reader).
-    """
-    versioned = [r for r in rows if r[0] is not None]
-    old = [r for r in versioned if r[4] is not None and int(r[6]) > 0]
-    new = [r for r in versioned if r[4] is None and int(r[6]) > 0]
-    if not old or not new or hi is None or len(versioned) != len(rows):
-        return None  # no version change, or rows without a version that cannot be told apart
-    end = max(int(r[2]) for r in old) + 1
-    if end - deploy_ns > ROLLOUT_MAX_SHARE * max(1, hi - deploy_ns):
-        return None
-    # Both versions served at once: a hot swap at a later time (a time picked before the deploy)
-    # ends the old version before the new one starts, and the windows stay where they were put.
-    if min(int(r[5]) for r in new) >= end:
-        return None
-    return Rollout(
-        tuple(sorted(str(r[0]) for r in old)),
-        tuple(sorted(str(r[0]) for r in new)),
-        end,
-        sum(int(r[6]) for r in old) if counted else None,
-        (end - deploy_ns) / _NS,
-    )
-
-
 def _metric_rollout(con: duckdb.DuckDBPyConnection, selection: Selection, deploy_ns: int) -> Rollout | None:
     """A rollout read from the metric stream's ``service.version`` when there are no request spans.
 
     A restarted replica exports its series under the new version; the old version's last
     point after the deploy is where the rollout ended (a replica drained for good that kept
-    exporting would stretch it past :data:`ROLLOUT_MAX_SHARE`, and then nothing is cut).
+    exporting would stretch it past :data:`~sre_agent.analysis.serving_edges.ROLLOUT_MAX_SHARE`,
+    and then nothing is cut).
     """
-    rows = con.execute(_per_version_sql("time_ns", "metric_points", service_sql(selection), deploy_ns)).fetchall()
+    rows = con.execute(per_version_sql("time_ns", "metric_points", service_sql(selection), deploy_ns)).fetchall()
     hi = max((int(r[2]) for r in rows if r[2] is not None), default=None)
-    return _rollout(rows, deploy_ns, hi, counted=False)
+    return rollout_of(rows, deploy_ns, hi, counted=False)
 
 
 def _last_deploy(

@@ -121,6 +121,53 @@ def test_a_restart_gap_after_the_deploy_is_not_candidate_time(tmp_path: Path, se
     assert report.findings[0].cause == "decode_slowdown"
 
 
+def _restart_with_gateway(tmp_path: Path) -> tuple[Path, int]:
+    """A minute of traffic each side through a gateway, the candidate's after a minute of restart."""
+    path = tmp_path / "restart-gateway.duckdb"
+    deploy = build_store(
+        path,
+        Side(rate_rps=20.0, duration_s=60.0),
+        Side(version="v2", rate_rps=20.0, duration_s=60.0),
+        Options(restart_gap_s=60.0, gateway_spans=True),
+    )
+    return path, deploy
+
+
+def test_a_restart_the_gateway_waited_through_is_still_not_candidate_time(tmp_path: Path) -> None:
+    # The gateway's requests paused with the engine's (nothing was sent): dead time, as without it.
+    path, deploy = _restart_with_gateway(tmp_path)
+    with duckdb.connect(str(path), read_only=True) as con:
+        _, candidate, notes, _ = resolve_windows(con, Selection(mode="deploy_at", deploy_at_ns=deploy))
+    assert candidate.start_ns >= deploy + 59 * NS
+    assert any("no engine request started for 60 s after the deploy (a restart" in n for n in notes)
+    assert not any("gateway kept receiving" in n for n in notes)
+
+
+def test_engine_requests_that_stop_while_the_gateway_keeps_receiving_are_the_incident(tmp_path: Path) -> None:
+    """Users kept sending through the engine's pause: the gateway's attempts failed (a retry storm
+    that aborted every engine request, which then exported no span). The pause is candidate time."""
+    path, deploy = _restart_with_gateway(tmp_path)
+    with duckdb.connect(str(path)) as con:
+        # One failed gateway request a second through the engine's silent minute.
+        con.execute(
+            f"""
+            INSERT INTO span_rows BY NAME
+            SELECT 'gap' || i AS trace_id, 'gap' || i AS span_id, NULL AS parent_span_id, name, kind,
+                   {deploy} + i * {NS} AS start_ns, {deploy} + i * {NS} + 700000000 AS end_ns, 0.7 AS duration_s,
+                   'ERROR' AS status_code, service_name, service_version, is_engine
+            FROM (SELECT * FROM spans WHERE parent_span_id IS NULL AND NOT is_engine LIMIT 1), range(60) t(i)
+            """
+        )
+    with duckdb.connect(str(path), read_only=True) as con:
+        _, candidate, notes, _ = resolve_windows(con, Selection(mode="deploy_at", deploy_at_ns=deploy))
+    assert candidate.start_ns == deploy
+    assert any(
+        "no engine request started for 60 s after the deploy while the gateway kept receiving requests" in n
+        for n in notes
+    )
+    assert not any("(a restart or a drain)" in n for n in notes)
+
+
 def _rollout_store(
     tmp_path: Path, overlap_s: float, candidate_tpot_s: float = 0.02, *, spans: bool = True
 ) -> tuple[Path, int]:
