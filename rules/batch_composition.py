@@ -84,6 +84,7 @@ from sre_agent.analysis.decompose import StageDecomposition
 from sre_agent.analysis.metric_view import MetricView
 from sre_agent.analysis.rules_api import SIDES, Evidence, Finding, Regression, RuleSkipped, SidePair, run_late
 from sre_agent.rules._engine_cost import (
+    BATCH_GREW,
     MIN_SLOWDOWN,
     EngineCost,
     engine_cost,
@@ -355,6 +356,7 @@ def _prefill_signature(  # noqa: PLR0917 - the rule's own state, passed on once
         found
         or _stalls_gone(comparison, regression, metrics, stages, evidence)
         or _stalls_grew(comparison, regression, metrics, evidence, shape)
+        or _admitted_slower(comparison, regression, metrics, stages, evidence)
     )
 
 
@@ -433,6 +435,57 @@ def _stalls_grew(
         stage="decode",
         evidence=(*grew_evidence, *evidence),
         next_check=NEXT_CHECK,
+    )
+
+
+def _admitted_slower(
+    comparison: Comparison,
+    regression: Regression,
+    metrics: MetricView,
+    stages: StageDecomposition,
+    evidence: list[Evidence],
+) -> Finding | None:
+    """Fewer requests ran at the same load while requests waited below the replicas' peak: prompts admitted slower.
+
+    Little's law: at the same arrivals, the requests running at once are the arrivals times the
+    time each runs. A slower decode or prefill makes that time longer, so more run; fewer running
+    while more wait is the engine taking prompts in slower. Saturated, a slower step admits fewer
+    per second but each runs as much longer, so the running count stays; a smaller budget admits
+    fewer per step and it falls. With no cap binding and KV not full (``_load.admission_limited``),
+    no prompt token surely costlier in a step (where the step fit measures it: the upper bound
+    of ``g``'s rise below :data:`MIN_SLOWDOWN`) and the same uncached work per request, what is
+    left is how many prompt tokens a step takes: a smaller budget or chunking changed. Read where
+    the running batch shrank too far for equal-batch buckets to compare prefill cost (SGLang
+    chunked_prefill_size 8192 -> 256 on Azure's code trace: running x0.36 per replica, every
+    queued scrape at 38 % of the peak, the queue all of the TTFT tail; dev 1340217, which read
+    as the stage fallback's capacity and, by its median step, decode_slowdown).
+    """
+    running = metrics.running_per_replica()
+    if running.ratio is None or running.ratio <= 0 or running.ratio > 1 / BATCH_GREW:
+        return None
+    waited, wait_evidence = _admission_wait(comparison, regression, metrics, stages)
+    mix = decode_step_mix(comparison, metrics)
+    bound = mix.prefill_cost_rise_bound() if mix is not None else None
+    if waited <= 0 or (bound is not None and bound >= MIN_SLOWDOWN):
+        return None
+    uncached = uncached_per_request(comparison, metrics).ratio
+    if uncached is None or _changed(uncached, MAX_WORK_CHANGE) or hit_rate_fell(metrics, comparison.request_counts):
+        return None  # more of each prompt to prefill: the work's rule owns the wait
+    strength = math.log(1 / running.ratio)
+    bound_evidence = () if bound is None else (
+        Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
+                 "upper 95 % bound of the rise of a prompt token's cost in a step (step fit): no slower prefill path"),
+    )  # fmt: skip
+    return Finding(
+        cause="batch_composition",
+        title=f"Fewer requests ran at the same load ({running.baseline:.1f} -> {running.candidate:.1f} per "
+        "replica) while requests waited below the replicas' peak: prompts are admitted slower (a smaller step "
+        "budget or chunked prefill changed)",
+        explained=latency_share(regression, waited),
+        confidence=BUDGET_CONFIDENCE * clip01(strength / math.log(2.0)),
+        stage="prefill",
+        evidence=(*bound_evidence, *wait_evidence, *evidence),
+        next_check=NEXT_CHECK + " (SGLang: chunked_prefill_size)",
     )
 
 

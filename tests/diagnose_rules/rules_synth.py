@@ -60,6 +60,9 @@ class Side:
     preempting_replicas: tuple[int, ...] | None = None  # None: spread over every replica
     step_tokens_cap: int = 8192
     burst_s: float = 0.0  # > 0: arrivals at twice the rate for burst_s, then none for burst_s (same mean)
+    # > 0: a replica takes prompts in one at a time, each holding admission for its uncached tokens x this
+    # (a step budget far below the prompts: the next prompt waits, and the requests waiting are not running).
+    admit_s_per_token: float = 0.0
 
 
 def _lognormal(rng: random.Random, mean: float, sigma: float = 0.5) -> float:
@@ -68,6 +71,7 @@ def _lognormal(rng: random.Random, mean: float, sigma: float = 0.5) -> float:
 
 def _simulate(side: Side, start: float, rng: random.Random) -> list[dict[str, Any]]:
     busy: dict[int, list[float]] = {r: [] for r in range(side.replicas)}
+    gate = dict.fromkeys(range(side.replicas), start)  # when each replica admits its next prompt
     out: list[dict[str, Any]] = []
     t = start
     while True:
@@ -81,10 +85,13 @@ def _simulate(side: Side, start: float, rng: random.Random) -> list[dict[str, An
         while heap and heap[0] <= t:
             heapq.heappop(heap)
         begin = t if len(heap) < side.slots else heapq.heappop(heap)
-        running = sum(1 for e in heap if e > begin) + 1
         inp = max(8, int(_lognormal(rng, side.input_mean)))
         outp = max(2, int(_lognormal(rng, side.output_mean)))
         cached = int(inp * side.cache_hit * rng.uniform(0.8, 1.0))
+        if side.admit_s_per_token > 0:
+            begin = max(begin, gate[replica])
+            gate[replica] = begin + (inp - cached) * side.admit_s_per_token
+        running = sum(1 for e in heap if e > begin) + 1
         prefill = (inp - cached) * side.prefill_s_per_token * rng.uniform(0.9, 1.1)
         tpot = side.tpot_s * (1 + side.batch_cost * running) * rng.uniform(0.9, 1.1)
         end = begin + prefill + (outp - 1) * tpot
@@ -154,12 +161,18 @@ def _histogram(values: list[float]) -> list[int]:
     return counts
 
 
-def _metrics(
-    reqs: list[dict[str, Any]], side: Side, start: float, rng: random.Random, latency: bool = False
+def _metrics(  # noqa: PLR0917 - the build's options, passed once
+    reqs: list[dict[str, Any]],
+    side: Side,
+    start: float,
+    rng: random.Random,
+    latency: bool = False,
+    waiting: bool = False,
 ) -> list[dict[str, Any]]:
     """Cumulative counters and histograms every 10 s per replica, as an OTel Collector delivers vLLM's metrics.
 
-    ``latency`` adds the e2e latency histogram of the requests finished by each scrape.
+    ``latency`` adds the e2e latency histogram of the requests finished by each scrape; it and
+    ``waiting`` add the waiting-requests gauge.
     """
     rows: list[dict[str, Any]] = []
     for replica in range(side.replicas):
@@ -207,11 +220,12 @@ def _metrics(
                          "kind": "histogram", "temporality": "cumulative", "count": sum(steps), "sum": 0.0,
                          "bounds": ITERATION_BOUNDS, "bucket_counts": list(steps),
                          "series_key": f"iter|{host}|{side.version}"})  # fmt: skip
-            if latency:
-                waiting = sum(1 for r in mine if r["arrival"] <= t < r["begin"])
+            if latency or waiting:
+                queued = sum(1 for r in mine if r["arrival"] <= t < r["begin"])
                 rows.append({**base, "name": "vllm:num_requests_waiting", "source_name": "vllm:num_requests_waiting",
-                             "kind": "gauge", "value": float(waiting),
+                             "kind": "gauge", "value": float(queued),
                              "series_key": f"wait|{host}|{side.version}"})  # fmt: skip
+            if latency:
                 finished = [r for r in mine if r["end"] <= t]
                 done = [r["end"] - r["arrival"] for r in finished]
                 # Each finished request's decode steps at its mean inter-token time.
@@ -240,9 +254,13 @@ def build(
     metrics: bool = True,
     cached_on_spans: bool = True,
     engine_spans: bool = True,
+    waiting: bool = False,
     seed: int = 7,
 ) -> Path:
-    """Write a store with the baseline window then the candidate window (version change = the deploy)."""
+    """Write a store with the baseline window then the candidate window (version change = the deploy).
+
+    ``waiting``: the metric stream carries the waiting-requests gauge even beside engine spans.
+    """
     rng = random.Random(seed)
     deploy = T0 + baseline.duration_s
     reqs_b, reqs_c = _simulate(baseline, T0, rng), _simulate(candidate, deploy, rng)
@@ -258,7 +276,9 @@ def build(
         if metrics:
             # Without engine spans the engines' latency histograms are the latency signal.
             latency = not engine_spans
-            points = _metrics(reqs_b, baseline, T0, rng, latency) + _metrics(reqs_c, candidate, deploy, rng, latency)
+            points = _metrics(reqs_b, baseline, T0, rng, latency, waiting) + _metrics(
+                reqs_c, candidate, deploy, rng, latency, waiting
+            )
             con.register("new_points", pa.Table.from_pylist(points, schema=schema.metric_points_arrow_schema()))
             con.execute("INSERT INTO metric_points SELECT * FROM new_points")
         con.execute("INSERT INTO deploys VALUES (?, 'vllm', ?, ?, 'test', NULL)",

@@ -991,3 +991,40 @@ def test_a_slower_step_is_the_decode_even_where_recomputed_prompts_count_as_more
     # x3.2 slower (z 10).
     report = _shared_report(1280087, "decode_slowdown", tmp_path)
     assert report.findings[0].cause == "decode_slowdown", [(f.cause, f.title) for f in report.findings[:3]]
+
+
+def test_steps_above_every_baseline_step_are_chunked_prefill_turned_off(tmp_path: Path) -> None:
+    # vLLM V1, chunked prefill off on Mooncake: 740 baseline steps at the 8192 bound and none
+    # above it, hundreds of candidate steps above it in every scrape interval, the p99 step
+    # unchanged (most steps are decodes). The stall reading alone (TPOT p99 x1.84) read 0.33:
+    # "no regression" over it.
+    report = _shared_report(1340076, "batch_composition", tmp_path)
+    assert report.findings[0].cause == "batch_composition", [(f.cause, f.title) for f in report.findings[:3]]
+    assert any(e.signal == "steps_above_baseline_largest" for e in report.findings[0].evidence)
+
+
+def test_a_canary_decode_slowdown_with_less_prefill_per_request_leads(tmp_path: Path) -> None:
+    # A canary split on Azure's code trace, decode x3.52 on the new version: TPOT at equal batch
+    # +70 % at z 10.7, damped to 0.12 because the candidate's uncached prompt tokens per request
+    # were x0.81 (less prefill per step can only hide a decode slowdown), below the stage fallback.
+    report = _shared_report(1340161, "decode_slowdown", tmp_path)
+    assert report.findings[0].cause == "decode_slowdown", [(f.cause, f.title) for f in report.findings[:3]]
+
+
+@pytest.mark.parametrize("seed", [1340103, 1340198])
+def test_retries_that_silence_the_engine_are_still_compared(seed: int, tmp_path: Path) -> None:
+    # A new gateway retrying after a short timeout aborts engine requests, which then export no
+    # span: no engine span started for minutes after the deploy while the gateway's attempts did.
+    # Taken for a restart's dead time, the windows shrank to seconds ("no regression").
+    report = _shared_report(seed, "retry_amplification", tmp_path)
+    assert report.findings[0].cause == "retry_amplification", [(f.cause, f.title) for f in report.findings[:3]]
+    assert any("while the gateway kept receiving requests" in n for n in report.notes)
+
+
+def test_a_smaller_budget_that_admits_slower_is_not_a_slower_decode(tmp_path: Path) -> None:
+    # SGLang chunked_prefill_size 8192 -> 256 on Azure's code trace: fewer requests ran at the
+    # same load (6.1 -> 2.2 per replica), requests waited below the replicas' peak, and a prompt
+    # chunk in most steps lifted the median inter-token step x1.65, read as decode_slowdown.
+    report = _shared_report(1340217, "batch_composition", tmp_path)
+    assert report.findings[0].cause == "batch_composition", [(f.cause, f.title) for f in report.findings[:3]]
+    assert "decode_slowdown" not in [f.cause for f in report.findings[:2]]

@@ -50,6 +50,8 @@ STORES: dict[str, tuple[Side, Side, dict[str, Any]]] = {
     "kv_one_replica": (BASE, replace(V2, kv_usage=0.97, preemptions=120, preempting_replicas=(1,)), {}),
     "budget_cut": (BASE, replace(V2, step_tokens_cap=128, prefill_s_per_token=3e-4), {}),
     "budget_cut_and_load": (BASE, replace(V2, step_tokens_cap=128, rate_rps=2 * BASE.rate_rps), {}),
+    # Each replica takes prompts in one at a time (a budget far below them): requests wait below the peak.
+    "admitted_slower": (BASE, replace(V2, admit_s_per_token=2.5e-3), {"waiting": True}),
     # Chunks of 1024 tokens, then whole prompts: only the few prompts above 1024 uncached tokens change step.
     "budget_raised": (replace(BASE, step_tokens_cap=1024), replace(V2, step_tokens_cap=16384), {}),
     "gateway_incident": (
@@ -204,6 +206,16 @@ def test_steps_larger_than_any_baseline_step_are_a_raised_budget(report: Callabl
     assert above.candidate >= 8
     p99 = next(e for e in finding.evidence if e.signal == "iteration_tokens_p99")
     assert 1 / 1.5 < p99.candidate / p99.baseline < 1.5
+
+
+def test_fewer_running_at_the_same_load_while_requests_wait_is_a_budget(report: Callable[[str], Report]) -> None:
+    """Little's law: a slower engine keeps requests running longer, so more run; fewer running while
+    more wait below the replicas' peak is the engine taking prompts in slower (a smaller budget)."""
+    found = report("admitted_slower")
+    finding = _fires(found, "batch_composition")
+    assert found.findings[0].cause == "batch_composition", [(f.cause, f.title) for f in found.findings[:3]]
+    assert finding.confidence >= 0.5
+    assert any(e.signal == "running_share_of_peak_at_queues" for e in finding.evidence)
 
 
 def test_batch_composition_leaves_a_load_change_to_the_load_rule(report: Callable[[str], Report]) -> None:
