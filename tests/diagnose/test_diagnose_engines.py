@@ -114,3 +114,44 @@ def test_the_cli_reads_the_exporter_tables_with_store(tmp_path: Path) -> None:
     # A store URL nobody can read is a clear one-line error, not a traceback.
     rc, _ = run("diagnose", "--store", "bogus://x")
     assert rc == 2
+
+
+SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+
+
+@pytest.mark.clickhouse
+@pytest.mark.slow
+def test_a_retry_storm_that_failed_every_request_reads_alike_on_both_engines(tmp_path: Path) -> None:
+    """A generated incident (seed 1340103): a gateway retrying after 0.7 s, every request failing.
+
+    ClickHouse returns a boolean aggregate as UInt8; the retry rule's ``failed & retried`` raised
+    on it, so chdb lost the retry finding that DuckDB led with.
+    """
+    from chdb import session
+
+    from sre_agent.replays.incidents import ShapedOutput, generate
+    from sre_agent.replays.replay import epoch_ns
+    from sre_agent.store.clickhouse import connect_clickhouse
+
+    incident = generate(1340103, SHARED_TRACES, max_per_side=1200)
+    assert incident.truth.cause == "retry_amplification"
+    db = tmp_path / "store.duckdb"
+    exported = session.Session(str(tmp_path / "clickhouse"))
+    try:
+        replay(
+            incident.scenario,
+            ShapedOutput(Tee(StoreOutput.open(db), ExporterTables(exported, tmp_path)), incident.shape),
+        )
+    finally:
+        exported.close()
+    deploy = epoch_ns(incident.scenario) + int(incident.scenario.deploy.at_s * 1e9)
+    selection = Selection(mode="deploy_at", deploy_at_ns=deploy)
+    house = connect_clickhouse(f"chdb:{tmp_path / 'clickhouse'}")
+    try:
+        on_clickhouse = diagnose(house, selection)
+    finally:
+        house.close()
+    on_duckdb = diagnose(db, selection)
+    assert on_clickhouse.errors == on_duckdb.errors == []
+    assert on_duckdb.findings[0].cause == "retry_amplification"
+    assert differences(on_duckdb.to_dict(), on_clickhouse.to_dict()) == []
