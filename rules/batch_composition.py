@@ -354,7 +354,7 @@ def _prefill_signature(  # noqa: PLR0917 - the rule's own state, passed on once
         )
     return (
         found
-        or _stalls_gone(comparison, regression, metrics, stages, evidence)
+        or _stalls_gone(comparison, regression, metrics, stages, evidence, shape)
         or _stalls_grew(comparison, regression, metrics, evidence, shape)
         or _admitted_slower(comparison, regression, metrics, stages, evidence)
     )
@@ -489,12 +489,13 @@ def _admitted_slower(
     )
 
 
-def _stalls_gone(
+def _stalls_gone(  # noqa: PLR0917 - the rule's own state, passed on once
     comparison: Comparison,
     regression: Regression,
     metrics: MetricView,
     stages: StageDecomposition,
     evidence: list[Evidence],
+    shape: BatchShape | None,
 ) -> Finding | None:
     """The TPOT tail fell at the same load and work while requests waited longer: a smaller step budget.
 
@@ -509,8 +510,14 @@ def _stalls_gone(
     The plain decode step (the TPOT median) must not have got cheaper: a smaller running batch
     (fewer slots, a smaller KV pool) lowers every TPOT, not only the stalled ones; and the
     uncached prompt tokens per request must be the same (fewer long prompts stall fewer decodes).
+    Where the step histogram exists (``shape``), its largest steps must not have stayed at the old
+    bound while the p99 step grew: a smaller budget cannot make steps bigger (dev 1340102,
+    ``max_num_seqs`` 256 -> 9: fewer decodes beside each chunk shrank the stalls, the cap stayed
+    8192 and the p99 step rose x2.96; read as a smaller budget over the queue's capacity).
     """
     if regression.metric in PER_TOKEN_METRICS or not regression.significant:
+        return None
+    if shape is not None and (shape.cap.ratio or 0.0) >= 1.0 and (shape.p99_ratio or 0.0) >= BATCH_SHAPE_FACTOR:
         return None
     before, after = comparison.histogram("baseline", "tpot"), comparison.histogram("candidate", "tpot")
     if before.n == 0 or after.n == 0:

@@ -1028,3 +1028,12 @@ def test_a_smaller_budget_that_admits_slower_is_not_a_slower_decode(tmp_path: Pa
     report = _shared_report(1340217, "batch_composition", tmp_path)
     assert report.findings[0].cause == "batch_composition", [(f.cause, f.title) for f in report.findings[:3]]
     assert "decode_slowdown" not in [f.cause for f in report.findings[:2]]
+
+
+def test_stalls_that_shrank_beside_bigger_steps_are_no_smaller_budget(tmp_path: Path) -> None:
+    # vLLM V1, max_num_seqs 256 -> 9 in a rolling restart: fewer decodes beside each prompt chunk
+    # shrank the TPOT tail (x0.36) while requests queued, which read as "a smaller step budget"
+    # at 0.56; but the largest steps stayed at the 8192 bound and the p99 step rose x2.96. A
+    # smaller budget cannot make steps bigger.
+    report = _shared_report(1340102, "capacity", tmp_path)
+    assert report.findings[0].cause == "capacity", [(f.cause, f.title) for f in report.findings[:3]]
