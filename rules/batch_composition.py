@@ -515,7 +515,8 @@ def _stalls_gone(  # noqa: PLR0917 - the rule's own state, passed on once
     ``max_num_seqs`` 256 -> 9: fewer decodes beside each chunk shrank the stalls, the cap stayed
     8192 and the p99 step rose x2.96; read as a smaller budget over the queue's capacity).
     """
-    if regression.metric in PER_TOKEN_METRICS or not regression.significant:
+    per_token = regression.metric in PER_TOKEN_METRICS
+    if (per_token and regression.quantile >= STALL_QUANTILE) or not regression.significant:
         return None
     if shape is not None and (shape.cap.ratio or 0.0) >= 1.0 and (shape.p99_ratio or 0.0) >= BATCH_SHAPE_FACTOR:
         return None
@@ -531,8 +532,15 @@ def _stalls_gone(  # noqa: PLR0917 - the rule's own state, passed on once
     uncached = uncached_per_request(comparison, metrics)
     if uncached.ratio is None or _changed(uncached.ratio, MAX_WORK_CHANGE):
         return None
-    waited = stage_share(stages, "queue", regression, comparison) + stage_share(
-        stages, "prefill", regression, comparison
+    # A per-token headline below the stall quantile is the other half of the same trade: each prompt
+    # spread over more steps puts a chunk in more of them, so the body of the inter-token intervals
+    # rises while no step carries a whole prompt (dev 1340252, SGLang 8192 -> 512: ITL p90 x3.24,
+    # TPOT p99 x0.16; "no rule explains the regression").
+    waited = (
+        1.0
+        if per_token
+        else stage_share(stages, "queue", regression, comparison)
+        + stage_share(stages, "prefill", regression, comparison)
     )
     if waited <= 0:
         return None
@@ -547,10 +555,11 @@ def _stalls_gone(  # noqa: PLR0917 - the rule's own state, passed on once
     return Finding(
         cause="batch_composition",
         title=f"Decode stalls beside prefill chunks shrank (TPOT p99 x{tail.ratio:.2f}, p50 x{median.ratio:.2f}) "
-        "while requests waited longer to be prefilled, at the same load and work: a smaller step budget",
+        + ("while more steps carry a prompt chunk" if per_token else "while requests waited longer to be prefilled")
+        + ", at the same load and work: a smaller step budget",
         explained=latency_share(regression, waited),
         confidence=STALLS_CONFIDENCE * clip01(math.log(1 / tail.ratio) / math.log(2 * STALLS_FELL)),
-        stage="prefill",
+        stage="decode" if per_token else "prefill",
         evidence=(*stall_evidence, *evidence),
         next_check=NEXT_CHECK + " (SGLang: chunked_prefill_size)",
     )

@@ -1037,3 +1037,11 @@ def test_stalls_that_shrank_beside_bigger_steps_are_no_smaller_budget(tmp_path: 
     # smaller budget cannot make steps bigger.
     report = _shared_report(1340102, "capacity", tmp_path)
     assert report.findings[0].cause == "capacity", [(f.cause, f.title) for f in report.findings[:3]]
+
+
+def test_inter_token_intervals_that_rose_while_the_stalls_shrank_are_a_smaller_budget(tmp_path: Path) -> None:
+    # SGLang max_num_batched_tokens 8192 -> 512 in a rolling restart: the metric stream's ITL p90
+    # rose x3.24 (a prompt chunk in more of the steps) while the requests' TPOT p99 fell x0.16 (no
+    # step carries a whole prompt any more): "no rule explains the regression".
+    report = _shared_report(1340252, "batch_composition", tmp_path)
+    assert report.findings[0].cause == "batch_composition", [(f.cause, f.title) for f in report.findings[:3]]
