@@ -191,6 +191,18 @@ def _changed(ratio: float | None, limit: float) -> bool:
     return ratio is not None and abs(ratio - 1.0) >= limit
 
 
+def _other_prefill_work(comparison: Comparison, metrics: MetricView) -> bool:
+    """Whether each request brings other prefill work (or it is unknown): then the prompts' wait is that work's.
+
+    More of each prompt to prefill (a cache that stopped hitting, longer prompts) makes every
+    step carry more prefill and each prompt wait longer for it: that work's rule owns it (dev
+    1090098: hit rate 24 % -> 0, uncached tokens per request x1.25; 1230021: caching off,
+    16 % -> 0, x1.18, under the work bar but the cache's by its own bar).
+    """
+    uncached = uncached_per_request(comparison, metrics).ratio
+    return uncached is None or _changed(uncached, MAX_WORK_CHANGE) or hit_rate_fell(metrics, comparison.request_counts)
+
+
 @run_late  # waits on the busy intervals read in the background
 def batch_composition(
     comparison: Comparison,
@@ -468,9 +480,8 @@ def _admitted_slower(
     bound = mix.prefill_cost_rise_bound() if mix is not None else None
     if waited <= 0 or (bound is not None and bound >= MIN_SLOWDOWN):
         return None
-    uncached = uncached_per_request(comparison, metrics).ratio
-    if uncached is None or _changed(uncached, MAX_WORK_CHANGE) or hit_rate_fell(metrics, comparison.request_counts):
-        return None  # more of each prompt to prefill: the work's rule owns the wait
+    if _other_prefill_work(comparison, metrics):
+        return None
     strength = math.log(1 / running.ratio)
     bound_evidence = () if bound is None else (
         Evidence("prefill_cost_per_token_in_step_rise_bound", 0.0, rnd(bound),
@@ -678,16 +689,7 @@ def _prefill_spread(
         # decode x2.59, TPOT +132 %, prefill per token +112 %). Chunking turned off moves the fit's
         # decode part too, but not TPOT at equal batch as much as the prompts' own wait (1100005).
         return None
-    uncached = uncached_per_request(comparison, metrics)
-    if (
-        uncached.ratio is None
-        or _changed(uncached.ratio, MAX_WORK_CHANGE)
-        or hit_rate_fell(metrics, comparison.request_counts)
-    ):
-        # More of each prompt to prefill (a cache that stopped hitting, longer prompts) makes every
-        # step carry more prefill and each prompt wait longer for it: that work's rule owns it
-        # (dev 1090098: hit rate 24 % -> 0, uncached tokens per request x1.25; 1230021: caching
-        # off, 16 % -> 0, x1.18, under the work bar but the cache's by its own bar).
+    if _other_prefill_work(comparison, metrics):
         return None
     waited, wait_evidence = _admission_wait(comparison, regression, metrics, stages)
     spread_evidence = (

@@ -23,8 +23,6 @@ import uuid
 from functools import cached_property
 from typing import TYPE_CHECKING, Final
 
-import polars as pl
-
 from sre_agent.analysis.attribute_keys import discover_dimensions, key_sql
 from sre_agent.analysis.resolve import valid_latency_sql
 from sre_agent.store.attribute_sql import lookup_sql
@@ -32,6 +30,7 @@ from sre_agent.store.sql_text import ident
 
 if TYPE_CHECKING:
     import duckdb
+    import polars as pl
 
     from sre_agent.analysis.resolve import SideWindow
 
@@ -208,7 +207,7 @@ class OtherSpans:
         is whether the root's status is an error. Read once per comparison (the retried-share
         headline and ``retry_amplification`` both use it).
         """
-        frame = self._frame(
+        return self._frame(
             f"""
             WITH t AS (
               SELECT trace_id,
@@ -223,6 +222,3 @@ class OtherSpans:
             FROM t WHERE side IS NOT NULL AND trace_s IS NOT NULL
             """
         )
-        # ClickHouse returns a boolean aggregate as UInt8: cast, so that ``failed & ...`` means the same
-        # on both engines (the retry rule failed on chdb where every retried request failed, 1340103).
-        return frame.with_columns(pl.col("failed").cast(pl.Boolean))

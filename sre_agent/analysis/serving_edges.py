@@ -64,7 +64,8 @@ def extent_and_edges(
     and a note when engine requests paused at the deploy while the gateway's did not ("" otherwise).
 
     One scan for all three, grouped by ``service.version`` (a handful of groups): on ClickHouse each
-    pass over the exporter's attribute maps costs seconds at fleet scale. The edges are the end of
+    pass over the exporter's attribute maps costs seconds at fleet scale. A second, over root spans,
+    only where engine requests paused at the deploy (:func:`_users_kept_sending`). The edges are the end of
     serving before ``deploy_ns`` and its start after (ns), from the last and first request starts.
 
     A deploy marker is when the new version appeared, not when it served: a vLLM restart

@@ -14,7 +14,7 @@ checked against DuckDB itself in tests/core/test_clickhouse_engine.py):
   the sorted values (no ClickHouse quantile picks the same order statistic);
 * ``agg(x) FILTER (WHERE c)`` is the ``aggIf(x, c)`` combinator, ``count`` an
   Int64 (UInt64 has no common type with signed integers), ``bool_or``/``bool_and``
-  ``max``/``min``, a condition in a select list a ``Bool`` (not ``UInt8``);
+  ``max``/``min``, a condition in a select list (also ``bool_or`` of one) a ``Bool`` (not ``UInt8``);
 * a map lookup of an absent key is NULL (ClickHouse gives ``''``), ``unnest(
   map_entries(m))`` an array join of the keys, ``IS [NOT] DISTINCT FROM`` the
   ``isNotDistinctFrom`` function (ClickHouse takes the syntax only in a JOIN);
@@ -135,11 +135,16 @@ def _arithmetic(node: exp.Expr) -> bool:
 _BOOLEAN: Final = (exp.Predicate, exp.Connector, exp.Not, exp.Boolean)
 
 
+#: ``bool_or``/``bool_and`` as respelled (:func:`to_clickhouse`), also under FILTER: an aggregate of a condition.
+_BOOLEAN_AGGREGATES: Final = frozenset({"max", "min", "maxIf", "minIf"})
+
+
 def _is_boolean(node: exp.Expr) -> bool:
-    if isinstance(node, exp.Paren):
+    if isinstance(node, exp.Paren | exp.Coalesce):
         return _is_boolean(node.this)
-    if isinstance(node, exp.Coalesce):
-        return _is_boolean(node.this)
+    if isinstance(node, exp.Anonymous) and node.name in _BOOLEAN_AGGREGATES and node.expressions:
+        # Respelled before the select list is read (children first): max of a condition is one.
+        return _is_boolean(node.expressions[0])
     return isinstance(node, _BOOLEAN)
 
 

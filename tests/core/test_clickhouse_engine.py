@@ -92,6 +92,19 @@ def test_the_same_query_answers_alike(engines: tuple[Any, Any], query: str, para
     assert _same(got, expected), (got, expected, house.translate(query, parameters))
 
 
+def test_an_aggregated_condition_is_a_boolean_column_too(engines: tuple[Any, Any]) -> None:
+    # bool_or of a condition, also under FILTER and in coalesce: ClickHouse's max/maxIf give UInt8,
+    # and polars will not AND a UInt8 with a boolean (the retry rule failed so on chdb, 1340103).
+    duck, house = engines
+    query = (
+        "SELECT s, coalesce(bool_or(x > 2) FILTER (WHERE k > 1), false) AS any_big, bool_and(x > 0) AS all_pos "
+        "FROM t WHERE s IS NOT NULL GROUP BY s ORDER BY s"
+    )
+    expected, got = duck.sql(query).pl(), house.sql(query).pl()
+    assert got.schema == expected.schema, (got.schema, house.translate(query, None))
+    assert got.rows() == expected.rows()
+
+
 def _maps(house: Any) -> None:
     string_map = pa.map_(pa.string(), pa.string())
     house.register(
